@@ -1,0 +1,1 @@
+"""The engine simulator: a vLLM/SGLang stand-in with paged KV, prefix caching and preemption."""

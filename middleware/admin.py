@@ -1,0 +1,146 @@
+"""The admin API: health, programs, release (ThunderAgent-compatible) and Prometheus metrics."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from thunder_mw.middleware.backends import BackendPool
+from thunder_mw.middleware.errors import send_error, send_json
+from thunder_mw.middleware.metrics import GatewayMetrics
+from thunder_mw.middleware.scheduling import Scheduler
+from thunder_mw.middleware.types import Receive, Scope, Send
+from thunder_mw.policies.program_table import Program
+from thunder_mw.schemas.context_parsing import ContextError, ContextParser
+
+ADMIN_PREFIXES = ("/programs", "/metrics", "/health")
+_MAX_ADMIN_BODY = 64 * 1024
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+def is_admin_path(path: str) -> bool:
+    return path in ("/health", "/metrics", "/programs") or path.startswith("/programs/")
+
+
+def program_view(program: Program, now: float) -> dict[str, Any]:
+    view = msgspec.to_builtins(program)
+    view["age_s"] = round(now - program.created_at, 3)
+    view["idle_s"] = round(now - program.last_active_at, 3)
+    return view
+
+
+class AdminRoutes:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        pool: BackendPool,
+        metrics: GatewayMetrics,
+        parser: ContextParser,
+        admin_token: str | None,
+        clock: Any,
+        version: str,
+    ) -> None:
+        self.scheduler = scheduler
+        self.pool = pool
+        self.metrics = metrics
+        self.parser = parser
+        self._token = f"Bearer {admin_token}".encode() if admin_token else None
+        self.clock = clock
+        self.version = version
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        if path == "/health" and method == "GET":
+            await self._health(send)
+            return
+        if self._token is not None and not self._authorized(scope):
+            await send_error(
+                send,
+                401,
+                "admin routes need `Authorization: Bearer <server.admin_token>`",
+                "authorization",
+                "unauthorized",
+                [(b"www-authenticate", b"Bearer")],
+            )
+            return
+        if path == "/metrics" and method == "GET":
+            body = generate_latest(self.metrics.registry)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", CONTENT_TYPE_LATEST.encode()),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+        elif path == "/programs" and method == "GET":
+            now = self.clock()
+            views = [program_view(p, now) for p in self.scheduler.programs()]
+            await send_json(send, 200, _encode({"programs": views, "count": len(views)}))
+        elif path == "/programs/release" and method == "POST":
+            await self._release(receive, send)
+        elif path.startswith("/programs/") and method == "GET":
+            program_id = path[len("/programs/") :]
+            program = self.scheduler.program(program_id)
+            if program is None:
+                await send_error(
+                    send, 404, f"no live program {program_id!r}", "program_id", "program_not_found"
+                )
+                return
+            await send_json(send, 200, _encode(program_view(program, self.clock())))
+        else:
+            await send_error(send, 405 if is_admin_path(path) else 404, f"no route {method} {path}")
+
+    def _authorized(self, scope: Scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                assert self._token is not None
+                return hmac.compare_digest(value, self._token)
+        return False
+
+    async def _health(self, send: Send) -> None:
+        backends = [b.describe() for b in self.pool.backends]
+        healthy = sum(1 for b in backends if b["healthy"])
+        body = {
+            "status": "ok" if healthy else "degraded",
+            "version": self.version,
+            "backends": backends,
+            "programs": len(self.scheduler.programs()),
+        }
+        await send_json(send, 200, _encode(body))
+
+    async def _release(self, receive: Receive, send: Send) -> None:
+        raw = b""
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            raw += message.get("body", b"")
+            if len(raw) > _MAX_ADMIN_BODY:
+                await send_error(send, 413, "release body too large", "body", "body_too_large")
+                return
+            if not message.get("more_body", False):
+                break
+        try:
+            data = _decode(raw)
+        except msgspec.DecodeError:
+            await send_error(send, 400, "body is not valid JSON", "body", "invalid_json")
+            return
+        if not isinstance(data, dict):
+            await send_error(send, 400, "body must be a JSON object", "body", "invalid_body")
+            return
+        try:
+            program_id = self.parser.check_id(data.get("program_id"), "program_id")
+        except ContextError as exc:
+            await send_error(send, 400, exc.message, exc.param, exc.code)
+            return
+        released = self.scheduler.release(program_id)
+        if released:
+            self.metrics.programs_released.labels("release").inc()
+        await send_json(send, 200, _encode({"program_id": program_id, "released": released}))

@@ -1,0 +1,172 @@
+"""AgentContextMiddleware: reads the body once, normalises the agent context, strips it.
+
+Pure ASGI so the hot path pays for nothing it does not use. Downstream layers find the
+context in `scope["state"]["agent_context"]` and the body in `scope["state"]["thunder_body"]`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import msgspec
+from thunder_mw.middleware.errors import send_error
+from thunder_mw.middleware.request_body import RequestBody
+from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
+from thunder_mw.schemas.agent_context import AgentContext
+from thunder_mw.schemas.config import AgentContextSettings
+from thunder_mw.schemas.context_parsing import ContextError, ContextParser
+
+# The inference routes whose bodies carry agent context.
+CONTEXT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+
+_decode = msgspec.json.Decoder().decode
+
+
+def new_ephemeral_id() -> str:
+    return f"ephemeral-{uuid.uuid4().hex}"
+
+
+class AgentContextMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        settings: AgentContextSettings,
+        max_body_bytes: int,
+        *,
+        encode_eagerly: bool = True,
+        on_missing_context: Callable[[], None] | None = None,
+        new_program_id: Callable[[], str] = new_ephemeral_id,
+    ) -> None:
+        """`encode_eagerly=False` is for the standalone server, whose Forwarder reads the body
+        from scope state and encodes it once after its own changes; a wrapped third-party app
+        reads it through `receive` and needs bytes and Content-Length up front."""
+        self.app = app
+        self.settings = settings
+        self.parser = ContextParser(settings)
+        self.max_body_bytes = max_body_bytes
+        self.encode_eagerly = encode_eagerly
+        self.on_missing_context = on_missing_context
+        self.new_program_id = new_program_id
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or scope["path"] not in CONTEXT_PATHS
+        ):
+            await self.app(scope, receive, send)
+            return
+        raw = await self._read_body(scope, receive, send)
+        if raw is None:
+            return
+        try:
+            ctx, body = self._parse(scope, raw)
+        except ContextError as exc:
+            await send_error(send, exc.status, exc.message, exc.param, exc.code)
+            return
+        if ctx is None:
+            if self.on_missing_context is not None:
+                self.on_missing_context()
+            mode = self.settings.on_missing
+            if mode == "reject":
+                await send_error(
+                    send,
+                    400,
+                    "this gateway requires agent context: send program_id (or another "
+                    "supported convention) with every request",
+                    "program_id",
+                    "missing_agent_context",
+                )
+                return
+            if mode == "ephemeral":
+                ctx = AgentContext(program_id=self.new_program_id(), source=None, ephemeral=True)
+        await self._call_downstream(scope, receive, send, ctx, body)
+
+    async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        limit = self.max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if not value.isdigit():
+                    await send_error(send, 400, "invalid Content-Length", "body", "invalid_body")
+                    return None
+                if int(value) > limit:
+                    await self._too_large(send)
+                    return None
+                break
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    await self._too_large(send)
+                    return None
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _too_large(self, send: Send) -> None:
+        await send_error(
+            send,
+            413,
+            f"request body exceeds the {self.max_body_bytes}-byte limit",
+            "body",
+            "body_too_large",
+        )
+
+    def _parse(self, scope: Scope, raw: bytes) -> tuple[AgentContext | None, RequestBody]:
+        if not raw:
+            raise ContextError(
+                "request body is empty; expected a JSON object", "body", "invalid_body"
+            )
+        try:
+            data = _decode(raw)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            raise ContextError(
+                f"request body is not valid JSON: {exc}", "body", "invalid_json"
+            ) from None
+        if not isinstance(data, dict):
+            raise ContextError("request body must be a JSON object", "body", "invalid_body")
+        ctx, changed = self.parser.parse(data, scope["headers"])
+        body = RequestBody(data, raw)
+        if changed:
+            body.changed()
+        return ctx, body
+
+    async def _call_downstream(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        ctx: AgentContext | None,
+        body: RequestBody,
+    ) -> None:
+        strip = self.parser.context_headers
+        if self.encode_eagerly:
+            payload = body.encoded()
+            headers = [
+                (n, v) for n, v in scope["headers"] if n not in strip and n != b"content-length"
+            ]
+            headers.append((b"content-length", str(len(payload)).encode()))
+        else:
+            headers = [(n, v) for n, v in scope["headers"] if n not in strip]
+        scope = dict(scope)
+        scope["headers"] = headers
+        state = scope.setdefault("state", {})
+        state = scope["state"] = dict(state)
+        state["agent_context"] = ctx
+        state["thunder_body"] = body
+
+        async def replay() -> Message:
+            if not body.consumed:
+                body.consumed = True
+                return {"type": "http.request", "body": body.encoded(), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

@@ -1,0 +1,180 @@
+"""Assembles the layers: the standalone gateway app, and ThunderMiddleware for gateway mode.
+
+Standalone:  admin routes | AgentContextMiddleware → SchedulingMiddleware → Forwarder
+Gateway:     admin routes | AgentContextMiddleware → SchedulingMiddleware → the user's app
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from thunder_mw import __version__
+from thunder_mw.middleware.admin import AdminRoutes, is_admin_path
+from thunder_mw.middleware.agent_context import AgentContextMiddleware
+from thunder_mw.middleware.backends import BackendPool
+from thunder_mw.middleware.forwarder import Forwarder
+from thunder_mw.middleware.metrics import GatewayMetrics
+from thunder_mw.middleware.scheduling import PassthroughScheduler, Scheduler, SchedulingMiddleware
+from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
+from thunder_mw.schemas.config import ThunderConfig
+
+log = logging.getLogger("thunder_mw")
+
+
+class _Core:
+    """What both modes share: backends, scheduler, metrics, admin routes, the two layers."""
+
+    def __init__(
+        self,
+        config: ThunderConfig,
+        inner: ASGIApp | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.pool = BackendPool(config.backends, config.server)
+        self.scheduler: Scheduler = PassthroughScheduler(self.pool, clock)
+        self.metrics = GatewayMetrics()
+        self.metrics.watch(self.scheduler.programs, self.pool)
+        self.forwarder = Forwarder(self.pool, config.server)
+        standalone = inner is None
+        self.pipeline: ASGIApp = AgentContextMiddleware(
+            SchedulingMiddleware(self.forwarder if standalone else inner, self.scheduler),
+            config.agent_context,
+            config.server.max_body_bytes,
+            encode_eagerly=not standalone,
+            on_missing_context=self.metrics.without_context.inc,
+        )
+        self.admin = AdminRoutes(
+            self.scheduler,
+            self.pool,
+            self.metrics,
+            self.pipeline.parser,  # type: ignore[attr-defined]
+            config.server.admin_token,
+            clock,
+            __version__,
+        )
+
+        self.started = False
+        self._starting: asyncio.Lock | None = None
+
+    async def startup(self) -> None:
+        if self.started:
+            return
+        await self.pool.start()
+        self.started = True
+        log.info(
+            "thunder-mw %s: %d backend(s), %d healthy",
+            __version__,
+            len(self.pool.backends),
+            len(self.pool.healthy_labels()),
+        )
+
+    async def shutdown(self) -> None:
+        if self.started:
+            self.started = False
+            await self.pool.stop()
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.started:
+            # Servers (and test transports) that skip the lifespan protocol still get a
+            # started gateway: the first request starts it.
+            self._starting = self._starting or asyncio.Lock()
+            async with self._starting:
+                await self.startup()
+        path = scope["path"]
+        if is_admin_path(path):
+            await self.admin(scope, receive, send)
+            return
+        status = 0
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.pipeline(scope, receive, counting_send)
+        finally:
+            self.metrics.count_request(path, status)
+
+
+class ThunderGateway:
+    """The standalone gateway: `thunder-mw serve` runs this app under uvicorn."""
+
+    def __init__(self, config: ThunderConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.core = _Core(config, None, clock)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self.core.http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await _lifespan(self.core, receive, send)
+
+
+class ThunderMiddleware:
+    """Gateway mode: mounts agent-context parsing and scheduling on any ASGI app.
+
+    The wrapped app forwards by itself, to the backend named in
+    `scope["state"]["thunder_backend"]` (its URL is `thunder_backend_url`); it may call
+    `thunder_mw.middleware.scheduling.report_usage(scope, ...)` so tokens are accounted.
+    """
+
+    def __init__(self, app: ASGIApp, config: ThunderConfig) -> None:
+        self.app = app
+        self.core = _Core(config, _WithBackendUrl(app, self), time.monotonic)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self.core.http(scope, receive, send)
+            return
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def receive_and_manage() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.core.startup()
+            elif message["type"] == "lifespan.shutdown":
+                await self.core.shutdown()
+            return message
+
+        await self.app(scope, receive_and_manage, send)
+
+
+class _WithBackendUrl:
+    def __init__(self, app: ASGIApp, owner: ThunderMiddleware) -> None:
+        self.app = app
+        self.owner = owner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = scope.get("state")
+        if state is not None and "thunder_backend" in state:
+            backend = self.owner.core.pool.get(state["thunder_backend"])
+            state["thunder_backend_url"] = backend.url if backend else None
+        await self.app(scope, receive, send)
+
+
+async def _lifespan(core: _Core, receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            try:
+                await core.startup()
+            except Exception as exc:
+                log.exception("startup failed")
+                await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                return
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await core.shutdown()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def create_app(config: ThunderConfig) -> ThunderGateway:
+    return ThunderGateway(config)

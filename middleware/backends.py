@@ -1,0 +1,217 @@
+"""The engines thunder-mw forwards to: pooled clients, health circuits and capacity discovery.
+
+Each backend gets one httpx.AsyncClient on the aiohttp transport (pooled keep-alive; httpx's
+default transport costs ~4x the CPU per proxied request). A probe loop re-reads health and
+KV capacity, so an engine that starts late or restarts is picked up again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from typing import Any
+
+import httpx
+import msgspec
+from httpx_aiohttp import AiohttpTransport
+from thunder_mw.schemas.config import BackendSettings, ServerSettings
+
+log = logging.getLogger("thunder_mw.backends")
+
+_CACHE_CONFIG = re.compile(rb"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
+_LABEL = re.compile(rb'(\w+)="([^"]*)"')
+# After this many consecutive connection failures the circuit opens; a probe closes it.
+FAILURES_TO_OPEN = 1
+
+
+class Backend:
+    """One engine as the gateway sees it."""
+
+    def __init__(self, settings: BackendSettings, url: str) -> None:
+        self.settings = settings
+        self.label = settings.name or url
+        self.url = url
+        self.flavor = settings.sim.flavor if settings.type == "sim" else settings.type
+        self.client: httpx.AsyncClient | None = None
+        self.healthy = False
+        self.consecutive_failures = 0
+        self.last_error: str | None = None
+        self.discovered_capacity: int | None = None
+        self.auth_header: tuple[bytes, bytes] | None = (
+            (b"authorization", f"Bearer {settings.api_key}".encode()) if settings.api_key else None
+        )
+
+    @property
+    def capacity_tokens(self) -> int | None:
+        """KV capacity in tokens: the YAML override wins over what the engine reports."""
+        return self.settings.capacity_tokens or self.discovered_capacity
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.label,
+            "url": self.url,
+            "type": self.settings.type,
+            "healthy": self.healthy,
+            "capacity_tokens": self.capacity_tokens,
+            "capacity_source": "config"
+            if self.settings.capacity_tokens
+            else ("engine" if self.discovered_capacity else None),
+            "last_error": self.last_error,
+        }
+
+
+class BackendPool:
+    """Owns the backends' clients and their health; started and stopped with the app."""
+
+    def __init__(
+        self,
+        backends: list[BackendSettings],
+        server: ServerSettings,
+        probe_interval_s: float = 5.0,
+    ) -> None:
+        self._settings = backends
+        self._server = server
+        self._probe_interval_s = probe_interval_s
+        self.backends: list[Backend] = []
+        self._by_label: dict[str, Backend] = {}
+        self._embedded: list[Any] = []
+        self._probe_task: asyncio.Task[None] | None = None
+        self._rr = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        for i, settings in enumerate(self._settings):
+            if settings.type == "sim":
+                url = await self._start_embedded(settings, i)
+                if settings.name is None:
+                    settings = settings.model_copy(update={"name": f"sim-{i}"})
+            else:
+                assert settings.url is not None
+                url = settings.url
+            backend = Backend(settings, url)
+            backend.client = self._client(url)
+            self.backends.append(backend)
+            self._by_label[backend.label] = backend
+        await asyncio.gather(*(self.probe(b) for b in self.backends))
+        self._probe_task = asyncio.create_task(self._probe_loop(), name="thunder-mw-probe")
+
+    async def stop(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
+        for b in self.backends:
+            if b.client is not None:
+                await b.client.aclose()
+        for engine in self._embedded:
+            await engine.stop()
+
+    async def _start_embedded(self, settings: BackendSettings, index: int) -> str:
+        # Imported here: only demo configs need the simulator, and policies/middleware must
+        # not depend on benchmarks/ otherwise.
+        from thunder_mw.benchmarks.sim.embedded import EmbeddedEngine
+
+        engine = EmbeddedEngine(settings.sim)
+        url = await engine.start()
+        self._embedded.append(engine)
+        log.info("embedded simulated engine %s serving at %s", settings.name or index, url)
+        return url
+
+    def _client(self, url: str) -> httpx.AsyncClient:
+        limits = httpx.Limits(
+            max_connections=self._server.max_connections_per_backend,
+            max_keepalive_connections=self._server.max_connections_per_backend,
+        )
+        timeout = httpx.Timeout(
+            connect=self._server.connect_timeout_s,
+            read=self._server.read_timeout_s,
+            write=self._server.read_timeout_s,
+            pool=self._server.read_timeout_s,
+        )
+        return httpx.AsyncClient(
+            base_url=url,
+            transport=AiohttpTransport(limits=limits, trust_env=False),
+            timeout=timeout,
+        )
+
+    # ------------------------------------------------------------------ queries
+    def get(self, label: str) -> Backend | None:
+        return self._by_label.get(label)
+
+    def healthy_labels(self) -> list[str]:
+        return [b.label for b in self.backends if b.healthy]
+
+    def any_healthy(self, exclude: str | None = None) -> Backend | None:
+        """A healthy backend for requests no program owns, round-robin."""
+        candidates = [b for b in self.backends if b.healthy and b.label != exclude]
+        if not candidates:
+            return None
+        self._rr = (self._rr + 1) % len(candidates)
+        return candidates[self._rr]
+
+    # ------------------------------------------------------------------ health
+    def record_failure(self, backend: Backend, error: str) -> None:
+        backend.consecutive_failures += 1
+        backend.last_error = error
+        if backend.consecutive_failures >= FAILURES_TO_OPEN and backend.healthy:
+            backend.healthy = False
+            log.warning("backend %s marked unhealthy: %s", backend.label, error)
+
+    def record_success(self, backend: Backend) -> None:
+        if backend.consecutive_failures:
+            backend.consecutive_failures = 0
+        if not backend.healthy:
+            backend.healthy = True
+            log.info("backend %s healthy again", backend.label)
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._probe_interval_s)
+            await asyncio.gather(*(self.probe(b) for b in self.backends), return_exceptions=True)
+
+    async def probe(self, backend: Backend) -> None:
+        """Health, then capacity; a failed probe opens the circuit, a good one closes it."""
+        assert backend.client is not None
+        try:
+            r = await backend.client.get("/health", timeout=self._server.connect_timeout_s)
+            if r.status_code != 200:
+                raise httpx.HTTPError(f"/health answered {r.status_code}")
+        except (httpx.HTTPError, OSError) as exc:
+            if backend.healthy:
+                log.warning("backend %s failed its health probe: %s", backend.label, exc)
+            backend.healthy = False
+            backend.last_error = f"health probe: {exc!r}"
+            # An engine that restarts may come back with another KV size: forget the old one.
+            backend.discovered_capacity = None
+            return
+        self.record_success(backend)
+        if backend.discovered_capacity is None:
+            with contextlib.suppress(httpx.HTTPError, OSError, ValueError, msgspec.DecodeError):
+                backend.discovered_capacity = await self._discover_capacity(backend)
+
+    async def _discover_capacity(self, backend: Backend) -> int | None:
+        assert backend.client is not None
+        if backend.flavor == "sglang":
+            r = await backend.client.get("/server_info")
+            if r.status_code == 200:
+                value = msgspec.json.decode(r.content).get("max_total_num_tokens")
+                return int(value) if value else None
+            return None
+        r = await backend.client.get("/metrics")
+        if r.status_code != 200:
+            return None
+        match = _CACHE_CONFIG.search(r.content)
+        if not match:
+            return None
+        labels = dict(_LABEL.findall(match.group(1)))
+        blocks, size = labels.get(b"num_gpu_blocks"), labels.get(b"block_size")
+        if not blocks or not size or blocks == b"None":
+            return None
+        return int(blocks) * int(size)
+
+
+def monotonic() -> float:
+    return time.monotonic()

@@ -1,0 +1,132 @@
+"""The `thunder-mw` command: serve, check-config, and the tools that ship with the gateway."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from thunder_mw import __version__
+from thunder_mw.middleware.config_loader import ConfigError, load_config
+
+log = logging.getLogger("thunder_mw")
+SUBCOMMANDS = ("serve", "check-config", "sim-engine")
+
+
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", required=True, help="YAML config file")
+    p.add_argument("--host", help="override server.host")
+    p.add_argument("--port", type=int, help="override server.port")
+    p.add_argument(
+        "--log-level",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="override server.log_level",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="thunder-mw", description="Program-aware scheduling gateway for LLM agents."
+    )
+    parser.add_argument("--version", action="version", version=f"thunder-mw {__version__}")
+    sub = parser.add_subparsers(dest="command")
+    _serve_arguments(sub.add_parser("serve", help="run the gateway (the default command)"))
+    check = sub.add_parser("check-config", help="validate a config file and print it normalised")
+    check.add_argument("path")
+    sim = sub.add_parser("sim-engine", help="serve a simulated vLLM/SGLang engine")
+    try:
+        from thunder_mw.benchmarks.sim.server import add_sim_engine_arguments
+    except ImportError:  # the simulator is optional at import time
+        pass
+    else:
+        add_sim_engine_arguments(sim)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    # `thunder-mw --config X` is `thunder-mw serve --config X`.
+    if (
+        args_list
+        and args_list[0] not in SUBCOMMANDS
+        and args_list[0] not in ("-h", "--help", "--version")
+    ):
+        args_list.insert(0, "serve")
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if args.command == "serve":
+        return serve(args)
+    if args.command == "check-config":
+        return check_config(args.path)
+    if args.command == "sim-engine":
+        from thunder_mw.benchmarks.sim.server import run_sim_engine
+
+        return run_sim_engine(args)
+    parser.print_help()
+    return 2
+
+
+def check_config(path: str) -> int:
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        print(f"{exc.path}: invalid configuration", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    sys.stdout.write(_yaml_dump(config.model_dump(mode="json")))
+    return 0
+
+
+def _yaml_dump(data: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+    from thunder_mw.middleware.app import create_app
+
+    overrides: dict[str, Any] = {}
+    for key in ("host", "port", "log_level"):
+        if getattr(args, key, None) is not None:
+            overrides.setdefault("server", {})[key] = getattr(args, key)
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as exc:
+        print(f"{exc.path}: invalid configuration", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    level = config.server.log_level
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    app = create_app(config)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.server.host,
+            port=config.server.port,
+            log_level=level,
+            loop="uvloop",
+            http="httptools",
+            lifespan="on",
+            access_log=False,
+            timeout_graceful_shutdown=30,
+        )
+    )
+    server.run()
+    return 0 if server.started else 1
+
+
+def _dumps(obj: Any) -> str:
+    return msgspec.json.encode(obj).decode()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""Forwarder: the standalone server's innermost app; moves requests to engines and answers back.
+
+Streams SSE through event by event with no further buffering, captures `usage` for the
+scheduler (asking the engine for it and hiding that chunk from clients that did not ask),
+retries once elsewhere when an engine refuses the connection before any byte was sent,
+and cancels the upstream request when the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import httpx
+import msgspec
+from thunder_mw.middleware.agent_context import CONTEXT_PATHS
+from thunder_mw.middleware.backends import Backend, BackendPool
+from thunder_mw.middleware.errors import send_error, send_json
+from thunder_mw.middleware.request_body import RequestBody
+from thunder_mw.middleware.types import Receive, Scope, Send
+from thunder_mw.policies.program_table import Usage
+from thunder_mw.schemas.config import ServerSettings
+
+log = logging.getLogger("thunder_mw.forwarder")
+
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+_DROP_REQUEST = HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding"}
+_DROP_RESPONSE = HOP_BY_HOP | {b"content-length"}
+_CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
+_MAX_CAPTURED_BODY = 64 * 1024 * 1024
+
+
+class _Details(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class _UsageWire(msgspec.Struct):
+    """Chat/completions usage and the Responses API's names for the same counts."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    prompt_tokens_details: _Details | None = None
+    input_tokens_details: _Details | None = None
+
+    def to_usage(self) -> Usage:
+        details = self.prompt_tokens_details or self.input_tokens_details
+        return Usage(
+            prompt_tokens=self.prompt_tokens or self.input_tokens or 0,
+            completion_tokens=self.completion_tokens or self.output_tokens or 0,
+            cached_tokens=(details.cached_tokens or 0) if details else 0,
+        )
+
+
+class _Envelope(msgspec.Struct):
+    usage: _UsageWire | None = None
+    choices: list[Any] | None = None
+    response: _Envelope | None = None  # Responses API: response.completed carries usage
+
+
+_decode_envelope = msgspec.json.Decoder(_Envelope).decode
+_decode_any = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+def _usage_of(envelope: _Envelope) -> Usage | None:
+    if envelope.usage is not None:
+        return envelope.usage.to_usage()
+    if envelope.response is not None and envelope.response.usage is not None:
+        return envelope.response.usage.to_usage()
+    return None
+
+
+class UpstreamFailed(Exception):
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+class Forwarder:
+    def __init__(self, pool: BackendPool, server: ServerSettings) -> None:
+        self.pool = pool
+        self.server = server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if method == "POST" and path in CONTEXT_PATHS:
+            await self._inference(scope, receive, send)
+        elif path == "/v1/models" and method == "GET":
+            await self._models(send)
+        elif path.startswith("/v1/"):
+            await self._plain(scope, receive, send)
+        else:
+            await send_error(send, 404, f"no route {method} {path}", "path", "not_found")
+
+    # ------------------------------------------------------------------ inference
+    async def _inference(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = scope.setdefault("state", {})
+        body: RequestBody | None = state.get("thunder_body")
+        if body is None:  # mounted without AgentContextMiddleware: decode here
+            raw = await _read_all(receive)
+            try:
+                data = _decode_any(raw)
+            except msgspec.DecodeError:
+                await send_error(
+                    send, 400, "request body is not valid JSON", "body", "invalid_json"
+                )
+                return
+            if not isinstance(data, dict):
+                await send_error(
+                    send, 400, "request body must be a JSON object", "body", "invalid_body"
+                )
+                return
+            body = RequestBody(data, raw)
+        body.consumed = True
+        data = body.data
+        stream = data.get("stream") is True
+        hide_usage = False
+        if stream and scope["path"] != "/v1/responses":
+            options = data.get("stream_options")
+            if not (isinstance(options, dict) and options.get("include_usage") is True):
+                # The scheduler needs the engine's token counts; the client did not ask
+                # for them, so the extra chunk is hidden again on the way back.
+                if isinstance(options, dict):
+                    options["include_usage"] = True
+                else:
+                    data["stream_options"] = {"include_usage": True}
+                body.changed()
+                hide_usage = True
+        payload = body.encoded()
+
+        backend = self._backend_for(state)
+        if backend is None:
+            await send_error(send, 503, "no healthy backend is available", None, "no_backend")
+            return
+
+        task = asyncio.current_task()
+        disconnected = False
+
+        async def watch_disconnect() -> None:
+            nonlocal disconnected
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    disconnected = True
+                    if task is not None:
+                        task.cancel()
+                    return
+
+        watcher = asyncio.create_task(watch_disconnect())
+        try:
+            await self._send_upstream(scope, send, state, backend, payload, stream, hide_usage)
+        except asyncio.CancelledError:
+            if not disconnected or task is None:
+                raise
+            task.uncancel()
+            state["thunder_outcome"] = "client_disconnected"
+        finally:
+            watcher.cancel()
+
+    def _backend_for(self, state: dict[str, Any]) -> Backend | None:
+        label = state.get("thunder_backend")
+        if label is not None:
+            return self.pool.get(label)
+        return self.pool.any_healthy()
+
+    async def _send_upstream(
+        self,
+        scope: Scope,
+        send: Send,
+        state: dict[str, Any],
+        backend: Backend,
+        payload: bytes,
+        stream: bool,
+        hide_usage: bool,
+    ) -> None:
+        headers = self._request_headers(scope, backend, len(payload))
+        target = scope["path"]
+        if scope.get("query_string"):
+            target += "?" + scope["query_string"].decode("latin-1")
+        response: httpx.Response | None = None
+        for attempt in (0, 1):
+            assert backend.client is not None
+            request = backend.client.build_request("POST", target, content=payload, headers=headers)
+            try:
+                response = await backend.client.send(request, stream=True)
+                break
+            except _CONNECT_ERRORS as exc:
+                self.pool.record_failure(backend, repr(exc))
+                reroute = state.get("thunder_reroute")
+                alternative = (
+                    reroute(backend.label) if reroute else self.pool.any_healthy(backend.label)
+                )
+                if attempt == 1 or alternative is None:
+                    state["thunder_outcome"] = "upstream_failed"
+                    await send_error(
+                        send,
+                        502,
+                        f"backend {backend.label} refused the connection",
+                        None,
+                        "upstream_unreachable",
+                    )
+                    return
+                log.info(
+                    "backend %s refused the connection; retrying on %s",
+                    backend.label,
+                    alternative.label,
+                )
+                backend = alternative
+                state["thunder_backend"] = backend.label
+                headers = self._request_headers(scope, backend, len(payload))
+            except httpx.HTTPError as exc:
+                self.pool.record_failure(backend, repr(exc))
+                state["thunder_outcome"] = "upstream_failed"
+                await send_error(
+                    send, 502, f"backend {backend.label} failed: {exc!r}", None, "upstream_error"
+                )
+                return
+        assert response is not None
+        try:
+            if response.headers.get("content-type", "").startswith("text/event-stream"):
+                await self._relay_events(send, state, response, hide_usage)
+            else:
+                await self._relay_whole(send, state, response)
+        finally:
+            await response.aclose()
+
+    def _request_headers(
+        self, scope: Scope, backend: Backend, length: int
+    ) -> list[tuple[bytes, bytes]]:
+        forward_auth = self.server.forward_authorization and backend.auth_header is None
+        headers = [
+            (n, v)
+            for n, v in scope["headers"]
+            if n not in _DROP_REQUEST and (forward_auth or n != b"authorization")
+        ]
+        headers.append((b"content-length", str(length).encode()))
+        # Uncompressed, so usage can be read from the stream; engines sit on a fast network.
+        headers.append((b"accept-encoding", b"identity"))
+        if backend.auth_header is not None:
+            headers.append(backend.auth_header)
+        return headers
+
+    @staticmethod
+    def _response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+        return [(n.lower(), v) for n, v in response.headers.raw if n.lower() not in _DROP_RESPONSE]
+
+    async def _relay_whole(
+        self, send: Send, state: dict[str, Any], response: httpx.Response
+    ) -> None:
+        """A JSON answer is read whole before it is sent: if the engine dies halfway, the
+        client gets a well-formed 502 instead of half a body."""
+        try:
+            content = await response.aread()
+        except httpx.HTTPError as exc:
+            state["thunder_outcome"] = "upstream_failed"
+            await send_error(
+                send, 502, f"backend failed mid-response: {exc!r}", None, "upstream_error"
+            )
+            return
+        if response.status_code < 400:
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                state["thunder_usage"] = _usage_of(_decode_envelope(content))
+        state["thunder_status"] = response.status_code
+        headers = self._response_headers(response)
+        headers.append((b"content-length", str(len(content)).encode()))
+        await send(
+            {"type": "http.response.start", "status": response.status_code, "headers": headers}
+        )
+        await send({"type": "http.response.body", "body": content})
+
+    async def _relay_events(
+        self, send: Send, state: dict[str, Any], response: httpx.Response, hide_usage: bool
+    ) -> None:
+        state["thunder_status"] = response.status_code
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": self._response_headers(response),
+            }
+        )
+        pending = b""
+        try:
+            async for chunk in response.aiter_raw():
+                pending += chunk
+                cut = pending.rfind(b"\n\n")
+                if cut < 0:
+                    continue
+                ready, pending = pending[: cut + 2], pending[cut + 2 :]
+                if b'"usage"' in ready:
+                    ready = self._take_usage(ready, state, hide_usage)
+                if ready:
+                    await send({"type": "http.response.body", "body": ready, "more_body": True})
+        except httpx.HTTPError as exc:
+            state["thunder_outcome"] = "upstream_failed"
+            error = _encode(
+                {
+                    "error": {
+                        "message": f"backend failed mid-stream: {exc!r}",
+                        "type": "upstream_error",
+                        "param": None,
+                        "code": "upstream_error",
+                    }
+                }
+            )
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + error + b"\n\n",
+                    "more_body": False,
+                }
+            )
+            return
+        await send({"type": "http.response.body", "body": pending, "more_body": False})
+
+    @staticmethod
+    def _take_usage(ready: bytes, state: dict[str, Any], hide_usage: bool) -> bytes:
+        """Capture usage from complete SSE events; drop the usage-only chunk we asked for."""
+        kept: list[bytes] = []
+        for event in ready.split(b"\n\n")[:-1]:
+            if b'"usage"' in event and event.startswith(b"data: "):
+                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                    envelope = _decode_envelope(event[6:])
+                    usage = _usage_of(envelope)
+                    if usage is not None:
+                        state["thunder_usage"] = usage
+                        if hide_usage and envelope.response is None and not envelope.choices:
+                            continue
+            kept.append(event + b"\n\n")
+        return b"".join(kept)
+
+    # ------------------------------------------------------------------ other routes
+    async def _models(self, send: Send) -> None:
+        backends = [b for b in self.pool.backends if b.healthy and b.client is not None]
+        results = await asyncio.gather(
+            *(b.client.get("/v1/models") for b in backends if b.client is not None),
+            return_exceptions=True,
+        )
+        merged: dict[str, Any] = {}
+        for backend, result in zip(backends, results, strict=True):
+            if isinstance(result, BaseException) or result.status_code != 200:
+                continue
+            with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError):
+                for model in _decode_any(result.content).get("data", []):
+                    if isinstance(model, dict) and "id" in model:
+                        merged.setdefault(model["id"], model)
+        if not merged and not backends:
+            await send_error(send, 503, "no healthy backend is available", None, "no_backend")
+            return
+        await send_json(send, 200, _encode({"object": "list", "data": list(merged.values())}))
+
+    async def _plain(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Any other /v1/* route goes, untouched, to one healthy backend."""
+        backend = self.pool.any_healthy()
+        if backend is None or backend.client is None:
+            await send_error(send, 503, "no healthy backend is available", None, "no_backend")
+            return
+        raw = await _read_all(receive)
+        headers = self._request_headers(scope, backend, len(raw))
+        target = scope["path"]
+        if scope.get("query_string"):
+            target += "?" + scope["query_string"].decode("latin-1")
+        try:
+            request = backend.client.build_request(
+                scope["method"], target, content=raw, headers=headers
+            )
+            response = await backend.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            self.pool.record_failure(backend, repr(exc))
+            await send_error(
+                send, 502, f"backend {backend.label} failed: {exc!r}", None, "upstream_error"
+            )
+            return
+        try:
+            await self._relay_whole(send, {}, response)
+        finally:
+            await response.aclose()
+
+
+async def _read_all(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)

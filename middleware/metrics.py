@@ -1,0 +1,79 @@
+"""Prometheus series of the gateway, on a registry of its own (several apps may share a process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from thunder_mw.middleware.backends import BackendPool
+from thunder_mw.policies.program_table import Program
+
+# `_created` series double the scrape for nothing an operator reads.
+disable_created_metrics()
+
+KNOWN_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models"})
+
+
+class _LiveState(Collector):
+    """Gauges read at scrape time from the scheduler and pool, so nothing is kept twice."""
+
+    def __init__(self, programs: Callable[[], Iterable[Program]], pool: BackendPool) -> None:
+        self._programs = programs
+        self._pool = pool
+
+    def collect(self) -> Iterable[Metric]:
+        by_state = GaugeMetricFamily(
+            "thunder_mw_programs", "Live programs by state and phase", labels=["state", "phase"]
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for p in self._programs():
+            key = (p.state.value, p.phase.value)
+            counts[key] = counts.get(key, 0) + 1
+        for (state, phase), n in sorted(counts.items()):
+            by_state.add_metric([state, phase], n)
+        yield by_state
+        healthy = GaugeMetricFamily(
+            "thunder_mw_backend_healthy",
+            "1 when the backend's circuit is closed",
+            labels=["backend"],
+        )
+        capacity = GaugeMetricFamily(
+            "thunder_mw_backend_capacity_tokens", "KV capacity in tokens", labels=["backend"]
+        )
+        for b in self._pool.backends:
+            healthy.add_metric([b.label], 1.0 if b.healthy else 0.0)
+            if b.capacity_tokens is not None:
+                capacity.add_metric([b.label], b.capacity_tokens)
+        yield healthy
+        yield capacity
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "thunder_mw_requests",
+            "Requests answered, by route and HTTP status",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.without_context = Counter(
+            "thunder_mw_requests_without_context",
+            "Inference requests that carried no agent context (the fail-open symptom)",
+            registry=self.registry,
+        )
+        self.programs_released = Counter(
+            "thunder_mw_programs_released",
+            "Programs ended, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+
+    def watch(self, programs: Callable[[], Iterable[Program]], pool: BackendPool) -> None:
+        self.registry.register(_LiveState(programs, pool))
+
+    def count_request(self, path: str, status: int) -> None:
+        route = path if path in KNOWN_ROUTES else "other"
+        self.requests.labels(route, str(status)).inc()

@@ -1,0 +1,130 @@
+"""SchedulingMiddleware: asks the scheduler where (and when) a program's request may run.
+
+The scheduler decides; this layer only waits for the decision, records it in
+`scope["state"]["thunder_backend"]`, and reports how the call ended (usage, failure,
+client gone) so a program can never stay REASONING or keep capacity it no longer uses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from thunder_mw.middleware.backends import Backend, BackendPool
+from thunder_mw.middleware.errors import send_error
+from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
+from thunder_mw.policies.passthrough import PassthroughPolicy
+from thunder_mw.policies.program_table import Program, ProgramTable, Usage
+from thunder_mw.schemas.agent_context import AgentContext
+
+
+class Rejected(Exception):
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+class Scheduler(Protocol):
+    """What the middleware needs of a scheduler (live or pass-through)."""
+
+    async def admit(self, ctx: AgentContext, state: dict[str, Any]) -> str:
+        """Wait until the program may run; return the backend label. Raises Rejected."""
+        ...
+
+    def finish(
+        self, ctx: AgentContext, backend: str, usage: Usage | None, outcome: str
+    ) -> None: ...
+
+    def reroute(self, ctx: AgentContext, failed_backend: str) -> Backend | None: ...
+
+    def release(self, program_id: str) -> bool: ...
+
+    def programs(self) -> list[Program]: ...
+
+    def program(self, program_id: str) -> Program | None: ...
+
+
+class PassthroughScheduler:
+    """Forwards at once with sticky placement; the foundation's scheduler."""
+
+    def __init__(self, pool: BackendPool, clock: Callable[[], float] = time.monotonic) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.table = ProgramTable()
+        self.policy = PassthroughPolicy(self.table)
+
+    async def admit(self, ctx: AgentContext, state: dict[str, Any]) -> str:
+        _, backend = self.policy.on_request(ctx, self.pool.healthy_labels(), self.clock())
+        if backend is None:
+            self.finish(ctx, "", None, "rejected")
+            raise Rejected(503, "no healthy backend is available", "no_backend")
+        return backend
+
+    def finish(self, ctx: AgentContext, backend: str, usage: Usage | None, outcome: str) -> None:
+        program = self.table.get(ctx.program_id)
+        if program is not None:
+            self.policy.on_finished(program, usage, outcome == "ok", ctx.final, self.clock())
+
+    def reroute(self, ctx: AgentContext, failed_backend: str) -> Backend | None:
+        alternative = self.pool.any_healthy(exclude=failed_backend)
+        program = self.table.get(ctx.program_id)
+        if alternative is not None and program is not None:
+            self.table.place(program, alternative.label)
+        return alternative
+
+    def release(self, program_id: str) -> bool:
+        return self.policy.release(program_id) is not None
+
+    def programs(self) -> list[Program]:
+        return list(self.table)
+
+    def program(self, program_id: str) -> Program | None:
+        return self.table.get(program_id)
+
+
+class SchedulingMiddleware:
+    def __init__(self, app: ASGIApp, scheduler: Scheduler) -> None:
+        self.app = app
+        self.scheduler = scheduler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = scope.get("state")
+        ctx: AgentContext | None = state.get("agent_context") if state else None
+        if ctx is None or scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        assert state is not None
+        try:
+            backend = await self.scheduler.admit(ctx, state)
+        except Rejected as exc:
+            await send_error(send, exc.status, exc.message, "program_id", exc.code)
+            return
+        state["thunder_backend"] = backend
+        state["thunder_reroute"] = lambda failed: self.scheduler.reroute(ctx, failed)
+        status = 0
+
+        async def send_watching_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        outcome = "failed"
+        try:
+            await self.app(scope, receive, send_watching_status)
+            outcome = state.get("thunder_outcome") or ("ok" if 0 < status < 400 else "failed")
+        finally:
+            self.scheduler.finish(
+                ctx, state.get("thunder_backend", backend), state.get("thunder_usage"), outcome
+            )
+
+
+def report_usage(
+    scope: Scope, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+) -> None:
+    """For apps mounted under ThunderMiddleware that do their own forwarding: tell the
+    scheduler what the call used (else only the step, not its tokens, is accounted)."""
+    scope.setdefault("state", {})["thunder_usage"] = Usage(
+        prompt_tokens, completion_tokens, cached_tokens
+    )

@@ -1,0 +1,56 @@
+"""The one normalised form of "which agent program is this request part of", whatever convention sent it."""
+
+from __future__ import annotations
+
+import msgspec
+from thunder_mw.schemas.config import Convention
+
+
+class AgentContext(msgspec.Struct, frozen=True, kw_only=True):
+    """Agent context of one request, after parsing and validation.
+
+    `source` names the convention the program id came from; `ephemeral` marks a program
+    thunder-mw made up for a request that carried no context (`on_missing: ephemeral`).
+    """
+
+    program_id: str
+    source: Convention | None
+    parent_program_id: str | None = None
+    session_id: str | None = None
+    session_type: str | None = None
+    docker_ids: tuple[str, ...] = ()
+    priority: int = 0
+    strict_priority: int | None = None
+    expected_output_tokens: int | None = None
+    deadline_s: float | None = None
+    kv_retention_ttl_s: float | None = None
+    final: bool = False
+    ephemeral: bool = False
+
+
+# --- Wire shapes of the strict conventions. forbid_unknown_fields makes a typo an error that
+# --- names the key instead of a silently ignored field (Dynamo rejects them the same way).
+
+
+class DynamoAgentContext(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    session_type_id: str
+    session_id: str
+    trajectory_id: str
+    parent_trajectory_id: str | None = None
+    trajectory_final: bool = False
+
+
+class DynamoAgentHints(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    priority: int | None = None
+    strict_priority: int | None = msgspec.field(default=None)
+    osl: int | None = None
+    speculative_prefill: bool | None = None
+
+
+class VllmAgenticContext(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    program_id: str | None = None
+    parent_program_id: str | None = None
+    priority: int | None = None
+    deadline_seconds: float | None = None
+    expected_output_length: int | None = None
+    kv_retention_ttl_seconds: float | None = None

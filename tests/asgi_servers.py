@@ -1,0 +1,71 @@
+"""Runs ASGI apps on real loopback sockets in background threads, for tests that need TCP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+import uvicorn
+
+from thunder_mw.middleware.types import ASGIApp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """uvicorn serving `app` on 127.0.0.1 in a thread with its own event loop."""
+
+    def __init__(self, app: ASGIApp, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host="127.0.0.1",
+                port=self.port,
+                log_level="warning",
+                lifespan="on",
+                loop="asyncio",
+                access_log=False,
+            )
+        )
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self.server.serve())
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        for _ in range(500):
+            if self.server.started:
+                return self
+            if not self._thread.is_alive():
+                raise RuntimeError("server thread died during startup")
+            threading.Event().wait(0.01)
+        raise RuntimeError("server did not start within 5 s")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=10)
+
+    def call(self, coro):  # noqa: ANN001, ANN201 - run a coroutine on the server's loop
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
+
+
+@contextlib.contextmanager
+def serving(app: ASGIApp, port: int | None = None) -> Iterator[ServerThread]:
+    server = ServerThread(app, port).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,127 @@
+"""A small in-test OpenAI-compatible engine that records what it received (unit tests only)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Received:
+    path: str
+    method: str
+    headers: dict[str, str]
+    raw: bytes
+
+    @property
+    def body(self) -> Any:
+        return json.loads(self.raw) if self.raw else None
+
+
+@dataclass
+class FakeEngine:
+    """Answers chat/completions deterministically; `chunks` SSE chunks when streaming."""
+
+    model: str = "fake-model"
+    chunks: int = 3
+    num_blocks: int = 100
+    block_size: int = 16
+    delay_s: float = 0.0
+    die_after_chunks: int | None = None  # close the stream abruptly after this many chunks
+    status: int = 200
+    received: list[Received] = field(default_factory=list)
+
+    def last(self) -> Received:
+        return self.received[-1]
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        path = scope["path"]
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if path == "/health":
+            await _json(send, 200, {})
+            return
+        if path == "/metrics":
+            text = (
+                "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                "# TYPE vllm:cache_config_info gauge\n"
+                f'vllm:cache_config_info{{block_size="{self.block_size}",'
+                f'enable_prefix_caching="True",num_gpu_blocks="{self.num_blocks}"}} 1.0\n'
+            )
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/plain; version=0.0.4")],
+                }
+            )
+            await send({"type": "http.response.body", "body": text.encode()})
+            return
+        if path == "/v1/models":
+            await _json(send, 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]})
+            return
+        self.received.append(Received(path, scope["method"], headers, raw))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.status != 200:
+            await _json(send, self.status, {"error": {"message": "engine says no"}})
+            return
+        if path in ("/v1/chat/completions", "/v1/completions"):
+            body = json.loads(raw)
+            prompt_tokens = max(1, len(raw) // 4)
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": self.chunks,
+                "total_tokens": prompt_tokens + self.chunks,
+                "prompt_tokens_details": {"cached_tokens": 0},
+            }
+            chat = path == "/v1/chat/completions"
+            if body.get("stream"):
+                await self._stream(send, body, usage, chat)
+                return
+            choice = (
+                {"index": 0, "message": {"role": "assistant", "content": "tok " * self.chunks}, "finish_reason": "length"}
+                if chat
+                else {"index": 0, "text": "tok " * self.chunks, "finish_reason": "length"}
+            )
+            await _json(send, 200, {"id": "cmpl-1", "object": "chat.completion" if chat else "text_completion",
+                                    "model": self.model, "choices": [choice], "usage": usage})
+            return
+        await _json(send, 200, {"echo": path, "method": scope["method"], "bytes": len(raw)})
+
+    async def _stream(self, send: Any, body: dict[str, Any], usage: dict[str, Any], chat: bool) -> None:
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+        )
+        for i in range(self.chunks):
+            if self.die_after_chunks is not None and i >= self.die_after_chunks:
+                raise RuntimeError("engine died mid-stream")  # uvicorn drops the connection
+            delta = {"index": 0, "delta": {"content": f"t{i} "}} if chat else {"index": 0, "text": f"t{i} "}
+            chunk = {"id": "c1", "object": "chat.completion.chunk", "model": self.model, "choices": [delta]}
+            await send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n", "more_body": True})
+        options = body.get("stream_options") or {}
+        if options.get("include_usage"):
+            chunk = {"id": "c1", "object": "chat.completion.chunk", "model": self.model, "choices": [], "usage": usage}
+            await send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+async def _json(send: Any, status: int, obj: Any) -> None:
+    body = json.dumps(obj).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})

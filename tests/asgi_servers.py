@@ -9,7 +9,6 @@ import threading
 from collections.abc import Iterator
 
 import uvicorn
-
 from thunder_mw.middleware.types import ASGIApp
 
 
@@ -57,7 +56,7 @@ class ServerThread:
         self.server.should_exit = True
         self._thread.join(timeout=10)
 
-    def call(self, coro):  # noqa: ANN001, ANN201 - run a coroutine on the server's loop
+    def call(self, coro):
         assert self.loop is not None
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
 

@@ -30,6 +30,8 @@ class FakeEngine:
     block_size: int = 16
     delay_s: float = 0.0
     die_after_chunks: int | None = None  # close the stream abruptly after this many chunks
+    chunk_delay_s: float = 0.0
+    disconnects: int = 0  # streams whose client went away before the end
     status: int = 200
     received: list[Received] = field(default_factory=list)
 
@@ -73,7 +75,9 @@ class FakeEngine:
             await send({"type": "http.response.body", "body": text.encode()})
             return
         if path == "/v1/models":
-            await _json(send, 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]})
+            await _json(
+                send, 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+            )
             return
         self.received.append(Received(path, scope["method"], headers, raw))
         if self.delay_s:
@@ -92,36 +96,102 @@ class FakeEngine:
             }
             chat = path == "/v1/chat/completions"
             if body.get("stream"):
-                await self._stream(send, body, usage, chat)
+                gone = asyncio.ensure_future(_wait_disconnect(receive))
+                try:
+                    await self._stream(send, body, usage, chat, gone)
+                finally:
+                    gone.cancel()
                 return
             choice = (
-                {"index": 0, "message": {"role": "assistant", "content": "tok " * self.chunks}, "finish_reason": "length"}
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "tok " * self.chunks},
+                    "finish_reason": "length",
+                }
                 if chat
                 else {"index": 0, "text": "tok " * self.chunks, "finish_reason": "length"}
             )
-            await _json(send, 200, {"id": "cmpl-1", "object": "chat.completion" if chat else "text_completion",
-                                    "model": self.model, "choices": [choice], "usage": usage})
+            await _json(
+                send,
+                200,
+                {
+                    "id": "cmpl-1",
+                    "object": "chat.completion" if chat else "text_completion",
+                    "model": self.model,
+                    "choices": [choice],
+                    "usage": usage,
+                },
+            )
             return
         await _json(send, 200, {"echo": path, "method": scope["method"], "bytes": len(raw)})
 
-    async def _stream(self, send: Any, body: dict[str, Any], usage: dict[str, Any], chat: bool) -> None:
+    async def _stream(
+        self, send: Any, body: dict[str, Any], usage: dict[str, Any], chat: bool, gone: Any
+    ) -> None:
         await send(
-            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
         )
         for i in range(self.chunks):
+            if self.chunk_delay_s:
+                await asyncio.sleep(self.chunk_delay_s)
+                if gone.done():
+                    self.disconnects += 1
+                    return
             if self.die_after_chunks is not None and i >= self.die_after_chunks:
                 raise RuntimeError("engine died mid-stream")  # uvicorn drops the connection
-            delta = {"index": 0, "delta": {"content": f"t{i} "}} if chat else {"index": 0, "text": f"t{i} "}
-            chunk = {"id": "c1", "object": "chat.completion.chunk", "model": self.model, "choices": [delta]}
-            await send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n", "more_body": True})
+            delta = (
+                {"index": 0, "delta": {"content": f"t{i} "}}
+                if chat
+                else {"index": 0, "text": f"t{i} "}
+            )
+            chunk = {
+                "id": "c1",
+                "object": "chat.completion.chunk",
+                "model": self.model,
+                "choices": [delta],
+            }
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + json.dumps(chunk).encode() + b"\n\n",
+                    "more_body": True,
+                }
+            )
         options = body.get("stream_options") or {}
         if options.get("include_usage"):
-            chunk = {"id": "c1", "object": "chat.completion.chunk", "model": self.model, "choices": [], "usage": usage}
-            await send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n", "more_body": True})
+            chunk = {
+                "id": "c1",
+                "object": "chat.completion.chunk",
+                "model": self.model,
+                "choices": [],
+                "usage": usage,
+            }
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + json.dumps(chunk).encode() + b"\n\n",
+                    "more_body": True,
+                }
+            )
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 
 async def _json(send: Any, status: int, obj: Any) -> None:
     body = json.dumps(obj).encode()
-    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
+
+
+async def _wait_disconnect(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

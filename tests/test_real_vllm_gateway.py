@@ -1,0 +1,111 @@
+"""thunder-mw in front of the REAL vLLM CPU engine: answers, usage capture, and stripping proven
+by the engine's own log of the request fields it ignored."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+from asgi_servers import serving
+
+from thunder_mw.middleware.app import create_app
+from thunder_mw.schemas.config import ThunderConfig
+
+PROMPT = [{"role": "user", "content": "Summarise the repository layout in one line."}]
+
+
+@pytest.fixture(scope="module")
+def gateway(vllm_engine):
+    config = ThunderConfig(backends=[{"name": "vllm-0", "url": vllm_engine.url}])
+    with serving(create_app(config)) as gw:
+        yield gw
+
+
+def _ignored_after(vllm_engine, offset: int) -> set[str]:
+    # vLLM writes its "ignored fields" line when it parses the request; give the log a moment.
+    time.sleep(0.3)
+    return vllm_engine.ignored_fields_since(offset)
+
+
+def test_engine_capacity_is_discovered(gateway, vllm_engine):
+    health = httpx.get(f"{gateway.url}/health").json()
+    backend = health["backends"][0]
+    assert backend["healthy"] is True
+    assert backend["capacity_tokens"] == vllm_engine.num_blocks * vllm_engine.block_size
+    assert backend["capacity_source"] == "engine"
+
+
+def test_openai_client_non_streaming_through_thunder_mw(gateway, vllm_engine):
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    offset = vllm_engine.log_offset()
+    answer = client.chat.completions.create(
+        model=vllm_engine.model,
+        messages=PROMPT,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"program_id": "real-1", "docker_ids": ["sandbox-a"], "ignore_eos": True},
+    )
+    assert answer.usage.completion_tokens == 8 and answer.usage.prompt_tokens > 0
+    assert answer.choices[0].message.content
+    program = httpx.get(f"{gateway.url}/programs/real-1").json()
+    assert program["context_tokens"] == answer.usage.prompt_tokens + 8
+    assert program["docker_ids"] == ["sandbox-a"]
+    ignored = _ignored_after(vllm_engine, offset)
+    assert not ignored & {"program_id", "docker_ids"}, ignored
+
+
+def test_openai_client_streaming_through_thunder_mw(gateway, vllm_engine):
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    offset = vllm_engine.log_offset()
+    chunks = list(
+        client.chat.completions.create(
+            model=vllm_engine.model,
+            messages=PROMPT,
+            max_tokens=6,
+            stream=True,
+            extra_body={
+                "program_id": "real-2",
+                "ignore_eos": True,
+                "nvext": {"agent_hints": {"priority": 2}},
+            },
+        )
+    )
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content is not None) >= 1
+    assert all(c.usage is None for c in chunks)  # the injected usage chunk stays hidden
+    program = httpx.get(f"{gateway.url}/programs/real-2").json()
+    assert program["completion_tokens"] == 6 and program["prompt_tokens"] > 0
+    ignored = _ignored_after(vllm_engine, offset)
+    assert not ignored & {"program_id", "nvext"}, ignored
+
+
+def test_dynamo_context_is_stripped_before_the_engine(gateway, vllm_engine):
+    offset = vllm_engine.log_offset()
+    body = {
+        "model": vllm_engine.model,
+        "prompt": "one two three",
+        "max_tokens": 2,
+        "nvext": {
+            "agent_context": {"session_type_id": "t", "session_id": "s", "trajectory_id": "s:1"}
+        },
+        "vllm_xargs": {"agentic_context": {"program_id": "s:1"}},
+    }
+    r = httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 2
+    ignored = _ignored_after(vllm_engine, offset)
+    assert not ignored & {"nvext", "vllm_xargs", "agent_context"}, ignored
+
+
+def test_prefix_cache_hits_are_captured_for_a_program(gateway, vllm_engine):
+    vllm_engine.reset_prefix_cache()
+    prompt = " ".join(f"word{i}" for i in range(400))
+    body = {"model": vllm_engine.model, "prompt": prompt, "max_tokens": 1, "program_id": "real-3"}
+    for _ in range(2):
+        r = httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+    program = httpx.get(f"{gateway.url}/programs/real-3").json()
+    assert program["steps"] == 2
+    # The repeat hits whole 128-token blocks of the first call's prompt.
+    assert program["cached_tokens"] > 0 and program["cached_tokens"] % vllm_engine.block_size == 0

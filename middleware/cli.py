@@ -13,7 +13,7 @@ from thunder_mw import __version__
 from thunder_mw.middleware.config_loader import ConfigError, load_config
 
 log = logging.getLogger("thunder_mw")
-SUBCOMMANDS = ("serve", "check-config", "sim-engine")
+SUBCOMMANDS = ("serve", "check-config", "config-reference", "sim-engine")
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_arguments(sub.add_parser("serve", help="run the gateway (the default command)"))
     check = sub.add_parser("check-config", help="validate a config file and print it normalised")
     check.add_argument("path")
+    sub.add_parser("config-reference", help="print the config reference as a markdown table")
     sim = sub.add_parser("sim-engine", help="serve a simulated vLLM/SGLang engine")
     try:
         from thunder_mw.benchmarks.sim.server import add_sim_engine_arguments
@@ -61,6 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args)
     if args.command == "check-config":
         return check_config(args.path)
+    if args.command == "config-reference":
+        from thunder_mw.schemas.config_reference import config_reference
+
+        sys.stdout.write(config_reference())
+        return 0
     if args.command == "sim-engine":
         from thunder_mw.benchmarks.sim.server import run_sim_engine
 
@@ -122,10 +128,6 @@ def serve(args: argparse.Namespace) -> int:
     )
     server.run()
     return 0 if server.started else 1
-
-
-def _dumps(obj: Any) -> str:
-    return msgspec.json.encode(obj).decode()
 
 
 if __name__ == "__main__":

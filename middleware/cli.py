@@ -8,7 +8,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
 from thunder_mw import __version__
 from thunder_mw.middleware.config_loader import ConfigError, load_config
 

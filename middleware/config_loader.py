@@ -1,4 +1,4 @@
-"""Reads the YAML config (environment overrides on top) and reports errors with their YAML location."""
+"""Reads the YAML config (env overrides on top); reports errors with their YAML location."""
 
 from __future__ import annotations
 

@@ -355,7 +355,7 @@ class Forwarder:
             return_exceptions=True,
         )
         merged: dict[str, Any] = {}
-        for backend, result in zip(backends, results, strict=True):
+        for result in results:
             if isinstance(result, BaseException) or result.status_code != 200:
                 continue
             with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError):

@@ -1,4 +1,4 @@
-"""The decoded request body, shared by the layers of one request so it is parsed and encoded once."""
+"""The decoded request body, shared by one request's layers so it is parsed and encoded once."""
 
 from __future__ import annotations
 

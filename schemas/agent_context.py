@@ -1,4 +1,4 @@
-"""The one normalised form of "which agent program is this request part of", whatever convention sent it."""
+"""One normalised answer to "which agent program is this request part of?", whatever sent it."""
 
 from __future__ import annotations
 

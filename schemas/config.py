@@ -1,4 +1,4 @@
-"""The configuration tree: field names are the YAML keys, descriptions feed check-config and README."""
+"""The configuration tree: field names are the YAML keys; descriptions feed the README."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class _Section(BaseModel):
 
 
 class Convention(enum.StrEnum):
-    """The agent-context conventions thunder-mw understands (reference/agent-context-protocols.md)."""
+    """Agent-context conventions thunder-mw reads (reference/agent-context-protocols.md)."""
 
     THUNDERAGENT = "thunderagent"  # body program_id / docker_ids / tool_ids, nested extra_body
     DYNAMO_BODY = "dynamo_body"  # body nvext.agent_context (+ nvext.agent_hints)
@@ -101,6 +101,12 @@ class SimEngineSettings(_Section):
     )
     model_name: str = Field("sim-model", description="Served model name.")
     seed: int = Field(0, description="Seed for anything random in the engine.")
+    max_model_len: int = Field(32768, gt=0, description="Longest prompt + output, in tokens.")
+    tokenizer_file: str | None = Field(
+        None,
+        description="A `tokenizers` tokenizer.json to count tokens like a real model "
+        "(default: a fixed rule, about four characters per token).",
+    )
 
 
 class BackendSettings(_Section):

@@ -1,4 +1,4 @@
-"""Property: whatever JSON and headers arrive, the context layer answers 2xx or a 4xx naming a field."""
+"""Property: whatever JSON and headers arrive, the answer is 2xx or a 4xx naming a field."""
 
 from __future__ import annotations
 

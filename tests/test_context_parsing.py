@@ -164,7 +164,7 @@ def test_context_headers_are_listed_for_stripping():
     assert b"x-claude-code-session-id" not in parser.context_headers  # off by default
 
 
-# ------------------------------------------------------------------ vLLM router, LiteLLM, coding agents
+# ---------------------------------------------------- vLLM router, LiteLLM, coding agents
 def test_vllm_router_agentic_context_is_read_and_other_xargs_kept():
     body = {
         "vllm_xargs": {

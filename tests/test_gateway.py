@@ -1,4 +1,4 @@
-"""The standalone gateway over real sockets, in front of in-test engines that record what they got."""
+"""The standalone gateway over real sockets, before in-test engines that record what they got."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ThunderMiddleware mounted on someone else's ASGI app (a FastAPI gateway that forwards by itself)."""
+"""ThunderMiddleware mounted on someone else's ASGI app (a FastAPI gateway that forwards)."""
 
 from __future__ import annotations
 

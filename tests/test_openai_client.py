@@ -38,7 +38,7 @@ def test_non_streaming_call_with_extra_body(stack):
 
 
 def test_streaming_call_with_extra_body(stack):
-    engine, gw, client = stack
+    _, gw, client = stack
     chunks = list(
         client.chat.completions.create(
             model="fake-model",

@@ -165,7 +165,7 @@ class BackendPool:
             backend.consecutive_failures = 0
         if not backend.healthy:
             backend.healthy = True
-            log.info("backend %s healthy again", backend.label)
+            log.info("backend %s healthy%s", backend.label, " again" if backend.last_error else "")
 
     async def _probe_loop(self) -> None:
         while True:

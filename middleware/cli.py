@@ -111,6 +111,8 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # httpx logs every proxied request at INFO: far too much for the hot path.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     app = create_app(config)
     server = uvicorn.Server(
         uvicorn.Config(

@@ -115,7 +115,10 @@ class Forwarder:
         state = scope.setdefault("state", {})
         body: RequestBody | None = state.get("thunder_body")
         if body is None:  # mounted without AgentContextMiddleware: decode here
-            raw = await _read_all(receive)
+            raw = await _read_all(receive, self.server.max_body_bytes)
+            if raw is None:
+                await send_error(send, 413, "request body too large", "body", "body_too_large")
+                return
             try:
                 data = _decode_any(raw)
             except msgspec.DecodeError:
@@ -373,7 +376,10 @@ class Forwarder:
         if backend is None or backend.client is None:
             await send_error(send, 503, "no healthy backend is available", None, "no_backend")
             return
-        raw = await _read_all(receive)
+        raw = await _read_all(receive, self.server.max_body_bytes)
+        if raw is None:
+            await send_error(send, 413, "request body too large", "body", "body_too_large")
+            return
         headers = self._request_headers(scope, backend, len(raw))
         target = scope["path"]
         if scope.get("query_string"):
@@ -395,13 +401,19 @@ class Forwarder:
             await response.aclose()
 
 
-async def _read_all(receive: Receive) -> bytes:
+async def _read_all(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or None once it grows past `limit` bytes."""
     chunks = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
             break
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
         if not message.get("more_body", False):
             break
     return b"".join(chunks)

@@ -1,0 +1,207 @@
+"""Paged KV blocks with vLLM v1's prefix cache: hash chains of full blocks, LRU free queue.
+
+Mirrors `vllm/v1/core/block_pool.py` (vLLM 0.32) where it decides which tokens hit:
+- block 0 is the null block and is never handed out, so `num_blocks - 1` are usable;
+- only full blocks carry a hash, chained over the previous block's hash and this block's
+  token ids;
+- blocks no request holds stay cached in a free queue; allocation takes from its head and
+  evicts the hash of the block it takes;
+- freed blocks with a hash join the tail in the order given (callers free a request's
+  blocks tail first, so a prompt's tail is evicted before its head); freed blocks without
+  a hash go to the head, they are reused first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+BlockHash = int
+
+ROOT_HASH: BlockHash = 0x74_68_75_6E_64_65_72  # any fixed int: the parent of a first block
+
+
+def chain_hash(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
+    """The hash of one full block given its parent's hash (None for the first block)."""
+    return hash((ROOT_HASH if parent is None else parent, tuple(token_ids)))
+
+
+def block_hashes(
+    token_ids: Sequence[int],
+    block_size: int,
+    known: list[BlockHash] | None = None,
+) -> list[BlockHash]:
+    """Hashes of every full block of `token_ids`, extending `known` (a prefix already hashed)."""
+    out = known if known is not None else []
+    parent = out[-1] if out else None
+    for start in range(len(out) * block_size, len(token_ids) - block_size + 1, block_size):
+        parent = hash(
+            (ROOT_HASH if parent is None else parent, tuple(token_ids[start : start + block_size]))
+        )
+        out.append(parent)
+    return out
+
+
+class BlockPool:
+    """All KV blocks of one engine: reference counts, cached hashes and the free queue."""
+
+    __slots__ = ("_by_hash", "_dups", "_free", "_hash", "_ref", "block_size", "num_blocks")
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 2:
+            raise ValueError("num_blocks must be at least 2 (block 0 is the null block)")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._ref = [0] * num_blocks
+        self._hash: list[BlockHash | None] = [None] * num_blocks
+        # Head = next to be reused. Block 0 is the null block, never free.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self._by_hash: dict[BlockHash, int] = {}
+        # Two requests can fill identical blocks at once; vLLM keeps both under one hash.
+        self._dups: dict[BlockHash, list[int]] = {}
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_usable(self) -> int:
+        return self.num_blocks - 1
+
+    def usage(self) -> float:
+        """Fraction of usable blocks held by requests (vLLM's kv_cache_usage_perc)."""
+        return 1.0 - len(self._free) / (self.num_blocks - 1)
+
+    def num_cached(self) -> int:
+        """Blocks that carry a hash (held or free)."""
+        return len(self._by_hash) + sum(len(v) for v in self._dups.values())
+
+    def num_evictable_cached(self) -> int:
+        """Free blocks that still hold a cached prefix."""
+        h = self._hash
+        return sum(1 for b in self._free if h[b] is not None)
+
+    def longest_hit(self, hashes: Sequence[BlockHash], max_blocks: int) -> list[int]:
+        """Blocks of the longest cached prefix, at most `max_blocks` long."""
+        by_hash = self._by_hash
+        hit: list[int] = []
+        for i in range(min(max_blocks, len(hashes))):
+            b = by_hash.get(hashes[i])
+            if b is None:
+                break
+            hit.append(b)
+        return hit
+
+    def num_evictable(self, blocks: Iterable[int]) -> int:
+        """How many of `blocks` sit in the free queue (touching them uses free capacity)."""
+        ref = self._ref
+        return sum(1 for b in blocks if ref[b] == 0)
+
+    def ref_count(self, block: int) -> int:
+        return self._ref[block]
+
+    def hash_of(self, block: int) -> BlockHash | None:
+        return self._hash[block]
+
+    def free_queue(self) -> list[int]:
+        """The free queue, head (next reused) first; for tests and debugging."""
+        return list(self._free)
+
+    # -- changes ---------------------------------------------------------------------------
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Take a reference on cache-hit blocks, taking free ones off the free queue."""
+        ref = self._ref
+        free = self._free
+        for b in blocks:
+            if ref[b] == 0:
+                del free[b]
+            ref[b] += 1
+
+    def allocate(self, n: int) -> list[int]:
+        """Take `n` blocks from the head of the free queue, evicting their cached hashes."""
+        if n > len(self._free):
+            raise ValueError(f"cannot allocate {n} blocks, {len(self._free)} free")
+        free = self._free
+        ref = self._ref
+        hashes = self._hash
+        out: list[int] = []
+        for _ in range(n):
+            b = free.popitem(last=False)[0]
+            h = hashes[b]
+            if h is not None:
+                self._uncache(b, h)
+            ref[b] = 1
+            out.append(b)
+        return out
+
+    def allocate_one(self) -> int:
+        b = self._free.popitem(last=False)[0]
+        h = self._hash[b]
+        if h is not None:
+            self._uncache(b, h)
+        self._ref[b] = 1
+        return b
+
+    def free(self, ordered: Iterable[int]) -> None:
+        """Drop one reference per block; `ordered` lists blocks in the order to evict them."""
+        ref = self._ref
+        hashes = self._hash
+        free = self._free
+        first: list[int] = []
+        for b in ordered:
+            ref[b] -= 1
+            if ref[b] == 0:
+                if hashes[b] is None:
+                    first.append(b)
+                else:
+                    free[b] = None
+        # Uncached blocks are reused first, in LIFO order like vLLM's prepend_n.
+        for b in reversed(first):
+            free[b] = None
+            free.move_to_end(b, last=False)
+
+    def cache(self, block: int, block_hash: BlockHash) -> None:
+        """Register a full block's hash so later requests can hit it."""
+        if self._hash[block] is not None:
+            return
+        self._hash[block] = block_hash
+        if block_hash in self._by_hash:
+            self._dups.setdefault(block_hash, []).append(block)
+        else:
+            self._by_hash[block_hash] = block
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; refused (False) while any request holds blocks."""
+        if len(self._free) != self.num_blocks - 1:
+            return False
+        self._hash = [None] * self.num_blocks
+        self._by_hash.clear()
+        self._dups.clear()
+        return True
+
+    def _uncache(self, block: int, block_hash: BlockHash) -> None:
+        self._hash[block] = None
+        if self._by_hash.get(block_hash) == block:
+            dups = self._dups.get(block_hash)
+            if dups:
+                self._by_hash[block_hash] = dups.pop(0)
+                if not dups:
+                    del self._dups[block_hash]
+            else:
+                del self._by_hash[block_hash]
+        else:
+            dups = self._dups.get(block_hash, [])
+            if block in dups:
+                dups.remove(block)
+                if not dups:
+                    del self._dups[block_hash]
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "num_blocks": self.num_blocks,
+            "block_size": self.block_size,
+            "free": len(self._free),
+            "cached": self.num_cached(),
+        }

@@ -1,0 +1,234 @@
+"""Prometheus exposition of a simulated engine under the real engine's metric names and labels."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from .server import SimService
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# vLLM 0.32's vllm:cache_config_info labels (its CacheConfig fields as strings), as served
+# by the CPU build; the sim overrides the sizes.
+_VLLM_CACHE_INFO = {
+    "_block_size_resolved": "True",
+    "block_size": "128",
+    "cache_dtype": "auto",
+    "cache_hit_alignment_tokens": "None",
+    "effective_attention_block_size": "128",
+    "enable_mamba_shared_prefix_checkpoint": "False",
+    "enable_prefix_caching": "True",
+    "engine": "0",
+    "gpu_memory_utilization": "0.92",
+    "hash_block_size": "None",
+    "is_attention_free": "False",
+    "kv_cache_dtype_skip_layers": "[]",
+    "kv_cache_layout": "None",
+    "kv_cache_max_concurrency": "1.5",
+    "kv_cache_memory_bytes": "1073741824",
+    "kv_cache_size_tokens": "3072",
+    "kv_offloading_backend": "native",
+    "kv_offloading_size": "None",
+    "kv_sharing_fast_prefill": "False",
+    "mamba_block_size": "None",
+    "mamba_cache_dtype": "auto",
+    "mamba_cache_mode": "none",
+    "mamba_page_size_padded": "None",
+    "mamba_ssm_cache_dtype": "auto",
+    "num_cpu_blocks": "None",
+    "num_gpu_blocks": "24",
+    "num_gpu_blocks_override": "24",
+    "prefix_cache_retention_interval": "0",
+    "prefix_caching_hash_algo": "sha256",
+    "prefix_match_unit": "None",
+    "replayssm_buffer_len": "16",
+    "skip_page_size_padded": "None",
+    "sliding_window": "None",
+    "swa_bounded_replay": "True",
+    "use_kda_recoverssm": "False",
+    "use_replayssm": "False",
+    "user_specified_block_size": "False",
+}
+
+
+class _VllmCollector:
+    def __init__(self, service: SimService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Metric]:
+        svc = self._service
+        eng = svc.engine
+        st = eng.stats
+        labels = ["model_name", "engine"]
+        values = [svc.model_name, "0"]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(values, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=labels, created=svc.started_at)
+            c.add_metric(values, value)
+            return c
+
+        yield gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            eng.num_running,
+        )
+        yield gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            eng.num_waiting,
+        )
+        yield gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            eng.pool.usage(),
+        )
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            st.prefix_cache_queries,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            st.prefix_cache_hits,
+        )
+        yield counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            st.num_preemptions,
+        )
+        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens)
+        yield counter(
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local + external).",
+            st.prompt_tokens_cached,
+        )
+        yield counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            st.generation_tokens,
+        )
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=[*labels, "finished_reason"],
+            created=svc.started_at,
+        )
+        for reason in ("stop", "length", "abort", "error", "repetition"):
+            success.add_metric([*values, reason], st.requests_finished.get(reason, 0))
+        yield success
+        cfg = eng.config
+        info_values = dict(_VLLM_CACHE_INFO)
+        info_values.update(
+            block_size=str(cfg.block_size),
+            effective_attention_block_size=str(cfg.block_size),
+            num_gpu_blocks=str(cfg.num_blocks),
+            num_gpu_blocks_override=str(cfg.num_blocks),
+            kv_cache_size_tokens=str(cfg.num_blocks * cfg.block_size),
+            kv_cache_max_concurrency=str(
+                round(cfg.num_blocks * cfg.block_size / cfg.max_model_len, 2)
+            ),
+            engine="0",
+        )
+        names = sorted(info_values)
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=names
+        )
+        info.add_metric([info_values[k] for k in names], 1.0)
+        yield info
+
+
+class _SglangCollector:
+    def __init__(self, service: SimService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Metric]:
+        svc = self._service
+        eng = svc.engine
+        st = eng.stats
+        snap = eng.snapshot()
+        labels = ["model_name", "engine_type", "tp_rank", "pp_rank"]
+        values = [svc.model_name, "unified", "0", "0"]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(values, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=labels, created=svc.started_at)
+            c.add_metric(values, value)
+            return c
+
+        queries = st.prefix_cache_queries
+        yield gauge(
+            "sglang:num_running_reqs", "The number of running requests.", snap["num_running"]
+        )
+        yield gauge(
+            "sglang:num_queue_reqs",
+            "The number of requests in the waiting queue.",
+            snap["num_waiting"],
+        )
+        yield gauge("sglang:num_used_tokens", "The number of used tokens.", snap["used_tokens"])
+        yield gauge("sglang:token_usage", "The token usage.", snap["kv_usage"])
+        yield gauge(
+            "sglang:max_total_num_tokens",
+            "Maximum total number of tokens in the KV pool.",
+            snap["capacity_tokens"],
+        )
+        yield gauge(
+            "sglang:kv_available_tokens",
+            "Number of available KV tokens.",
+            snap["capacity_tokens"] - snap["used_tokens"],
+        )
+        yield gauge(
+            "sglang:kv_evictable_tokens", "Number of evictable KV tokens.", snap["evictable_tokens"]
+        )
+        yield gauge(
+            "sglang:cache_hit_rate",
+            "The prefix cache hit rate.",
+            st.prefix_cache_hits / queries if queries else 0.0,
+        )
+        yield gauge("sglang:num_paused_reqs", "The number of paused requests.", 0)
+        yield gauge(
+            "sglang:gen_throughput",
+            "The generation throughput (token/s).",
+            svc.recent_generation_throughput(),
+        )
+        yield counter(
+            "sglang:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens
+        )
+        yield counter(
+            "sglang:generation_tokens",
+            "Number of generation tokens processed.",
+            st.generation_tokens,
+        )
+        yield counter(
+            "sglang:cached_tokens", "Number of cached prompt tokens.", st.prefix_cache_hits
+        )
+        yield counter(
+            "sglang:num_requests",
+            "The number of processed requests.",
+            sum(st.requests_finished.values()),
+        )
+        yield counter(
+            "sglang:num_retracted_requests", "The number of retracted requests.", st.num_preemptions
+        )
+
+
+def render(service: SimService) -> bytes:
+    """The /metrics body for the service's flavour, computed from the engine at scrape time."""
+    registry = CollectorRegistry(auto_describe=False)
+    collector = _VllmCollector(service) if service.flavor == "vllm" else _SglangCollector(service)
+    registry.register(collector)  # type: ignore[arg-type]
+    return generate_latest(registry)

@@ -1,0 +1,618 @@
+"""The simulated engine behind HTTP: vLLM's or SGLang's OpenAI API, metrics and admin routes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from ...schemas.config import SimEngineSettings
+from . import metrics
+from .cost_model import get_profile
+from .engine import Engine, EngineConfig, SamplingParams, Sequence
+from .tokenizer import Tokenizer, load_tokenizer
+
+_json_encode = msgspec.json.Encoder().encode
+_json_decode = msgspec.json.Decoder().decode
+
+# Request fields the real engines read. Anything else is accepted, ignored and recorded
+# (vLLM logs "present in the request but ignored"; SGLang ignores silently).
+_COMMON_FIELDS = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "n",
+        "stream",
+        "stream_options",
+        "stop",
+        "stop_token_ids",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "logprobs",
+        "user",
+        "ignore_eos",
+        "min_tokens",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "include_stop_str_in_output",
+        "best_of",
+        "use_beam_search",
+        "length_penalty",
+        "priority",
+        "request_id",
+        "response_format",
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "truncate_prompt_tokens",
+        "add_special_tokens",
+        "return_tokens_as_token_ids",
+        "cache_salt",
+        "kv_transfer_params",
+        "vllm_xargs",
+        "bad_words",
+        "allowed_token_ids",
+        "prompt_logprobs",
+        "service_tier",
+        "logits_processors",
+        "return_token_ids",
+        "prompt_embeds",
+        "lora_request",
+    }
+)
+_CHAT_FIELDS = _COMMON_FIELDS | {
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "documents",
+    "echo",
+    "reasoning_effort",
+    "mm_processor_kwargs",
+    "metadata",
+    "store",
+    "modalities",
+    "audio",
+    "prediction",
+    "web_search_options",
+    "function_call",
+    "functions",
+}
+_COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix"}
+
+
+class SimService:
+    """One simulated engine: the engine model, its tokenizer, and the task that paces its steps."""
+
+    def __init__(self, settings: SimEngineSettings) -> None:
+        self.settings = settings
+        self.flavor = settings.flavor
+        self.model_name = settings.model_name
+        self.time_scale = settings.time_scale
+        self.tokenizer: Tokenizer = load_tokenizer(settings.tokenizer_file)
+        config = EngineConfig(
+            num_blocks=settings.num_blocks,
+            block_size=settings.block_size,
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_model_len=settings.max_model_len,
+            profile=settings.profile,
+            seed=settings.seed,
+        )
+        self.engine = Engine(config, self.tokenizer.filler_ids, get_profile(settings.profile))
+        self.unknown_field_count = 0
+        self.unknown_fields_last: list[str] = []
+        self.unknown_fields_seen: set[str] = set()
+        self._ids = itertools.count()
+        self._wake = asyncio.Event()
+        self._driver: asyncio.Task[None] | None = None
+        self._gen_window: deque[tuple[float, int]] = deque(maxlen=64)
+        self.started_at = time.time()
+
+    # -- the step loop ---------------------------------------------------------------------
+    def start(self) -> None:
+        if self._driver is None:
+            self._driver = asyncio.get_running_loop().create_task(self._drive())
+
+    async def stop(self) -> None:
+        if self._driver is not None:
+            self._driver.cancel()
+            try:
+                await self._driver
+            except asyncio.CancelledError:
+                pass
+            self._driver = None
+
+    async def _drive(self) -> None:
+        loop = asyncio.get_running_loop()
+        engine = self.engine
+        deadline = loop.time()
+        while True:
+            if not engine.has_work:
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = loop.time()
+                continue
+            result = engine.step()
+            if result is None:
+                continue
+            deadline = max(deadline, loop.time() - 0.05) + result.duration / self.time_scale
+            delay = deadline - loop.time()
+            # Results become visible when the step "ends"; sleep(0) still lets requests in.
+            await asyncio.sleep(delay if delay > 0 else 0)
+            for seq in result.progressed:
+                seq.user_data.event.set()
+            for seq in result.finished:
+                seq.user_data.event.set()
+            self._gen_window.append((loop.time(), engine.stats.generation_tokens))
+
+    def recent_generation_throughput(self) -> float:
+        if len(self._gen_window) < 2:
+            return 0.0
+        (t0, g0), (t1, g1) = self._gen_window[0], self._gen_window[-1]
+        return (g1 - g0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def submit(self, prompt: list[int], params: SamplingParams, stream: bool) -> _Pending:
+        pending = _Pending()
+        rid = f"sim-{next(self._ids)}"
+        seq = self.engine.add_request(rid, prompt, params, listener=pending, stream=stream)
+        seq.user_data = pending
+        pending.seq = seq
+        self._wake.set()
+        return pending
+
+    def record_unknown(self, body: dict[str, Any], known: frozenset[str]) -> None:
+        unknown = [k for k in body if k not in known]
+        if unknown:
+            self.unknown_field_count += 1
+            self.unknown_fields_last = unknown
+            self.unknown_fields_seen.update(unknown)
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
+        """A fixed chat template: the text a real template would add is not what matters here."""
+        parts = []
+        for m in messages:
+            content = m.get("content")
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            parts.append(f"<|{m.get('role', 'user')}|>\n{content or ''}\n")
+            for call in m.get("tool_calls") or ():
+                parts.append(_json_encode(call).decode() + "\n")
+        parts.append("<|assistant|>\n")
+        return "".join(parts)
+
+
+class _Pending:
+    __slots__ = ("event", "seq")
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.seq: Sequence
+
+    # The engine calls these inside step(); the driver wakes waiters after the step's time.
+    def on_progress(self, seq: Sequence) -> None:
+        pass
+
+    def on_finish(self, seq: Sequence) -> None:
+        pass
+
+
+def _error(status: int, message: str, err_type: str, param: str | None = None) -> Response:
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    return Response(_json_encode(body), status, media_type="application/json")
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(_json_encode(data), status, media_type="application/json")
+
+
+def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
+    """The ASGI app of one simulated engine; its step loop runs while the app is served."""
+    svc = SimService(engine_settings)
+    engine = svc.engine
+    tokenizer = svc.tokenizer
+
+    async def read_body(request: Request) -> dict[str, Any] | Response:
+        try:
+            body = _json_decode(await request.body())
+        except msgspec.DecodeError as exc:
+            return _error(400, f"Invalid JSON: {exc}", "BadRequestError")
+        if not isinstance(body, dict):
+            return _error(400, "The request body must be a JSON object", "BadRequestError")
+        model = body.get("model")
+        if model is not None and model != svc.model_name:
+            return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        return body
+
+    def sampling(body: dict[str, Any], chat: bool) -> SamplingParams:
+        max_tokens = body.get("max_completion_tokens") if chat else None
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens")
+        if max_tokens is None and not chat and svc.flavor == "vllm":
+            max_tokens = 16  # vLLM's /v1/completions default
+        return SamplingParams(
+            max_tokens=max_tokens,
+            min_tokens=int(body.get("min_tokens") or 0),
+            ignore_eos=bool(body.get("ignore_eos", False)),
+        )
+
+    def usage(seq: Sequence) -> dict[str, Any]:
+        return {
+            "prompt_tokens": seq.prompt_len,
+            "total_tokens": seq.prompt_len + seq.num_output,
+            "completion_tokens": seq.num_output,
+            "prompt_tokens_details": {"cached_tokens": max(seq.num_cached_tokens, 0)},
+        }
+
+    async def generate(request: Request, chat: bool) -> Response:
+        body = await read_body(request)
+        if isinstance(body, Response):
+            return body
+        svc.record_unknown(body, _CHAT_FIELDS if chat else _COMPLETION_FIELDS)
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                return _error(
+                    400, "`messages` must be a non-empty list", "BadRequestError", "messages"
+                )
+            prompt_ids = tokenizer.encode(svc.chat_prompt(messages))
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                prompt_ids = tokenizer.encode(prompt)
+            elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+                prompt_ids = list(prompt)
+            else:
+                return _error(
+                    400,
+                    "`prompt` must be a string or a list of token ids",
+                    "BadRequestError",
+                    "prompt",
+                )
+        params = sampling(body, chat)
+        problem = engine.validate(prompt_ids, params)
+        if problem:
+            return _error(400, problem, "BadRequestError")
+        stream = bool(body.get("stream", False))
+        pending = svc.submit(prompt_ids, params, stream)
+        rid = ("chatcmpl-" if chat else "cmpl-") + pending.seq.request_id
+        created = int(time.time())
+        if stream:
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(
+                _stream(svc, pending, rid, created, chat, include_usage, usage),
+                media_type="text/event-stream",
+            )
+        seq = pending.seq
+        try:
+            while seq.finish_reason is None:
+                pending.event.clear()
+                await pending.event.wait()
+        finally:
+            if seq.finish_reason is None:
+                engine.abort(seq.request_id)
+        text = tokenizer.decode(engine.output_ids(seq))
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": seq.finish_reason,
+                "stop_reason": None,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": seq.finish_reason,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+            obj = "text_completion"
+        return _json(
+            {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": svc.model_name,
+                "choices": [choice],
+                "usage": usage(seq),
+            }
+        )
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    async def models(request: Request) -> Response:
+        card = {
+            "id": svc.model_name,
+            "object": "model",
+            "created": int(svc.started_at),
+            "owned_by": "vllm" if svc.flavor == "vllm" else "sglang",
+            "root": svc.model_name,
+            "parent": None,
+            "max_model_len": engine.config.max_model_len,
+        }
+        return _json({"object": "list", "data": [card]})
+
+    async def health(request: Request) -> Response:
+        return Response(b"", 200)
+
+    async def tokenize(request: Request) -> Response:
+        body = await read_body(request)
+        if isinstance(body, Response):
+            return body
+        if "messages" in body:
+            tokens = tokenizer.encode(svc.chat_prompt(body["messages"]))
+        else:
+            tokens = tokenizer.encode(str(body.get("prompt", "")))
+        return _json(
+            {"count": len(tokens), "max_model_len": engine.config.max_model_len, "tokens": tokens}
+        )
+
+    async def metrics_route(request: Request) -> Response:
+        return Response(metrics.render(svc), media_type=metrics.CONTENT_TYPE)
+
+    async def reset_prefix_cache(request: Request) -> Response:
+        ok = engine.reset_prefix_cache()
+        if svc.flavor == "sglang":
+            return Response(
+                b"Cache flushed.\n" if ok else b"Cache not flushed.\n", 200 if ok else 400
+            )
+        return _json({"success": ok})
+
+    async def version(request: Request) -> Response:
+        return _json({"version": "0.32.0+sim"})
+
+    async def load(request: Request) -> Response:
+        return _json({"server_load": engine.num_running + engine.num_waiting})
+
+    async def server_info(request: Request) -> Response:
+        cfg = engine.config
+        return _json(
+            {
+                "model_path": svc.model_name,
+                "served_model_name": svc.model_name,
+                "max_total_num_tokens": engine.capacity_tokens,
+                "page_size": cfg.block_size,
+                "max_running_requests": cfg.max_num_seqs,
+                "chunked_prefill_size": cfg.max_num_batched_tokens,
+                "context_length": cfg.max_model_len,
+                "version": "0.5.23+sim",
+                "internal_states": [{"last_gen_throughput": svc.recent_generation_throughput()}],
+            }
+        )
+
+    async def loads(request: Request) -> Response:
+        snap = engine.snapshot()
+        st = engine.stats
+        q = st.prefix_cache_queries
+        return _json(
+            {
+                "timestamp": time.time(),
+                "version": "0.5.23+sim",
+                "dp_rank_count": 1,
+                "loads": [
+                    {
+                        "dp_rank": 0,
+                        "num_running_reqs": snap["num_running"],
+                        "num_waiting_reqs": snap["num_waiting"],
+                        "num_used_tokens": snap["used_tokens"],
+                        "max_total_num_tokens": snap["capacity_tokens"],
+                        "token_usage": snap["kv_usage"],
+                        "cache_hit_rate": st.prefix_cache_hits / q if q else 0.0,
+                        "gen_throughput": svc.recent_generation_throughput(),
+                    }
+                ],
+            }
+        )
+
+    async def unknown_fields(request: Request) -> Response:
+        return _json(
+            {
+                "count": svc.unknown_field_count,
+                "last": svc.unknown_fields_last,
+                "seen": sorted(svc.unknown_fields_seen),
+            }
+        )
+
+    async def sim_state(request: Request) -> Response:
+        st = engine.stats
+        return _json(
+            {
+                "flavor": svc.flavor,
+                "snapshot": engine.snapshot(),
+                "step": engine.step_no,
+                "sim_time_s": engine.now,
+                "stats": {
+                    "prefix_cache_queries": st.prefix_cache_queries,
+                    "prefix_cache_hits": st.prefix_cache_hits,
+                    "num_preemptions": st.num_preemptions,
+                    "prompt_tokens": st.prompt_tokens,
+                    "generation_tokens": st.generation_tokens,
+                    "steps": st.steps,
+                },
+            }
+        )
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics_route, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/debug/unknown_fields", unknown_fields, methods=["GET"]),
+        Route("/debug/state", sim_state, methods=["GET"]),
+    ]
+    if svc.flavor == "vllm":
+        routes += [
+            Route("/version", version, methods=["GET"]),
+            Route("/load", load, methods=["GET"]),
+            Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
+        ]
+    else:
+        routes += [
+            Route("/health_generate", health, methods=["GET"]),
+            Route("/server_info", server_info, methods=["GET"]),
+            Route("/get_server_info", server_info, methods=["GET"]),
+            Route("/v1/loads", loads, methods=["GET"]),
+            Route("/flush_cache", reset_prefix_cache, methods=["POST"]),
+        ]
+
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        svc.start()
+        try:
+            yield
+        finally:
+            await svc.stop()
+
+    app = Starlette(routes=routes, lifespan=asynccontextmanager(lifespan))
+    app.state.sim = svc
+    return app
+
+
+async def _stream(
+    svc: SimService,
+    pending: _Pending,
+    rid: str,
+    created: int,
+    chat: bool,
+    include_usage: bool,
+    usage: Any,
+) -> AsyncIterator[bytes]:
+    engine = svc.engine
+    tokenizer = svc.tokenizer
+    seq = pending.seq
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    base = {"id": rid, "object": obj, "created": created, "model": svc.model_name}
+    sent = 0
+    try:
+        if chat:
+            first = {
+                **base,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            yield b"data: " + _json_encode(first) + b"\n\n"
+        while True:
+            pending.event.clear()
+            if seq.finish_reason is None and seq.num_output <= sent:
+                await pending.event.wait()
+            done = seq.finish_reason is not None
+            new_ids = engine.output_ids(seq, sent)
+            if new_ids or done:
+                sent += len(new_ids)
+                text = tokenizer.decode(new_ids)
+                reason = seq.finish_reason if done else None
+                if chat:
+                    choice: dict[str, Any] = {
+                        "index": 0,
+                        "delta": {"content": text},
+                        "logprobs": None,
+                        "finish_reason": reason,
+                    }
+                else:
+                    choice = {
+                        "index": 0,
+                        "text": text,
+                        "logprobs": None,
+                        "finish_reason": reason,
+                        "stop_reason": None,
+                    }
+                yield b"data: " + _json_encode({**base, "choices": [choice]}) + b"\n\n"
+            if done:
+                break
+        if include_usage:
+            yield b"data: " + _json_encode({**base, "choices": [], "usage": usage(seq)}) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    finally:
+        if seq.finish_reason is None:
+            engine.abort(seq.request_id)
+
+
+# -- command line ------------------------------------------------------------------------------
+def add_sim_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `thunder-mw sim-engine` (defaults from SimEngineSettings)."""
+    d = SimEngineSettings()
+    parser.add_argument("--flavor", choices=["vllm", "sglang"], default=d.flavor)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--num-blocks", type=int, default=d.num_blocks)
+    parser.add_argument("--block-size", type=int, default=d.block_size)
+    parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    parser.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    parser.add_argument("--profile", default=d.profile, help="cost profile: h100-8b, cpu-tiny, ...")
+    parser.add_argument(
+        "--time-scale", type=float, default=d.time_scale, help="simulated seconds per wall second"
+    )
+    parser.add_argument("--model-name", default=d.model_name)
+    parser.add_argument("--tokenizer-file", default=None, help="a tokenizers tokenizer.json")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--log-level", default="warning")
+
+
+def settings_from_args(args: argparse.Namespace) -> SimEngineSettings:
+    return SimEngineSettings(
+        flavor=args.flavor,
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        profile=args.profile,
+        time_scale=args.time_scale,
+        model_name=args.model_name,
+        tokenizer_file=args.tokenizer_file,
+        seed=args.seed,
+    )
+
+
+def run_sim_engine(args: argparse.Namespace) -> int:
+    """Serve one simulated engine until SIGINT/SIGTERM (uvicorn handles both)."""
+    import uvicorn
+
+    get_profile(args.profile)  # fail fast on a typo
+    app = create_sim_app(settings_from_args(args))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0

@@ -1,0 +1,65 @@
+"""The simulator against the REAL vLLM CPU engine: same script, same prefix-cache hits, same
+preemptions (the simulator's claim to behave like vLLM rests on this test)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from real_vllm import RealVllm, parse_metrics
+from thunder_mw.benchmarks.sim.embedded import EmbeddedEngine
+from thunder_mw.benchmarks.sim.tokenizer import FileTokenizer
+from thunder_mw.benchmarks.sim.validation import RunResult, build_script, run_script
+from thunder_mw.schemas.config import SimEngineSettings
+
+
+def _run_both(real: RealVllm) -> tuple[RunResult, RunResult]:
+    tok = FileTokenizer(str(real.tokenizer_json))
+    script = build_script(tok.encode, tok.decode)
+    settings = SimEngineSettings(
+        num_blocks=real.num_blocks,
+        block_size=real.block_size,
+        max_num_batched_tokens=2048,  # vLLM's CPU default for the API server
+        max_num_seqs=128,
+        max_model_len=2048,
+        model_name=real.model,
+        tokenizer_file=str(real.tokenizer_json),
+        profile="cpu-tiny",
+    )
+
+    async def main() -> tuple[RunResult, RunResult]:
+        assert await asyncio.to_thread(real.reset_prefix_cache)
+        real_result = await run_script(
+            real.url, real.model, script, real.metrics, real.reset_prefix_cache
+        )
+        sim = EmbeddedEngine(settings)
+        url = await sim.start()
+        try:
+
+            def metrics() -> dict[str, float]:
+                return parse_metrics(httpx.get(f"{url}/metrics").text)
+
+            def reset() -> bool:
+                return bool(httpx.post(f"{url}/reset_prefix_cache").json()["success"])
+
+            sim_result = await run_script(url, real.model, script, metrics, reset)
+        finally:
+            await sim.stop()
+        return real_result, sim_result
+
+    return asyncio.run(main())
+
+
+def test_simulator_matches_the_real_vllm_engine(vllm_engine: RealVllm) -> None:
+    real, sim = _run_both(vllm_engine)
+    # Sequential turns: the eviction order is determined, so hits match request by request.
+    assert sim.prompt_tokens == real.prompt_tokens
+    assert sim.cached_tokens == real.cached_tokens
+    assert sum(real.cached_tokens) > 0
+    # Totals over the whole script, overflow included, within 5 %.
+    for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+        r, s = real.metrics_delta[name], sim.metrics_delta[name]
+        assert abs(s - r) <= 0.05 * max(r, 1.0), (name, r, s)
+    # The concurrent overflow preempts in both.
+    assert real.metrics_delta["vllm:num_preemptions_total"] > 0
+    assert sim.metrics_delta["vllm:num_preemptions_total"] > 0

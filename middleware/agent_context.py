@@ -162,6 +162,7 @@ class AgentContextMiddleware:
         state = scope["state"] = dict(state)
         state["agent_context"] = ctx
         state["thunder_body"] = body
+        state["thunder_receive"] = receive  # the server's own, to notice a client leaving
 
         async def replay() -> Message:
             if not body.consumed:

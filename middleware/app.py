@@ -16,8 +16,9 @@ from thunder_mw.middleware.admin import AdminRoutes, is_admin_path
 from thunder_mw.middleware.agent_context import AgentContextMiddleware
 from thunder_mw.middleware.backends import BackendPool
 from thunder_mw.middleware.forwarder import Forwarder
+from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.middleware.metrics import GatewayMetrics
-from thunder_mw.middleware.scheduling import PassthroughScheduler, Scheduler, SchedulingMiddleware
+from thunder_mw.middleware.scheduling import SchedulingMiddleware
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
 from thunder_mw.schemas.config import ThunderConfig
 
@@ -35,7 +36,9 @@ class _Core:
     ) -> None:
         self.config = config
         self.pool = BackendPool(config.backends, config.server)
-        self.scheduler: Scheduler = PassthroughScheduler(self.pool, clock)
+        self.scheduler = LiveScheduler(
+            self.pool, config.policies, clock, config.server.tick_interval_s
+        )
         self.metrics = GatewayMetrics()
         self.metrics.watch(self.scheduler.programs, self.pool)
         self.forwarder = Forwarder(self.pool, config.server)
@@ -64,6 +67,7 @@ class _Core:
         if self.started:
             return
         await self.pool.start()
+        await self.scheduler.start()
         self.started = True
         log.info(
             "thunder-mw %s: %d backend(s), %d healthy",
@@ -75,6 +79,7 @@ class _Core:
     async def shutdown(self) -> None:
         if self.started:
             self.started = False
+            await self.scheduler.stop()
             await self.pool.stop()
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:

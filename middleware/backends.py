@@ -12,17 +12,62 @@ import contextlib
 import logging
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import msgspec
 from httpx_aiohttp import AiohttpTransport
+from thunder_mw.policies.core import BackendMetrics
 from thunder_mw.schemas.config import BackendSettings, ServerSettings
 
 log = logging.getLogger("thunder_mw.backends")
 
 _CACHE_CONFIG = re.compile(rb"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
 _LABEL = re.compile(rb'(\w+)="([^"]*)"')
+# The live signals the scheduler reads, by engine flavour: (field, metric names in preference).
+_SIGNALS = {
+    "vllm": {
+        "kv_usage": (b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc"),
+        "running": (b"vllm:num_requests_running",),
+        "waiting": (b"vllm:num_requests_waiting",),
+        "preemptions_total": (b"vllm:num_preemptions_total",),
+        "prefix_hits_total": (b"vllm:prefix_cache_hits_total", b"vllm:gpu_prefix_cache_hits_total"),
+        "prefix_queries_total": (
+            b"vllm:prefix_cache_queries_total",
+            b"vllm:gpu_prefix_cache_queries_total",
+        ),
+    },
+    "sglang": {
+        "kv_usage": (b"sglang:token_usage",),
+        "running": (b"sglang:num_running_reqs",),
+        "waiting": (b"sglang:num_queue_reqs",),
+        "preemptions_total": (b"sglang:num_retracted_requests_total",),
+        "prefix_hits_total": (b"sglang:cached_tokens_total",),
+        "prefix_queries_total": (b"sglang:prompt_tokens_total",),
+    },
+}
+_SAMPLE = re.compile(rb"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? ([-+0-9.eEinfNa]+)", re.MULTILINE)
+
+
+def parse_signals(flavor: str, text: bytes) -> BackendMetrics:
+    """The scheduler's live signals from a Prometheus text page (summed over label sets)."""
+    totals: dict[bytes, float] = {}
+    for name, value in _SAMPLE.findall(text):
+        try:
+            totals[name] = totals.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    found: dict[str, Any] = {}
+    for field, names in _SIGNALS["sglang" if flavor == "sglang" else "vllm"].items():
+        for name in names:
+            if name in totals:
+                value = totals[name]
+                found[field] = int(value) if field in ("running", "waiting") else value
+                break
+    return BackendMetrics(**found)
+
+
 # After this many consecutive connection failures the circuit opens; a probe closes it.
 FAILURES_TO_OPEN = 1
 
@@ -30,9 +75,9 @@ FAILURES_TO_OPEN = 1
 class Backend:
     """One engine as the gateway sees it."""
 
-    def __init__(self, settings: BackendSettings, url: str) -> None:
+    def __init__(self, settings: BackendSettings, url: str, label: str) -> None:
         self.settings = settings
-        self.label = settings.name or url
+        self.label = label
         self.url = url
         self.flavor = settings.sim.flavor if settings.type == "sim" else settings.type
         self.client: httpx.AsyncClient | None = None
@@ -66,15 +111,12 @@ class Backend:
 class BackendPool:
     """Owns the backends' clients and their health; started and stopped with the app."""
 
-    def __init__(
-        self,
-        backends: list[BackendSettings],
-        server: ServerSettings,
-        probe_interval_s: float = 5.0,
-    ) -> None:
+    def __init__(self, backends: list[BackendSettings], server: ServerSettings) -> None:
         self._settings = backends
         self._server = server
-        self._probe_interval_s = probe_interval_s
+        self._probe_interval_s = server.probe_interval_s
+        self.labels = [b.name or b.url or f"sim-{i}" for i, b in enumerate(backends)]
+        self.listeners: list[Callable[[Backend, BackendMetrics | None], None]] = []
         self.backends: list[Backend] = []
         self._by_label: dict[str, Backend] = {}
         self._embedded: list[Any] = []
@@ -86,12 +128,10 @@ class BackendPool:
         for i, settings in enumerate(self._settings):
             if settings.type == "sim":
                 url = await self._start_embedded(settings, i)
-                if settings.name is None:
-                    settings = settings.model_copy(update={"name": f"sim-{i}"})
             else:
                 assert settings.url is not None
                 url = settings.url
-            backend = Backend(settings, url)
+            backend = Backend(settings, url, self.labels[i])
             backend.client = self._client(url)
             self.backends.append(backend)
             self._by_label[backend.label] = backend
@@ -138,6 +178,12 @@ class BackendPool:
         )
 
     # ------------------------------------------------------------------ queries
+    def configured(self) -> list[tuple[str, int | None]]:
+        """(label, capacity override) of every configured backend, known before start()."""
+        return [
+            (label, b.capacity_tokens) for label, b in zip(self.labels, self._settings, strict=True)
+        ]
+
     def get(self, label: str) -> Backend | None:
         return self._by_label.get(label)
 
@@ -173,8 +219,10 @@ class BackendPool:
             await asyncio.gather(*(self.probe(b) for b in self.backends), return_exceptions=True)
 
     async def probe(self, backend: Backend) -> None:
-        """Health, then capacity; a failed probe opens the circuit, a good one closes it."""
+        """Health, then capacity and live signals; a failed probe opens the circuit, a good
+        one closes it. Capacity is re-read every time: a restarted engine may have changed."""
         assert backend.client is not None
+        metrics: BackendMetrics | None = None
         try:
             r = await backend.client.get("/health", timeout=self._server.connect_timeout_s)
             if r.status_code != 200:
@@ -184,33 +232,39 @@ class BackendPool:
                 log.warning("backend %s failed its health probe: %s", backend.label, exc)
             backend.healthy = False
             backend.last_error = f"health probe: {exc!r}"
-            # An engine that restarts may come back with another KV size: forget the old one.
             backend.discovered_capacity = None
-            return
-        self.record_success(backend)
-        if backend.discovered_capacity is None:
+        else:
+            self.record_success(backend)
             with contextlib.suppress(httpx.HTTPError, OSError, ValueError, msgspec.DecodeError):
-                backend.discovered_capacity = await self._discover_capacity(backend)
+                metrics = await self._scrape(backend)
+        for listener in self.listeners:
+            listener(backend, metrics)
 
-    async def _discover_capacity(self, backend: Backend) -> int | None:
+    async def _scrape(self, backend: Backend) -> BackendMetrics | None:
         assert backend.client is not None
+        timeout = self._server.connect_timeout_s
         if backend.flavor == "sglang":
-            r = await backend.client.get("/server_info")
+            r = await backend.client.get("/server_info", timeout=timeout)
             if r.status_code == 200:
                 value = msgspec.json.decode(r.content).get("max_total_num_tokens")
-                return int(value) if value else None
-            return None
-        r = await backend.client.get("/metrics")
+                backend.discovered_capacity = int(value) if value else None
+        r = await backend.client.get("/metrics", timeout=timeout)
         if r.status_code != 200:
             return None
-        match = _CACHE_CONFIG.search(r.content)
-        if not match:
-            return None
-        labels = dict(_LABEL.findall(match.group(1)))
-        blocks, size = labels.get(b"num_gpu_blocks"), labels.get(b"block_size")
-        if not blocks or not size or blocks == b"None":
-            return None
-        return int(blocks) * int(size)
+        if backend.flavor != "sglang":
+            backend.discovered_capacity = _vllm_capacity(r.content)
+        return parse_signals(backend.flavor, r.content)
+
+
+def _vllm_capacity(text: bytes) -> int | None:
+    match = _CACHE_CONFIG.search(text)
+    if not match:
+        return None
+    labels = dict(_LABEL.findall(match.group(1)))
+    blocks, size = labels.get(b"num_gpu_blocks"), labels.get(b"block_size")
+    if not blocks or not size or not blocks.isdigit() or not size.isdigit():
+        return None
+    return int(blocks) * int(size)
 
 
 def monotonic() -> float:

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from thunder_mw.policies.pipeline import PipelineError, build_pipeline
 from thunder_mw.schemas.config import ThunderConfig
 
 
@@ -39,6 +40,10 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Th
         config = ThunderConfig(**data)
     except ValidationError as exc:
         raise ConfigError(str(path), [_describe(err, root) for err in exc.errors()]) from None
+    try:
+        build_pipeline(config.policies)
+    except PipelineError as exc:
+        raise ConfigError(str(path), [_locate(p, root) for p in exc.problems]) from None
     if overrides:
         try:
             config = ThunderConfig.model_validate(_deep_merge(config.model_dump(), overrides))
@@ -98,3 +103,16 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
         else:
             return line
     return line
+
+
+def _locate(problem: str, root: yaml.Node | None) -> str:
+    """Adds the YAML line to a `policies[i].stage.param: message` problem."""
+    where, _, message = problem.partition(": ")
+    loc: list[Any] = []
+    for part in where.replace("[", ".[").split("."):
+        if part.startswith("[") and part.endswith("]"):
+            loc.append(int(part[1:-1]))
+        elif part:
+            loc.append(part)
+    line = _line_of(root, tuple(loc))
+    return f"{where} (line {line}): {message}" if line else problem

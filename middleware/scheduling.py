@@ -7,15 +7,12 @@ client gone) so a program can never stay REASONING or keep capacity it no longer
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
-from thunder_mw.middleware.backends import Backend, BackendPool
+from thunder_mw.middleware.backends import Backend
 from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
-from thunder_mw.policies.passthrough import PassthroughPolicy
-from thunder_mw.policies.program_table import Program, ProgramTable, Usage
+from thunder_mw.policies.program_table import Program, Usage
 from thunder_mw.schemas.agent_context import AgentContext
 
 
@@ -23,6 +20,10 @@ class Rejected(Exception):
     def __init__(self, status: int, message: str, code: str) -> None:
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
+
+
+class ClientGone(Exception):
+    """The client went away while its request was held: nothing is left to answer."""
 
 
 class Scheduler(Protocol):
@@ -45,44 +46,6 @@ class Scheduler(Protocol):
     def program(self, program_id: str) -> Program | None: ...
 
 
-class PassthroughScheduler:
-    """Forwards at once with sticky placement; the foundation's scheduler."""
-
-    def __init__(self, pool: BackendPool, clock: Callable[[], float] = time.monotonic) -> None:
-        self.pool = pool
-        self.clock = clock
-        self.table = ProgramTable()
-        self.policy = PassthroughPolicy(self.table)
-
-    async def admit(self, ctx: AgentContext, state: dict[str, Any]) -> str:
-        _, backend = self.policy.on_request(ctx, self.pool.healthy_labels(), self.clock())
-        if backend is None:
-            self.finish(ctx, "", None, "rejected")
-            raise Rejected(503, "no healthy backend is available", "no_backend")
-        return backend
-
-    def finish(self, ctx: AgentContext, backend: str, usage: Usage | None, outcome: str) -> None:
-        program = self.table.get(ctx.program_id)
-        if program is not None:
-            self.policy.on_finished(program, usage, outcome == "ok", ctx.final, self.clock())
-
-    def reroute(self, ctx: AgentContext, failed_backend: str) -> Backend | None:
-        alternative = self.pool.any_healthy(exclude=failed_backend)
-        program = self.table.get(ctx.program_id)
-        if alternative is not None and program is not None:
-            self.table.place(program, alternative.label)
-        return alternative
-
-    def release(self, program_id: str) -> bool:
-        return self.policy.release(program_id) is not None
-
-    def programs(self) -> list[Program]:
-        return list(self.table)
-
-    def program(self, program_id: str) -> Program | None:
-        return self.table.get(program_id)
-
-
 class SchedulingMiddleware:
     def __init__(self, app: ASGIApp, scheduler: Scheduler) -> None:
         self.app = app
@@ -100,24 +63,35 @@ class SchedulingMiddleware:
         except Rejected as exc:
             await send_error(send, exc.status, exc.message, "program_id", exc.code)
             return
+        except ClientGone:
+            return
         state["thunder_backend"] = backend
         state["thunder_reroute"] = lambda failed: self.scheduler.reroute(ctx, failed)
         status = 0
+        finished = False
 
-        async def send_watching_status(message: Message) -> None:
+        def finish(outcome: str) -> None:
+            nonlocal finished
+            if not finished:
+                finished = True
+                self.scheduler.finish(
+                    ctx, state.get("thunder_backend", backend), state.get("thunder_usage"), outcome
+                )
+
+        async def send_watching(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif not message.get("more_body", False):
+                # Account the call BEFORE its last byte goes out: the agent's next request
+                # may arrive the moment it has the answer, and must find the program ACTING.
+                finish(state.get("thunder_outcome") or ("ok" if 0 < status < 400 else "failed"))
             await send(message)
 
-        outcome = "failed"
         try:
-            await self.app(scope, receive, send_watching_status)
-            outcome = state.get("thunder_outcome") or ("ok" if 0 < status < 400 else "failed")
+            await self.app(scope, receive, send_watching)
         finally:
-            self.scheduler.finish(
-                ctx, state.get("thunder_backend", backend), state.get("thunder_usage"), outcome
-            )
+            finish(state.get("thunder_outcome") or "failed")
 
 
 def report_usage(

@@ -1,7 +1,7 @@
 """The record of every live agent program: what it is, where it runs, what it has used. Pure state.
 
-The scheduler core (and until it lands, the pass-through placement) owns one table; the
-middleware reads snapshots of it for /programs. Times come from the caller's clock.
+The scheduler core owns one table; the middleware reads snapshots of it for /programs.
+Times come from the caller's clock.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from thunder_mw.schemas.agent_context import AgentContext
 
 
 class ProgramState(enum.StrEnum):
-    ACTIVE = "active"  # placed on a backend
-    PAUSED = "paused"  # waiting in the global queue
+    ACTIVE = "active"  # placed on a backend, its tokens reserved there
+    PAUSED = "paused"  # no reservation; its requests wait in the global queue
     TERMINATED = "terminated"
 
 
@@ -39,19 +39,36 @@ class Program(msgspec.Struct, kw_only=True):
     session_id: str | None = None
     session_type: str | None = None
     ephemeral: bool = False
-    state: ProgramState = ProgramState.ACTIVE
+    priority: int = 0
+    state: ProgramState = ProgramState.PAUSED
     phase: Phase = Phase.ACTING
-    backend: str | None = None
-    context_tokens: int = 0
+    backend: str | None = None  # where it is placed (ACTIVE) or last ran (PAUSED)
+    context_tokens: int = 0  # prompt + completion of its last answered call
+    reserved_tokens: int = 0  # what it holds on `backend` while ACTIVE
+    request_tokens: int = 0  # estimated footprint of its latest request (context + output)
+    pending_tokens: int = 0  # of `reserved_tokens`, counted as about to be released
     steps: int = 0
     in_flight: int = 0
+    waiting: int = 0  # requests held until it is admitted or resumed
     failures: int = 0
+    pause_pending: bool = False  # pause once its in-flight calls end
+    final_requested: bool = False
     created_at: float = 0.0
     last_active_at: float = 0.0
+    acting_since: float = 0.0
+    queued_at: float | None = None
+    paused_at: float | None = None
+    paused_total_s: float = 0.0
+    pauses: int = 0
+    migrations: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    expected_output_tokens: int | None = None
+    tool_time_ema_s: float | None = None
+    last_prompt_chars: int = 0
     docker_ids: list[str] = msgspec.field(default_factory=list)
+    version: int = 0  # bumped whenever index entries for it go stale
 
 
 class ProgramTable:
@@ -67,15 +84,19 @@ class ProgramTable:
     def __iter__(self) -> Iterator[Program]:
         return iter(self._programs.values())
 
+    def __contains__(self, program_id: object) -> bool:
+        return program_id in self._programs
+
     def get(self, program_id: str) -> Program | None:
         return self._programs.get(program_id)
 
     def programs_on(self, backend: str) -> int:
         return self._per_backend.get(backend, 0)
 
-    def touch(self, ctx: AgentContext, now: float) -> Program:
-        """The program a request belongs to, created on its first request."""
+    def touch(self, ctx: AgentContext, now: float) -> tuple[Program, bool]:
+        """The program a request belongs to (created on its first request), and if it is new."""
         program = self._programs.get(ctx.program_id)
+        created = program is None
         if program is None:
             program = Program(
                 program_id=ctx.program_id,
@@ -86,47 +107,36 @@ class ProgramTable:
                 ephemeral=ctx.ephemeral,
                 created_at=now,
                 last_active_at=now,
+                acting_since=now,
             )
             self._programs[ctx.program_id] = program
+        program.priority = ctx.priority
+        if ctx.expected_output_tokens is not None:
+            program.expected_output_tokens = ctx.expected_output_tokens
         for ref in ctx.docker_ids:
             if ref not in program.docker_ids:
                 program.docker_ids.append(ref)
-        return program
+        return program, created
 
-    def place(self, program: Program, backend: str) -> None:
-        if program.backend == backend:
-            return
-        if program.backend is not None:
-            self._per_backend[program.backend] -= 1
+    def set_backend(self, program: Program, backend: str | None) -> None:
+        """Counts programs per backend: a program counts where it is ACTIVE."""
+        old = program.backend if program.state is ProgramState.ACTIVE else None
+        if old is not None:
+            self._per_backend[old] -= 1
         program.backend = backend
-        self._per_backend[backend] = self._per_backend.get(backend, 0) + 1
 
-    def start_call(self, program: Program, now: float) -> None:
-        program.in_flight += 1
-        program.phase = Phase.REASONING
-        program.last_active_at = now
+    def count_active(self, program: Program) -> None:
+        if program.backend is not None:
+            self._per_backend[program.backend] = self._per_backend.get(program.backend, 0) + 1
 
-    def end_call(self, program: Program, usage: Usage | None, ok: bool, now: float) -> None:
-        """A call ended (answered, failed or abandoned): the program is back to ACTING
-        once nothing else of it is in flight, so a failure can never leave it REASONING."""
-        program.in_flight = max(0, program.in_flight - 1)
-        program.last_active_at = now
-        if program.in_flight == 0:
-            program.phase = Phase.ACTING
-        if not ok:
-            program.failures += 1
-            return
-        program.steps += 1
-        if usage is not None:
-            program.context_tokens = usage.prompt_tokens + usage.completion_tokens
-            program.prompt_tokens += usage.prompt_tokens
-            program.completion_tokens += usage.completion_tokens
-            program.cached_tokens += usage.cached_tokens
+    def uncount_active(self, program: Program) -> None:
+        if program.backend is not None and program.state is ProgramState.ACTIVE:
+            self._per_backend[program.backend] -= 1
 
     def remove(self, program_id: str) -> Program | None:
         program = self._programs.pop(program_id, None)
         if program is not None:
+            self.uncount_active(program)
             program.state = ProgramState.TERMINATED
-            if program.backend is not None:
-                self._per_backend[program.backend] -= 1
+            program.version += 1
         return program

@@ -55,6 +55,12 @@ class ServerSettings(_Section):
     max_connections_per_backend: int = Field(
         512, gt=0, description="Pooled keep-alive connections per engine."
     )
+    probe_interval_s: float = Field(
+        5.0, gt=0, description="How often engines' health, capacity and metrics are read."
+    )
+    tick_interval_s: float = Field(
+        1.0, gt=0, description="How often the scheduler runs its timers (expiry, timeouts)."
+    )
     forward_authorization: bool = Field(
         False,
         description="Forward the client's Authorization header to engines (a backend's "
@@ -157,9 +163,11 @@ class ThunderConfig(BaseSettings):
     backends: list[BackendSettings] = Field(
         default_factory=list, description="Engines to schedule onto."
     )
-    policies: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="The scheduler pipeline, in order: one `{stage: params}` per entry.",
+    policies: list[dict[str, Any]] | None = Field(
+        None,
+        description="The scheduler pipeline, in order: one `{stage: params}` per entry "
+        "(omitted: admission, state_aware_pause, migration, gc_hooks with their defaults; "
+        "`[]`: sticky placement, no admission control).",
     )
 
     @classmethod

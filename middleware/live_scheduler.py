@@ -1,0 +1,210 @@
+"""The live side of the scheduler: feeds the pure core real events and carries out its actions.
+
+It holds requests whose program is paused or not yet admitted (one future per held request),
+wakes them on `Resumed`, answers them on `Reject`, drops them when their client leaves, runs
+the core's timers, and turns engine probes into backend events. All state lives in the core;
+this class owns only the futures and the timer task, all on one event loop (no locks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from thunder_mw.middleware.backends import Backend, BackendPool
+from thunder_mw.middleware.request_body import RequestBody
+from thunder_mw.middleware.scheduling import ClientGone, Rejected
+from thunder_mw.middleware.types import Receive
+from thunder_mw.policies.core import (
+    Action,
+    BackendMetrics,
+    Forward,
+    Hold,
+    Paused,
+    ReclaimTools,
+    Reject,
+    Released,
+    RequestInfo,
+    Resumed,
+    SchedulerCore,
+)
+from thunder_mw.policies.pipeline import build_pipeline
+from thunder_mw.policies.program_table import Program, Usage
+from thunder_mw.schemas.agent_context import AgentContext
+
+log = logging.getLogger("thunder_mw.scheduler")
+
+
+def request_info(body: RequestBody | None) -> RequestInfo:
+    if body is None:
+        return RequestInfo()
+    data = body.data
+    limit = (
+        data.get("max_tokens") or data.get("max_completion_tokens") or data.get("max_output_tokens")
+    )
+    return RequestInfo(
+        prompt_chars=len(body.raw), max_tokens=limit if isinstance(limit, int) else None
+    )
+
+
+class LiveScheduler:
+    def __init__(
+        self,
+        pool: BackendPool,
+        policies: list[dict[str, Any]] | None,
+        clock: Callable[[], float] = time.monotonic,
+        tick_interval_s: float = 1.0,
+    ) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.tick_interval_s = tick_interval_s
+        self.core = SchedulerCore(
+            pool.configured(),
+            build_pipeline(policies),
+        )
+        self._waiters: dict[str, list[asyncio.Future[str]]] = {}
+        self._timer: asyncio.Task[None] | None = None
+        self.listeners: list[Callable[[Action], None]] = []
+        pool.listeners.append(self._on_probe)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        for backend in self.pool.backends:
+            self._on_probe(backend, None)
+        self._timer = asyncio.create_task(self._tick_loop(), name="thunder-mw-scheduler")
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
+        for futures in self._waiters.values():
+            for fut in futures:
+                if not fut.done():
+                    fut.set_exception(
+                        Rejected(503, "the gateway is shutting down", "shutting_down")
+                    )
+        self._waiters.clear()
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_interval_s)
+            self._apply(self.core.on_tick(self.clock()))
+
+    def _on_probe(self, backend: Backend, metrics: BackendMetrics | None) -> None:
+        self._apply(
+            self.core.on_backend(
+                backend.label,
+                healthy=backend.healthy,
+                capacity=backend.capacity_tokens,
+                metrics=metrics,
+                now=self.clock(),
+            )
+        )
+
+    # ------------------------------------------------------------------ the Scheduler protocol
+    async def admit(self, ctx: AgentContext, state: dict[str, Any]) -> str:
+        decision, actions = self.core.on_request(
+            ctx, request_info(state.get("thunder_body")), self.clock()
+        )
+        self._apply(actions)
+        if isinstance(decision, Forward):
+            return decision.backend
+        if isinstance(decision, Reject):
+            raise Rejected(decision.status, decision.message, decision.code)
+        assert isinstance(decision, Hold)
+        held_at = self.clock()
+        try:
+            return await self._hold(ctx.program_id, state.get("thunder_receive"))
+        finally:
+            state["thunder_held_s"] = self.clock() - held_at
+
+    async def _hold(self, program_id: str, receive: Receive | None) -> str:
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(program_id, []).append(fut)
+        gone = asyncio.ensure_future(_until_disconnect(receive)) if receive else None
+        try:
+            if gone is None:
+                return await fut
+            await asyncio.wait({fut, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if fut.done():
+                return fut.result()
+            # The client left while held: it leaves the queue now, not when it would run.
+            self._drop_waiter(program_id, fut)
+            self._apply(self.core.on_abandoned(program_id, self.clock()))
+            raise ClientGone()
+        finally:
+            if gone is not None:
+                gone.cancel()
+
+    def finish(self, ctx: AgentContext, backend: str, usage: Usage | None, outcome: str) -> None:
+        self._apply(self.core.on_finished(ctx.program_id, usage, outcome == "ok", self.clock()))
+
+    def reroute(self, ctx: AgentContext, failed_backend: str) -> Backend | None:
+        target = self.core.reroute(ctx.program_id, failed_backend, self.clock())
+        return self.pool.get(target) if target else None
+
+    def release(self, program_id: str) -> bool:
+        released, actions = self.core.on_release(program_id, "release", self.clock())
+        self._apply(actions)
+        return released
+
+    def programs(self) -> list[Program]:
+        return self.core.programs()
+
+    def program(self, program_id: str) -> Program | None:
+        return self.core.table.get(program_id)
+
+    # ------------------------------------------------------------------ actions
+    def _drop_waiter(self, program_id: str, fut: asyncio.Future[str]) -> None:
+        futures = self._waiters.get(program_id)
+        if futures and fut in futures:
+            futures.remove(fut)
+            if not futures:
+                del self._waiters[program_id]
+
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Resumed):
+                for fut in self._waiters.pop(action.program_id, ()):
+                    if not fut.done():
+                        fut.set_result(action.backend)
+                log.info(
+                    "%s program=%s backend=%s%s",
+                    "admit" if action.admitted else ("force-resume" if action.forced else "resume"),
+                    action.program_id,
+                    action.backend,
+                    f" migrated_from={action.previous_backend}" if action.migrated else "",
+                )
+            elif isinstance(action, Reject):
+                for fut in self._waiters.pop(action.program_id, ()):
+                    if not fut.done():
+                        fut.set_exception(Rejected(action.status, action.message, action.code))
+            elif isinstance(action, Paused):
+                log.info(
+                    "pause program=%s backend=%s reason=%s%s",
+                    action.program_id,
+                    action.backend,
+                    action.reason,
+                    " (after its call)" if action.pending else "",
+                )
+            elif isinstance(action, Released):
+                log.info("release program=%s reason=%s", action.program_id, action.reason)
+            elif isinstance(action, ReclaimTools):
+                log.info(
+                    "reclaim program=%s containers=%s hooks=%s",
+                    action.program_id,
+                    ",".join(action.container_ids),
+                    ",".join(action.hooks),
+                )
+            for listener in self.listeners:
+                listener(action)
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,622 @@
+"""The scheduler core: one owner of program and backend state, driven by events, returning actions.
+
+Pure: no I/O, no wall clock (every event carries `now`). The live middleware and the
+discrete-event harness feed it the same events, so benchmarks measure the shipped code.
+Decisions are delegated to the pipeline's stages (policies/stages.py); this module keeps
+the mechanics those stages share: reservations, the global queue, pause and resume.
+
+Every index is a heap with lazy deletion keyed on a per-program version, so each event
+costs O(log n) in the number of programs; nothing rescans the table per event.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from thunder_mw.policies.estimates import TokenEstimator, ToolTimeModel
+from thunder_mw.policies.lazy_heap import LazyHeap
+from thunder_mw.policies.program_table import Phase, Program, ProgramState, ProgramTable, Usage
+from thunder_mw.schemas.agent_context import AgentContext
+
+if TYPE_CHECKING:
+    from thunder_mw.policies.stages import Stage
+
+
+# ---------------------------------------------------------------- decisions and actions
+class Forward(msgspec.Struct, frozen=True):
+    program_id: str
+    backend: str
+
+
+class Hold(msgspec.Struct, frozen=True):
+    program_id: str
+
+
+class Reject(msgspec.Struct, frozen=True):
+    """Answer the program's held requests (or the arriving one) with this error."""
+
+    program_id: str
+    status: int
+    code: str
+    message: str
+
+
+class Resumed(msgspec.Struct, frozen=True):
+    """The program may run on `backend`: forward its held requests there."""
+
+    program_id: str
+    backend: str
+    previous_backend: str | None
+    forced: bool
+    admitted: bool  # first placement of a new program, not a resume after a pause
+
+    @property
+    def migrated(self) -> bool:
+        return self.previous_backend is not None and self.previous_backend != self.backend
+
+
+class Paused(msgspec.Struct, frozen=True):
+    program_id: str
+    backend: str
+    reason: str  # "acting" (paused at once) or "after_reasoning" (when its call ends)
+    pending: bool
+
+
+class Released(msgspec.Struct, frozen=True):
+    program_id: str
+    reason: str  # release | final | ephemeral | expired | abandoned
+    docker_ids: tuple[str, ...]
+
+
+class ReclaimTools(msgspec.Struct, frozen=True):
+    program_id: str
+    container_ids: tuple[str, ...]
+    reason: str
+    hooks: tuple[str, ...]
+
+
+Action = Resumed | Reject | Paused | Released | ReclaimTools
+Decision = Forward | Hold | Reject
+
+
+class RequestInfo(msgspec.Struct, frozen=True):
+    """What the middleware knows of a request before it runs."""
+
+    prompt_chars: int = 0
+    max_tokens: int | None = None
+
+
+class BackendMetrics(msgspec.Struct, frozen=True):
+    """Live signals scraped from an engine; counters are totals since the engine started."""
+
+    kv_usage: float | None = None
+    running: int | None = None
+    waiting: int | None = None
+    preemptions_total: float | None = None
+    prefix_hits_total: float | None = None
+    prefix_queries_total: float | None = None
+
+
+class BackendState:
+    """One engine as the scheduler sees it."""
+
+    __slots__ = (
+        "acting",
+        "capacity",
+        "congested",
+        "healthy",
+        "label",
+        "metrics",
+        "pending_release",
+        "preemptions_seen",
+        "reasoning",
+        "reserved",
+        "scale",
+    )
+
+    def __init__(self, label: str, capacity: int | None, healthy: bool, is_live: Any) -> None:
+        self.label = label
+        self.capacity = capacity
+        self.healthy = healthy
+        self.reserved = 0  # tokens held by its ACTIVE programs
+        self.pending_release = 0  # of which held by programs marked to pause after their call
+        self.scale = 1.0  # shrinks when the engine preempts: our model of it was too generous
+        self.congested = False
+        self.preemptions_seen: float | None = None
+        self.metrics = BackendMetrics()
+        self.acting: LazyHeap[Program] = LazyHeap(is_live)
+        self.reasoning: LazyHeap[Program] = LazyHeap(is_live)
+
+    @property
+    def projected(self) -> int:
+        """Reserved tokens once the programs already marked to pause have paused."""
+        return self.reserved - self.pending_release
+
+    def limit(self, fraction: float) -> float | None:
+        if self.capacity is None:
+            return None
+        return self.capacity * self.scale * fraction
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": self.label,
+            "capacity_tokens": self.capacity,
+            "effective_capacity_tokens": None
+            if self.capacity is None
+            else int(self.capacity * self.scale),
+            "reserved_tokens": self.reserved,
+            "pending_release_tokens": self.pending_release,
+            "healthy": self.healthy,
+            "congested": self.congested,
+            "capacity_scale": round(self.scale, 3),
+        }
+
+
+def _live(program: Program, stamp: int) -> bool:
+    return program.version == stamp and program.state is not ProgramState.TERMINATED
+
+
+class SchedulerCore:
+    """Programs and backends; call the `on_*` methods with events, act on what they return."""
+
+    def __init__(
+        self,
+        backends: Iterable[tuple[str, int | None]],
+        stages: Sequence[Stage] = (),
+        *,
+        default_output_tokens: int = 256,
+        chars_per_token: float = 4.0,
+    ) -> None:
+        self.table = ProgramTable()
+        self.backends: dict[str, BackendState] = {
+            label: BackendState(label, capacity, True, _live) for label, capacity in backends
+        }
+        self.stages = list(stages)
+        self.tokens = TokenEstimator(chars_per_token)
+        self.tool_time = ToolTimeModel()
+        self.default_output_tokens = default_output_tokens
+        # Footprint parameters; stages set them when bound.
+        self.buffer_tokens = 0
+        self.acting_weight = 1.0
+        self.queue: LazyHeap[Program] = LazyHeap(_live)
+        self.queue_fifo: collections.deque[tuple[float, Program]] = collections.deque()
+        self.idle: LazyHeap[Program] = LazyHeap(_live)
+        self.queued = 0
+        self._actions: list[Action] = []
+        self.counters: collections.Counter[str] = collections.Counter()
+        for stage in self.stages:
+            stage.bind(self)
+
+    # ================================================================ events
+    def on_request(
+        self, ctx: AgentContext, info: RequestInfo, now: float
+    ) -> tuple[Decision, list[Action]]:
+        """A request of `ctx.program_id` arrived: forward it, hold it, or reject it."""
+        self._actions = []
+        if not any(b.healthy for b in self.backends.values()):
+            # Fail fast rather than hold a client on a fleet that is entirely down.
+            reject = Reject(ctx.program_id, 503, "no_backend", "no healthy backend is available")
+            return reject, []
+        program, created = self.table.touch(ctx, now)
+        if ctx.final:
+            program.final_requested = True
+        if not created and program.in_flight == 0 and program.waiting == 0 and program.steps > 0:
+            gap = max(0.0, now - program.acting_since)
+            program.tool_time_ema_s = self.tool_time.observe(
+                program.session_type, program.tool_time_ema_s, gap
+            )
+        program.last_prompt_chars = info.prompt_chars
+        program.last_active_at = now
+        request_tokens = self._request_tokens(program, info)
+        for stage in self.stages:
+            stage.on_request(self, program, now)
+        backend = self.backends.get(program.backend) if program.backend else None
+        if program.state is ProgramState.ACTIVE and backend is not None and backend.healthy:
+            routed = self._route(program, now)
+            if routed is not None and routed != program.backend:
+                self._move(program, routed)
+            program.in_flight += 1
+            program.phase = Phase.REASONING
+            program.request_tokens = request_tokens
+            self._reserve(program, max(request_tokens, program.reserved_tokens))
+            self._reindex(program)
+            self._changed(program.backend, now)
+            assert program.backend is not None
+            return Forward(program.program_id, program.backend), self._take()
+        if program.state is ProgramState.ACTIVE:
+            self._unplace(program, now)  # its backend is down: wait to be placed elsewhere
+        program.waiting += 1
+        program.request_tokens = request_tokens
+        if program.queued_at is None:
+            program.queued_at = now
+            self.queued += 1
+            self.queue_fifo.append((now, program))
+        self._reindex(program)
+        self._resume_pass(now)
+        if program.state is ProgramState.ACTIVE and program.backend is not None:
+            # Admitted in this very event: the arriving request runs now.
+            return Forward(program.program_id, program.backend), self._take()
+        return Hold(program.program_id), self._take()
+
+    def on_finished(
+        self, program_id: str, usage: Usage | None, ok: bool, now: float
+    ) -> list[Action]:
+        """A forwarded call ended: answered (ok), failed, or its client went away."""
+        self._actions = []
+        program = self.table.get(program_id)
+        if program is None or program.in_flight == 0:
+            return self._take()
+        program.in_flight -= 1
+        program.last_active_at = now
+        if ok:
+            program.steps += 1
+            if usage is not None:
+                program.context_tokens = usage.prompt_tokens + usage.completion_tokens
+                program.prompt_tokens += usage.prompt_tokens
+                program.completion_tokens += usage.completion_tokens
+                program.cached_tokens += usage.cached_tokens
+                if program.backend is not None:
+                    self.tokens.learn(
+                        program.backend, program.last_prompt_chars, usage.prompt_tokens
+                    )
+        else:
+            program.failures += 1
+        if program.in_flight == 0:
+            program.phase = Phase.ACTING
+            program.acting_since = now
+        for stage in self.stages:
+            stage.on_finished(self, program, usage, ok, now)
+        if program.in_flight == 0 and (program.ephemeral or program.final_requested):
+            self._release(program, "ephemeral" if program.ephemeral else "final", now)
+        else:
+            if program.state is ProgramState.ACTIVE:
+                if program.pause_pending and program.in_flight == 0:
+                    self._pause_now(program, now, "after_reasoning")
+                else:
+                    self._reserve(program, self._footprint(program))
+            self._reindex(program)
+            if program.backend is not None:
+                self._changed(program.backend, now)
+        self._resume_pass(now)
+        return self._take()
+
+    def on_abandoned(self, program_id: str, now: float) -> list[Action]:
+        """A held request's client went away before it ran."""
+        self._actions = []
+        program = self.table.get(program_id)
+        if program is None or program.waiting == 0:
+            return self._take()
+        program.waiting -= 1
+        if program.waiting == 0:
+            self._dequeue(program)
+            if (
+                program.steps == 0
+                and program.in_flight == 0
+                and program.state is not ProgramState.ACTIVE
+            ):
+                self._release(program, "abandoned", now)
+                return self._take()
+        self._reindex(program)
+        self._resume_pass(now)
+        return self._take()
+
+    def on_release(self, program_id: str, reason: str, now: float) -> tuple[bool, list[Action]]:
+        self._actions = []
+        program = self.table.get(program_id)
+        if program is None:
+            return False, self._take()
+        self._release(program, reason, now)
+        self._resume_pass(now)
+        return True, self._take()
+
+    def on_tick(self, now: float) -> list[Action]:
+        self._actions = []
+        for stage in self.stages:
+            stage.on_tick(self, now)
+        self._resume_pass(now)
+        return self._take()
+
+    def on_backend(
+        self,
+        label: str,
+        *,
+        healthy: bool | None = None,
+        capacity: int | None = None,
+        metrics: BackendMetrics | None = None,
+        now: float,
+    ) -> list[Action]:
+        """A backend's health, capacity or live signals changed."""
+        self._actions = []
+        backend = self.backends.get(label)
+        if backend is None:
+            return self._take()
+        if capacity is not None:
+            backend.capacity = capacity
+        if metrics is not None:
+            self._learn_from_engine(backend, metrics)
+        if healthy is not None and healthy != backend.healthy:
+            backend.healthy = healthy
+            if not healthy:
+                # Rare event: one O(n) pass hands its idle programs back to the queue side,
+                # so nothing stays counted against an engine the gateway no longer uses.
+                for program in list(self.table):
+                    if (
+                        program.backend == label
+                        and program.state is ProgramState.ACTIVE
+                        and program.in_flight == 0
+                    ):
+                        self._unplace(program, now)
+                        self._reindex(program)
+        self._changed(label, now)
+        self._resume_pass(now)
+        return self._take()
+
+    def reroute(self, program_id: str, failed_backend: str, now: float) -> str | None:
+        """The engine refused the connection before any byte: move the call elsewhere."""
+        program = self.table.get(program_id)
+        backend = self.backends.get(failed_backend)
+        if backend is not None:
+            backend.healthy = False
+        candidates = [b for b in self.healthy_backends() if b.label != failed_backend]
+        if program is None or not candidates:
+            return None
+        target = max(candidates, key=self.room).label
+        if program.state is ProgramState.ACTIVE:
+            self._move(program, target)
+            program.migrations += 1
+            self._reindex(program)
+        return target
+
+    # ================================================================ queries
+    def healthy_backends(self) -> list[BackendState]:
+        return [b for b in self.backends.values() if b.healthy]
+
+    def room(self, backend: BackendState, fraction: float = 1.0) -> float:
+        limit = backend.limit(fraction)
+        return float("inf") if limit is None else limit - backend.reserved
+
+    def admits(self, program: Program, backend: BackendState, now: float) -> bool:
+        tokens = self._footprint(program, for_resume=True)
+        return all(stage.admits(self, program, backend, tokens, now) for stage in self.stages)
+
+    def programs(self) -> list[Program]:
+        return list(self.table)
+
+    def queue_length(self) -> int:
+        return self.queued
+
+    # ================================================================ primitives for stages
+    def pause(self, program: Program, now: float, reason: str = "acting") -> None:
+        """Pause a program: at once when ACTING; after its call when REASONING."""
+        if program.state is not ProgramState.ACTIVE or program.pause_pending:
+            return
+        backend = self.backends[program.backend] if program.backend else None
+        if program.in_flight > 0 and backend is not None:
+            program.pause_pending = True
+            program.pending_tokens = program.reserved_tokens
+            backend.pending_release += program.reserved_tokens
+            self._actions.append(Paused(program.program_id, backend.label, "after_reasoning", True))
+            self.counters["pauses_marked"] += 1
+            self._reindex(program)
+            return
+        self._pause_now(program, now, reason)
+
+    def resume(self, program: Program, backend: str, now: float, forced: bool = False) -> None:
+        self._dequeue(program)
+        previous = program.backend
+        admitted = program.steps == 0 and program.in_flight == 0 and previous is None
+        program.state = ProgramState.ACTIVE
+        program.backend = backend
+        self.table.count_active(program)
+        if program.paused_at is not None:
+            program.paused_total_s += now - program.paused_at
+            program.paused_at = None
+        if previous is not None and previous != backend:
+            program.migrations += 1
+            self.counters["migrations"] += 1
+        program.in_flight += program.waiting
+        program.waiting = 0
+        if program.in_flight:
+            program.phase = Phase.REASONING
+        self._reserve(program, self._footprint(program))
+        self._reindex(program)
+        self.counters[
+            "forced_resumes" if forced else ("admissions" if admitted else "resumes")
+        ] += 1
+        self._actions.append(Resumed(program.program_id, backend, previous, forced, admitted))
+        self._changed(backend, now)
+
+    def release(self, program: Program, reason: str, now: float) -> None:
+        self._release(program, reason, now)
+
+    def emit(self, action: Action) -> None:
+        self._actions.append(action)
+
+    def expected_tool_time(self, program: Program) -> float:
+        return self.tool_time.expected(program.session_type, program.tool_time_ema_s)
+
+    # ================================================================ mechanics
+    def _take(self) -> list[Action]:
+        actions, self._actions = self._actions, []
+        return actions
+
+    def _request_tokens(self, program: Program, info: RequestInfo) -> int:
+        prompt = self.tokens.prompt_tokens(info.prompt_chars, program.backend)
+        output = (
+            info.max_tokens
+            or program.expected_output_tokens
+            or (program.completion_tokens // program.steps if program.steps else 0)
+            or self.default_output_tokens
+        )
+        return max(program.context_tokens, prompt) + output + self.buffer_tokens
+
+    def _footprint(self, program: Program, for_resume: bool = False) -> int:
+        if program.in_flight > 0 or (for_resume and program.waiting > 0):
+            return max(program.request_tokens, program.context_tokens + self.buffer_tokens)
+        return int(self.acting_weight * program.context_tokens) + self.buffer_tokens
+
+    def _reserve(self, program: Program, tokens: int) -> None:
+        if program.state is not ProgramState.ACTIVE or program.backend is None:
+            return
+        backend = self.backends[program.backend]
+        backend.reserved += tokens - program.reserved_tokens
+        if program.pause_pending:
+            backend.pending_release += tokens - program.pending_tokens
+            program.pending_tokens = tokens
+        program.reserved_tokens = tokens
+
+    def _unreserve(self, program: Program) -> None:
+        if program.backend is not None and program.state is ProgramState.ACTIVE:
+            backend = self.backends[program.backend]
+            backend.reserved -= program.reserved_tokens
+            if program.pause_pending:
+                backend.pending_release -= program.pending_tokens
+                program.pending_tokens = 0
+        program.reserved_tokens = 0
+        program.pause_pending = False
+
+    def _move(self, program: Program, target: str) -> None:
+        tokens = program.reserved_tokens
+        self._unreserve(program)
+        self.table.uncount_active(program)
+        program.backend = target
+        self.table.count_active(program)
+        self._reserve(program, tokens)
+
+    def _pause_now(self, program: Program, now: float, reason: str) -> None:
+        backend = program.backend or ""
+        self._unreserve(program)
+        self.table.uncount_active(program)
+        program.state = ProgramState.PAUSED
+        program.paused_at = now
+        program.pauses += 1
+        self.counters["pauses"] += 1
+        self._actions.append(Paused(program.program_id, backend, reason, False))
+        self._reindex(program)
+
+    def _unplace(self, program: Program, now: float) -> None:
+        self._unreserve(program)
+        self.table.uncount_active(program)
+        program.state = ProgramState.PAUSED
+        program.paused_at = now
+
+    def _release(self, program: Program, reason: str, now: float) -> None:
+        if program.waiting:
+            self._actions.append(
+                Reject(
+                    program.program_id,
+                    409,
+                    "program_released",
+                    f"program {program.program_id!r} was released ({reason}) while its "
+                    "request was waiting to be scheduled",
+                )
+            )
+            program.waiting = 0
+        self._dequeue(program)
+        backend = program.backend if program.state is ProgramState.ACTIVE else None
+        self._unreserve(program)
+        self.table.remove(program.program_id)
+        self.counters[f"released_{reason}"] += 1
+        self._actions.append(Released(program.program_id, reason, tuple(program.docker_ids)))
+        for stage in self.stages:
+            stage.on_release(self, program, reason, now)
+        if backend is not None:
+            self._changed(backend, now)
+
+    def _dequeue(self, program: Program) -> None:
+        if program.queued_at is not None:
+            program.queued_at = None
+            self.queued -= 1
+            program.version += 1  # drop its queue entries
+
+    def _reindex(self, program: Program) -> None:
+        program.version += 1
+        stamp = program.version
+        if program.state is ProgramState.ACTIVE and not program.pause_pending and program.backend:
+            backend = self.backends[program.backend]
+            if program.in_flight == 0:
+                backend.acting.push(self._victim_key(program, acting=True), program, stamp)
+            else:
+                backend.reasoning.push(self._victim_key(program, acting=False), program, stamp)
+        if program.waiting > 0 and program.state is not ProgramState.ACTIVE:
+            assert program.queued_at is not None
+            self.queue.push(self._queue_key(program), program, stamp)
+        if program.in_flight == 0 and program.waiting == 0:
+            self.idle.push(program.last_active_at, program, stamp)
+
+    def _victim_key(self, program: Program, acting: bool) -> Any:
+        for stage in self.stages:
+            key = stage.victim_key(self, program, acting)
+            if key is not None:
+                return key
+        return (program.reserved_tokens,)
+
+    def _queue_key(self, program: Program) -> Any:
+        for stage in self.stages:
+            key = stage.queue_key(self, program)
+            if key is not None:
+                return key
+        return (program.queued_at,)
+
+    def _route(self, program: Program, now: float) -> str | None:
+        for stage in self.stages:
+            target = stage.route(self, program, now)
+            if target is not None:
+                return target
+        return None
+
+    def _place(self, program: Program, now: float) -> str | None:
+        for stage in self.stages:
+            target = stage.place(self, program, now)
+            if target is not None:
+                return target if target != "" else None
+        # Default: sticky, fewest programs, among backends that admit it.
+        healthy = self.healthy_backends()
+        home = self.backends.get(program.backend) if program.backend else None
+        if home is not None and home.healthy and self.admits(program, home, now):
+            return home.label
+        fitting = [b for b in healthy if self.admits(program, b, now)]
+        if not fitting:
+            return None
+        return min(fitting, key=lambda b: self.table.programs_on(b.label)).label
+
+    def _resume_pass(self, now: float) -> None:
+        """Resume queued programs in queue order while the head fits somewhere.
+
+        Strict order (no back-filling past a head that does not fit) keeps large programs
+        from starving and bounds the work per event by the number of programs resumed."""
+        while True:
+            top = self.queue.peek()
+            if top is None:
+                return
+            program = top[1]
+            target = self._place(program, now)
+            if target is None:
+                return
+            self.resume(program, target, now)
+
+    def _changed(self, backend: str, now: float) -> None:
+        state = self.backends.get(backend)
+        if state is None:
+            return
+        for stage in self.stages:
+            stage.on_backend_change(self, state, now)
+
+    def _learn_from_engine(self, backend: BackendState, metrics: BackendMetrics) -> None:
+        backend.metrics = metrics
+        total = metrics.preemptions_total
+        if total is None:
+            return
+        seen = backend.preemptions_seen
+        backend.preemptions_seen = total
+        if seen is None or total < seen:  # first scrape, or the engine restarted
+            return
+        if total > seen:
+            # The engine is preempting: what we reserve does not fit in it. Plan with less.
+            backend.scale = max(0.5, backend.scale * 0.9)
+            self.counters["capacity_backoffs"] += 1
+        else:
+            backend.scale = min(1.0, backend.scale + 0.02)

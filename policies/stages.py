@@ -1,0 +1,394 @@
+"""The scheduler's pipeline stages: each a named class with typed params and narrow hooks.
+
+The YAML `policies:` list names stages in order; the core calls every stage's hooks at fixed
+points (a request arrives, a call ends, a backend changes, a tick, a release). A hook that
+has no opinion returns None. Third-party stages subclass `Stage` and are named by import
+path (`my_pkg.my_policy:MyPolicy`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from thunder_mw.policies.program_table import Program, ProgramState, Usage
+
+if TYPE_CHECKING:
+    from thunder_mw.policies.core import BackendState, SchedulerCore
+
+
+class StageParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Stage:
+    """Base class: every hook is a no-op until a stage overrides it."""
+
+    name: ClassVar[str] = "stage"
+    Params: ClassVar[type[StageParams]] = StageParams
+
+    def __init__(self, params: StageParams | None = None) -> None:
+        self.params = params if params is not None else self.Params()
+
+    def bind(self, core: SchedulerCore) -> None:
+        """Called once when the core is built (set footprint parameters here)."""
+
+    # -- decisions (first stage with an answer wins; None = no opinion)
+    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        """Backend for a queued program to be admitted/resumed on; "" = nowhere now."""
+        return None
+
+    def route(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        """Backend for one request of an ACTIVE program (request-level balancers only)."""
+        return None
+
+    def victim_key(self, core: SchedulerCore, program: Program, acting: bool) -> Any:
+        """Sort key of pause victims on a backend: the smallest is paused first."""
+        return None
+
+    def queue_key(self, core: SchedulerCore, program: Program) -> Any:
+        """Sort key of the global queue: the smallest is resumed first."""
+        return None
+
+    # -- vetoes (every stage must agree)
+    def admits(
+        self, core: SchedulerCore, program: Program, backend: BackendState, tokens: int, now: float
+    ) -> bool:
+        return True
+
+    # -- reactions
+    def on_request(self, core: SchedulerCore, program: Program, now: float) -> None: ...
+
+    def on_finished(
+        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
+    ) -> None: ...
+
+    def on_backend_change(self, core: SchedulerCore, backend: BackendState, now: float) -> None: ...
+
+    def on_tick(self, core: SchedulerCore, now: float) -> None: ...
+
+    def on_release(
+        self, core: SchedulerCore, program: Program, reason: str, now: float
+    ) -> None: ...
+
+
+# ---------------------------------------------------------------------------- admission
+class AdmissionParams(StageParams):
+    high_watermark: float = Field(
+        0.95, gt=0, le=1.5, description="Admit while reserved <= this x capacity."
+    )
+    low_watermark: float = Field(
+        0.80, gt=0, le=1.5, description="Once over high, admit again only below this."
+    )
+    buffer_tokens_per_program: int = Field(
+        128, ge=0, description="Tokens reserved per program on top of its context (growth)."
+    )
+
+
+class Admission(Stage):
+    """Admit a new or resumed program only if it fits under the high watermark, with
+    hysteresis: a backend that went over high admits nothing until it is back under low."""
+
+    name = "admission"
+    Params = AdmissionParams
+    params: AdmissionParams
+
+    def bind(self, core: SchedulerCore) -> None:
+        if self.params.low_watermark > self.params.high_watermark:
+            raise ValueError("low_watermark must not exceed high_watermark")
+        core.buffer_tokens = self.params.buffer_tokens_per_program
+
+    def admits(
+        self, core: SchedulerCore, program: Program, backend: BackendState, tokens: int, now: float
+    ) -> bool:
+        high = backend.limit(self.params.high_watermark)
+        if high is None:  # capacity not known (yet): nothing to plan against
+            return True
+        low = backend.limit(self.params.low_watermark)
+        assert low is not None
+        if backend.reserved > high:
+            backend.congested = True
+        elif backend.reserved <= low:
+            backend.congested = False
+        return not backend.congested and backend.reserved + tokens <= high
+
+
+# ---------------------------------------------------------------------------- pausing
+class PauseParams(StageParams):
+    victim: Literal["cost_benefit", "shortest_first"] = Field(
+        "cost_benefit", description="How victims are chosen among a backend's programs."
+    )
+    acting_token_weight: float = Field(
+        1.0, ge=0, le=1, description="Share of an ACTING program's context counted as resident."
+    )
+    high_watermark: float | None = Field(
+        None, description="Overflow threshold (default: the admission stage's high watermark)."
+    )
+    check: Literal["event", "tick"] = Field(
+        "event", description="Check for overflow on every event, or only on ticks."
+    )
+    reduce_projection: bool = Field(
+        True,
+        description="Count a REASONING program marked to pause as already freed (false "
+        "reproduces the original's over-pausing, for the baseline only).",
+    )
+
+
+class StateAwarePause(Stage):
+    """On overflow pause ACTING programs first (their GPU is idle anyway), then mark
+    REASONING ones to pause after their call, until the projected use is back under high.
+
+    Victim rules:
+    - `shortest_first` (the original): the fewest tokens first.
+    - `cost_benefit` (default): lowest priority first; then the program whose tool call is
+      expected to run longest from now (EMA of its own tool gaps, else its session type's),
+      i.e. the most memory freed for the longest time per recompute it will cost; REASONING
+      programs: the largest first, so the fewest programs pay a pause.
+    """
+
+    name = "state_aware_pause"
+    Params = PauseParams
+    params: PauseParams
+
+    def bind(self, core: SchedulerCore) -> None:
+        core.acting_weight = self.params.acting_token_weight
+        self._high = self.params.high_watermark
+        if self._high is None:
+            admission = next((s for s in core.stages if isinstance(s, Admission)), None)
+            self._high = admission.params.high_watermark if admission else 1.0
+
+    def victim_key(self, core: SchedulerCore, program: Program, acting: bool) -> Any:
+        if self.params.victim == "shortest_first":
+            return (program.reserved_tokens,)
+        if acting:
+            expected_end = program.acting_since + core.expected_tool_time(program)
+            return (program.priority, -expected_end, -program.reserved_tokens)
+        return (program.priority, -program.reserved_tokens)
+
+    def on_backend_change(self, core: SchedulerCore, backend: BackendState, now: float) -> None:
+        if self.params.check == "event":
+            self.relieve(core, backend, now)
+
+    def on_tick(self, core: SchedulerCore, now: float) -> None:
+        if self.params.check == "tick":
+            for backend in core.backends.values():
+                self.relieve(core, backend, now)
+
+    def relieve(self, core: SchedulerCore, backend: BackendState, now: float) -> None:
+        assert self._high is not None
+        limit = backend.limit(self._high)
+        if limit is None:
+            return
+        use = backend.projected if self.params.reduce_projection else backend.reserved
+        while use > limit:
+            popped = backend.acting.pop()
+            if popped is not None:
+                program = popped[1]
+                freed = program.reserved_tokens
+                core.pause(program, now, "acting")
+                use -= freed
+                continue
+            popped = backend.reasoning.pop()
+            if popped is None:
+                return
+            program = popped[1]
+            core.pause(program, now, "after_reasoning")
+            if self.params.reduce_projection:
+                use -= program.reserved_tokens
+            else:
+                # The original marks without lowering its projection: keep marking.
+                continue
+
+
+# ---------------------------------------------------------------------------- migration
+class MigrationParams(StageParams):
+    placement: Literal["best_fit_decreasing", "most_room"] = Field(
+        "best_fit_decreasing",
+        description="Queue order within a priority band: largest first (BFD) or arrival.",
+    )
+    prefer_home_backend: bool = Field(
+        True, description="Resume on the previous backend when it has room (KV may be cached)."
+    )
+    resume_timeout_s: float = Field(
+        1800.0, gt=0, description="A program queued this long is resumed regardless of room."
+    )
+    aging_s: float = Field(
+        60.0, gt=0, description="Each this-many seconds queued raises a program one priority."
+    )
+
+
+class Migration(Stage):
+    """One global queue of paused and new programs across backends.
+
+    Order: strict-priority tier, then priority raised by waiting (ageing), then largest
+    first (best-fit-decreasing). Placement: the previous backend when it admits the program,
+    else the admitting backend with the most room. A program queued past
+    `resume_timeout_s` is force-resumed so nothing starves.
+    """
+
+    name = "migration"
+    Params = MigrationParams
+    params: MigrationParams
+
+    def queue_key(self, core: SchedulerCore, program: Program) -> Any:
+        assert program.queued_at is not None
+        band = math.floor(program.queued_at / self.params.aging_s - program.priority)
+        if self.params.placement == "best_fit_decreasing":
+            return (band, -program.request_tokens, program.queued_at)
+        return (band, program.queued_at)
+
+    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        if self.params.prefer_home_backend and program.backend is not None:
+            home = core.backends.get(program.backend)
+            if home is not None and home.healthy and core.admits(program, home, now):
+                return home.label
+        fitting = [b for b in core.healthy_backends() if core.admits(program, b, now)]
+        if not fitting:
+            return ""
+        return max(fitting, key=core.room).label
+
+    def on_tick(self, core: SchedulerCore, now: float) -> None:
+        fifo = core.queue_fifo
+        timeout = self.params.resume_timeout_s
+        while fifo:
+            queued_at, program = fifo[0]
+            if program.queued_at != queued_at or program.state is ProgramState.TERMINATED:
+                fifo.popleft()  # resumed, released or re-queued since
+                continue
+            if now - queued_at < timeout:
+                return
+            fifo.popleft()
+            healthy = core.healthy_backends()
+            if not healthy:
+                return
+            home = core.backends.get(program.backend) if program.backend else None
+            target = home if home is not None and home.healthy else max(healthy, key=core.room)
+            core.resume(program, target.label, now, forced=True)
+
+
+# ---------------------------------------------------------------------------- GC hooks
+class GcParams(StageParams):
+    idle_ttl_s: float = Field(
+        1800.0, gt=0, description="A program idle this long (no request in flight) is ended."
+    )
+    reclaim: list[str] = Field(
+        default_factory=lambda: ["stop", "remove"],
+        description="What ending a program does to its containers, in order: stop, remove, "
+        "remove_image, or a `module:function` hook.",
+    )
+
+
+class GcHooks(Stage):
+    """Ends programs on idle expiry and turns every program end into a reclaim of its tools."""
+
+    name = "gc_hooks"
+    Params = GcParams
+    params: GcParams
+
+    def on_tick(self, core: SchedulerCore, now: float) -> None:
+        ttl = self.params.idle_ttl_s
+        while True:
+            top = core.idle.peek()
+            if top is None or top[0] + ttl > now:
+                return
+            program = top[1]
+            core.idle.pop()
+            if program.in_flight == 0 and program.waiting == 0:
+                core.release(program, "expired", now)
+
+    def on_release(self, core: SchedulerCore, program: Program, reason: str, now: float) -> None:
+        from thunder_mw.policies.core import ReclaimTools
+
+        if program.docker_ids:
+            core.emit(
+                ReclaimTools(
+                    program.program_id,
+                    tuple(program.docker_ids),
+                    reason,
+                    tuple(self.params.reclaim),
+                )
+            )
+
+
+# ---------------------------------------------------------------------------- baselines
+class RoundRobin(Stage):
+    """Baseline: a plain load balancer. Every request goes to the next backend in turn."""
+
+    name = "round_robin"
+
+    def __init__(self, params: StageParams | None = None) -> None:
+        super().__init__(params)
+        self._next = 0
+
+    def _pick(self, core: SchedulerCore) -> str | None:
+        healthy = core.healthy_backends()
+        if not healthy:
+            return None
+        self._next = (self._next + 1) % len(healthy)
+        return healthy[self._next].label
+
+    def route(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        return self._pick(core)
+
+    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        return self._pick(core) or ""
+
+
+class Sticky(Stage):
+    """Baseline: program affinity without admission control — the original's default mode.
+    A program stays on its backend; a new one goes to the backend with the fewest programs."""
+
+    name = "sticky"
+
+    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        if program.backend is not None:
+            home = core.backends.get(program.backend)
+            if home is not None and home.healthy:
+                return home.label
+        healthy = core.healthy_backends()
+        if not healthy:
+            return ""
+        return min(healthy, key=lambda b: core.table.programs_on(b.label)).label
+
+
+# ---------------------------------------------------------------------------- registry
+BUILTIN_STAGES: dict[str, type[Stage]] = {
+    cls.name: cls for cls in (Admission, StateAwarePause, Migration, GcHooks, RoundRobin, Sticky)
+}
+
+# The original ThunderAgent scheduler's documented rules, as a pipeline (a baseline):
+# capacity check only every 5 s tick, shortest-first victims, marking without lowering the
+# projection, 100 tokens per program, no home preference, 1,800 s force-resume.
+THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
+    {"admission": {"high_watermark": 1.0, "low_watermark": 1.0, "buffer_tokens_per_program": 100}},
+    {
+        "state_aware_pause": {
+            "victim": "shortest_first",
+            "check": "tick",
+            "reduce_projection": False,
+            "high_watermark": 1.0,
+        }
+    },
+    {
+        "migration": {
+            "placement": "best_fit_decreasing",
+            "prefer_home_backend": False,
+            "resume_timeout_s": 1800,
+        }
+    },
+]
+
+DEFAULT_PIPELINE: list[dict[str, Any]] = [
+    {"admission": {}},
+    {"state_aware_pause": {}},
+    {"migration": {}},
+    {"gc_hooks": {}},
+]
+
+PRESETS: dict[str, list[dict[str, Any]]] = {
+    "thunder-mw": DEFAULT_PIPELINE,
+    "thunderagent": THUNDERAGENT_PIPELINE,
+    "sticky": [{"sticky": {}}],
+    "round_robin": [{"round_robin": {}}],
+}

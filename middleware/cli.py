@@ -12,7 +12,7 @@ from thunder_mw import __version__
 from thunder_mw.middleware.config_loader import ConfigError, load_config
 
 log = logging.getLogger("thunder_mw")
-SUBCOMMANDS = ("serve", "check-config", "config-reference", "sim-engine")
+SUBCOMMANDS = ("serve", "check-config", "config-reference", "plan", "sim-engine")
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file and print it normalised")
     check.add_argument("path")
     sub.add_parser("config-reference", help="print the config reference as a markdown table")
+    from thunder_mw.middleware.plan_cli import add_plan_arguments
+
+    add_plan_arguments(sub.add_parser("plan", help="KV capacity plan: how many programs fit"))
     sim = sub.add_parser("sim-engine", help="serve a simulated vLLM/SGLang engine")
     try:
         from thunder_mw.benchmarks.sim.server import add_sim_engine_arguments
@@ -61,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args)
     if args.command == "check-config":
         return check_config(args.path)
+    if args.command == "plan":
+        from thunder_mw.middleware.plan_cli import run_plan
+
+        return run_plan(args)
     if args.command == "config-reference":
         from thunder_mw.schemas.config_reference import config_reference
 

@@ -88,7 +88,8 @@ class AdmissionParams(StageParams):
 
 class Admission(Stage):
     """Admit a new or resumed program only if it fits under the high watermark, with
-    hysteresis: a backend that went over high admits nothing until it is back under low."""
+    hysteresis: a backend that went over high admits nothing until it is back under low.
+    An empty backend admits any program, however large."""
 
     name = "admission"
     Params = AdmissionParams
@@ -111,6 +112,10 @@ class Admission(Stage):
             backend.congested = True
         elif backend.reserved <= low:
             backend.congested = False
+        if backend.reserved == 0:
+            # A program larger than the watermark still runs on an empty engine; otherwise
+            # it would block the head of the queue until its resume timeout.
+            return True
         return not backend.congested and backend.reserved + tokens <= high
 
 

@@ -277,7 +277,7 @@ def test_a_program_with_a_call_in_flight_never_expires():
 
 def test_a_final_request_ends_the_program_after_it_is_answered():
     core = make()
-    decision, _ = core.on_request(ctx("a", final=True), info(100), 0)
+    core.on_request(ctx("a", final=True), info(100), 0)
     actions = core.on_finished("a", Usage(100, 10), True, 1)
     assert of(actions, Released)[0].reason == "final" and core.table.get("a") is None
 

@@ -1,0 +1,138 @@
+"""SchedulingMiddleware over real sockets: held requests, release while held, clients giving up."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+from asgi_servers import serving
+from fake_engine import FakeEngine
+from thunder_mw.middleware.app import create_app
+from thunder_mw.schemas.config import ThunderConfig
+
+BIG = {"model": "m", "messages": [{"role": "user", "content": "x " * 400}], "max_tokens": 8}
+SMALL = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+
+
+@pytest.fixture
+def tight():
+    """One engine whose KV holds 1,000 tokens; a slow first program fills it."""
+    engine = FakeEngine(chunks=30, chunk_delay_s=0.1)
+    with serving(engine) as es:
+        config = ThunderConfig(
+            backends=[{"name": "e", "url": es.url, "capacity_tokens": 1000}],
+            policies=[
+                {"admission": {"buffer_tokens_per_program": 0}},
+                {"state_aware_pause": {}},
+                {"migration": {}},
+                {"gc_hooks": {}},
+            ],
+        )
+        with serving(create_app(config)) as gw:
+            yield gw
+
+
+def _hog(gw) -> threading.Thread:
+    """Program `hog` streams for ~3 s holding ~900 tokens of the engine."""
+
+    def run():
+        with httpx.stream(
+            "POST",
+            f"{gw.url}/v1/chat/completions",
+            json={**BIG, "stream": True, "program_id": "hog", "max_tokens": 800},
+            timeout=30,
+        ) as r:
+            for _ in r.iter_raw():
+                pass
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        programs = httpx.get(f"{gw.url}/programs").json()["programs"]
+        if any(p["program_id"] == "hog" and p["in_flight"] for p in programs):
+            return thread
+        time.sleep(0.02)
+    raise AssertionError("hog never started")
+
+
+def _wait_for(gw, pid, **fields):
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{gw.url}/programs/{pid}")
+        if r.status_code == 200 and all(r.json()[k] == v for k, v in fields.items()):
+            return r.json()
+        time.sleep(0.02)
+    raise AssertionError(f"{pid} never reached {fields}")
+
+
+def test_a_request_that_does_not_fit_waits_and_then_runs(tight):
+    hog = _hog(tight)
+    started = time.monotonic()
+    r = httpx.post(
+        f"{tight.url}/v1/chat/completions", json={**BIG, "program_id": "late"}, timeout=30
+    )
+    waited = time.monotonic() - started
+    hog.join()
+    assert r.status_code == 200
+    assert waited > 1.0  # it waited for the hog's call to end; the client saw only latency
+
+
+def test_releasing_a_program_while_its_request_is_held_answers_409(tight):
+    hog = _hog(tight)
+    answer: dict = {}
+
+    def held():
+        answer["r"] = httpx.post(
+            f"{tight.url}/v1/chat/completions", json={**BIG, "program_id": "held"}, timeout=30
+        )
+
+    thread = threading.Thread(target=held)
+    thread.start()
+    program = _wait_for(tight, "held", waiting=1)
+    assert program["state"] == "paused"
+    release = httpx.post(f"{tight.url}/programs/release", json={"program_id": "held"})
+    thread.join(timeout=5)
+    hog.join()
+    assert release.json() == {"program_id": "held", "released": True}
+    r = answer["r"]
+    assert r.status_code == 409 and r.json()["error"]["code"] == "program_released"
+
+
+def test_a_client_that_gives_up_while_held_leaves_the_queue(tight):
+    hog = _hog(tight)
+
+    def impatient():
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                f"{tight.url}/v1/chat/completions", json={**BIG, "program_id": "gone"}, timeout=0.5
+            )
+
+    thread = threading.Thread(target=impatient)
+    thread.start()
+    thread.join()
+    deadline = time.monotonic() + 5
+    while httpx.get(f"{tight.url}/programs/gone").status_code != 404:
+        assert time.monotonic() < deadline, "the abandoned program stayed queued"
+        time.sleep(0.05)
+    hog.join()
+    # The hog's program is unaffected and nothing is left reserved for the one that left.
+    assert httpx.get(f"{tight.url}/programs/hog").json()["phase"] == "acting"
+
+
+def test_programs_view_shows_scheduling_state(tight):
+    httpx.post(f"{tight.url}/v1/chat/completions", json={**SMALL, "program_id": "p"})
+    view = httpx.get(f"{tight.url}/programs/p").json()
+    for field in (
+        "state",
+        "phase",
+        "backend",
+        "context_tokens",
+        "reserved_tokens",
+        "steps",
+        "paused_total_s",
+    ):
+        assert field in view
+    assert view["state"] == "active" and view["phase"] == "acting" and view["backend"] == "e"

@@ -1,1 +1,1 @@
-"""thunder_mw.conformance"""
+"""The agent-context conformance suite: what a server accepts, strips, rejects and forwards."""

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import msgspec
 from httpx_aiohttp import AiohttpTransport
+from thunder_mw.middleware.engine_client import EngineClient
 from thunder_mw.policies.core import BackendMetrics
 from thunder_mw.schemas.config import BackendSettings, ServerSettings
 
@@ -80,7 +81,8 @@ class Backend:
         self.label = label
         self.url = url
         self.flavor = settings.sim.flavor if settings.type == "sim" else settings.type
-        self.client: httpx.AsyncClient | None = None
+        self.client: httpx.AsyncClient | None = None  # control plane: probes, model lists
+        self.engine: EngineClient | None = None  # data plane: forwarded requests
         self.healthy = False
         self.consecutive_failures = 0
         self.last_error: str | None = None
@@ -133,6 +135,12 @@ class BackendPool:
                 url = settings.url
             backend = Backend(settings, url, self.labels[i])
             backend.client = self._client(url)
+            backend.engine = EngineClient(
+                url,
+                max_connections=self._server.max_connections_per_backend,
+                connect_timeout_s=self._server.connect_timeout_s,
+                read_timeout_s=self._server.read_timeout_s,
+            )
             self.backends.append(backend)
             self._by_label[backend.label] = backend
         await asyncio.gather(*(self.probe(b) for b in self.backends))
@@ -146,6 +154,8 @@ class BackendPool:
         for b in self.backends:
             if b.client is not None:
                 await b.client.aclose()
+            if b.engine is not None:
+                await b.engine.aclose()
         for engine in self._embedded:
             await engine.stop()
 

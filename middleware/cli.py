@@ -12,7 +12,14 @@ from thunder_mw import __version__
 from thunder_mw.middleware.config_loader import ConfigError, load_config
 
 log = logging.getLogger("thunder_mw")
-SUBCOMMANDS = ("serve", "check-config", "config-reference", "plan", "sim-engine")
+SUBCOMMANDS = (
+    "serve",
+    "check-config",
+    "config-reference",
+    "plan",
+    "conformance",
+    "sim-engine",
+)
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     from thunder_mw.middleware.plan_cli import add_plan_arguments
 
     add_plan_arguments(sub.add_parser("plan", help="KV capacity plan: how many programs fit"))
+    from thunder_mw.conformance.cli import add_conformance_arguments
+
+    add_conformance_arguments(
+        sub.add_parser("conformance", help="check an agent-context server's field handling")
+    )
     sim = sub.add_parser("sim-engine", help="serve a simulated vLLM/SGLang engine")
     try:
         from thunder_mw.benchmarks.sim.server import add_sim_engine_arguments
@@ -64,6 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args)
     if args.command == "check-config":
         return check_config(args.path)
+    if args.command == "conformance":
+        from thunder_mw.conformance.cli import run_conformance
+
+        return run_conformance(args)
     if args.command == "plan":
         from thunder_mw.middleware.plan_cli import run_plan
 

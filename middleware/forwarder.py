@@ -13,10 +13,10 @@ import contextlib
 import logging
 from typing import Any
 
-import httpx
 import msgspec
 from thunder_mw.middleware.agent_context import CONTEXT_PATHS
 from thunder_mw.middleware.backends import Backend, BackendPool
+from thunder_mw.middleware.engine_client import UpstreamError, UpstreamResponse
 from thunder_mw.middleware.errors import send_error, send_json
 from thunder_mw.middleware.request_body import RequestBody
 from thunder_mw.middleware.types import Receive, Scope, Send
@@ -40,7 +40,6 @@ HOP_BY_HOP = frozenset(
 )
 _DROP_REQUEST = HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding"}
 _DROP_RESPONSE = HOP_BY_HOP | {b"content-length"}
-_CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
 _MAX_CAPTURED_BODY = 64 * 1024 * 1024
 
 
@@ -84,12 +83,6 @@ def _usage_of(envelope: _Envelope) -> Usage | None:
     if envelope.response is not None and envelope.response.usage is not None:
         return envelope.response.usage.to_usage()
     return None
-
-
-class UpstreamFailed(Exception):
-    def __init__(self, status: int, message: str, code: str) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code = status, message, code
 
 
 class Forwarder:
@@ -194,32 +187,33 @@ class Forwarder:
         stream: bool,
         hide_usage: bool,
     ) -> None:
-        headers = self._request_headers(scope, backend, len(payload))
         target = scope["path"]
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
-        response: httpx.Response | None = None
+        response: UpstreamResponse | None = None
         for attempt in (0, 1):
-            assert backend.client is not None
-            request = backend.client.build_request("POST", target, content=payload, headers=headers)
+            assert backend.engine is not None
+            headers = self._request_headers(scope, backend, len(payload))
             try:
-                response = await backend.client.send(request, stream=True)
+                response = await backend.engine.send("POST", target, headers, payload)
                 break
-            except _CONNECT_ERRORS as exc:
-                self.pool.record_failure(backend, repr(exc))
-                reroute = state.get("thunder_reroute")
-                alternative = (
-                    reroute(backend.label) if reroute else self.pool.any_healthy(backend.label)
-                )
-                if attempt == 1 or alternative is None:
+            except UpstreamError as exc:
+                self.pool.record_failure(backend, str(exc))
+                reroute = state.get("thunder_reroute") if exc.before_any_byte else None
+                alternative = reroute(backend.label) if reroute and attempt == 0 else None
+                if alternative is None:
                     state["thunder_outcome"] = "upstream_failed"
-                    await send_error(
-                        send,
-                        502,
-                        f"backend {backend.label} refused the connection",
-                        None,
-                        "upstream_unreachable",
-                    )
+                    if exc.timeout:
+                        message, status, code = "timed out", 504, "upstream_timeout"
+                    elif exc.before_any_byte:
+                        message, status, code = (
+                            "refused the connection",
+                            502,
+                            "upstream_unreachable",
+                        )
+                    else:
+                        message, status, code = f"failed: {exc}", 502, "upstream_error"
+                    await send_error(send, status, f"backend {backend.label} {message}", None, code)
                     return
                 log.info(
                     "backend %s refused the connection; retrying on %s",
@@ -228,22 +222,14 @@ class Forwarder:
                 )
                 backend = alternative
                 state["thunder_backend"] = backend.label
-                headers = self._request_headers(scope, backend, len(payload))
-            except httpx.HTTPError as exc:
-                self.pool.record_failure(backend, repr(exc))
-                state["thunder_outcome"] = "upstream_failed"
-                await send_error(
-                    send, 502, f"backend {backend.label} failed: {exc!r}", None, "upstream_error"
-                )
-                return
         assert response is not None
         try:
-            if response.headers.get("content-type", "").startswith("text/event-stream"):
+            if response.content_type == "text/event-stream":
                 await self._relay_events(send, state, response, hide_usage)
             else:
                 await self._relay_whole(send, state, response)
         finally:
-            await response.aclose()
+            response.close()
 
     def _request_headers(
         self, scope: Scope, backend: Backend, length: int
@@ -262,47 +248,42 @@ class Forwarder:
         return headers
 
     @staticmethod
-    def _response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
-        return [(n.lower(), v) for n, v in response.headers.raw if n.lower() not in _DROP_RESPONSE]
+    def _response_headers(response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
+        return [(n.lower(), v) for n, v in response.headers if n.lower() not in _DROP_RESPONSE]
 
     async def _relay_whole(
-        self, send: Send, state: dict[str, Any], response: httpx.Response
+        self, send: Send, state: dict[str, Any], response: UpstreamResponse
     ) -> None:
         """A JSON answer is read whole before it is sent: if the engine dies halfway, the
         client gets a well-formed 502 instead of half a body."""
         try:
-            content = await response.aread()
-        except httpx.HTTPError as exc:
+            content = await response.read()
+        except UpstreamError as exc:
             state["thunder_outcome"] = "upstream_failed"
-            await send_error(
-                send, 502, f"backend failed mid-response: {exc!r}", None, "upstream_error"
-            )
+            status, code = (504, "upstream_timeout") if exc.timeout else (502, "upstream_error")
+            await send_error(send, status, str(exc), None, code)
             return
-        if response.status_code < 400:
+        if response.status < 400:
             with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
                 state["thunder_usage"] = _usage_of(_decode_envelope(content))
-        state["thunder_status"] = response.status_code
         headers = self._response_headers(response)
         headers.append((b"content-length", str(len(content)).encode()))
-        await send(
-            {"type": "http.response.start", "status": response.status_code, "headers": headers}
-        )
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
     async def _relay_events(
-        self, send: Send, state: dict[str, Any], response: httpx.Response, hide_usage: bool
+        self, send: Send, state: dict[str, Any], response: UpstreamResponse, hide_usage: bool
     ) -> None:
-        state["thunder_status"] = response.status_code
         await send(
             {
                 "type": "http.response.start",
-                "status": response.status_code,
+                "status": response.status,
                 "headers": self._response_headers(response),
             }
         )
         pending = b""
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.chunks():
                 pending += chunk
                 cut = pending.rfind(b"\n\n")
                 if cut < 0:
@@ -312,15 +293,15 @@ class Forwarder:
                     ready = self._take_usage(ready, state, hide_usage)
                 if ready:
                     await send({"type": "http.response.body", "body": ready, "more_body": True})
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             state["thunder_outcome"] = "upstream_failed"
             error = _encode(
                 {
                     "error": {
-                        "message": f"backend failed mid-stream: {exc!r}",
+                        "message": str(exc),
                         "type": "upstream_error",
                         "param": None,
-                        "code": "upstream_error",
+                        "code": "upstream_timeout" if exc.timeout else "upstream_error",
                     }
                 }
             )
@@ -373,32 +354,30 @@ class Forwarder:
     async def _plain(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Any other /v1/* route goes, untouched, to one healthy backend."""
         backend = self.pool.any_healthy()
-        if backend is None or backend.client is None:
+        if backend is None or backend.engine is None:
             await send_error(send, 503, "no healthy backend is available", None, "no_backend")
             return
         raw = await _read_all(receive, self.server.max_body_bytes)
         if raw is None:
             await send_error(send, 413, "request body too large", "body", "body_too_large")
             return
-        headers = self._request_headers(scope, backend, len(raw))
         target = scope["path"]
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
         try:
-            request = backend.client.build_request(
-                scope["method"], target, content=raw, headers=headers
+            response = await backend.engine.send(
+                scope["method"], target, self._request_headers(scope, backend, len(raw)), raw
             )
-            response = await backend.client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            self.pool.record_failure(backend, repr(exc))
+        except UpstreamError as exc:
+            self.pool.record_failure(backend, str(exc))
             await send_error(
-                send, 502, f"backend {backend.label} failed: {exc!r}", None, "upstream_error"
+                send, 502, f"backend {backend.label} failed: {exc}", None, "upstream_error"
             )
             return
         try:
             await self._relay_whole(send, {}, response)
         finally:
-            await response.aclose()
+            response.close()
 
 
 async def _read_all(receive: Receive, limit: int) -> bytes | None:

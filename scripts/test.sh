@@ -34,4 +34,9 @@ if [ "$status" -eq 5 ]; then
   echo "test.sh: pytest collected no tests; that is a failure, not a pass" >&2
   exit 1
 fi
-exit "$status"
+if [ "$status" -ne 0 ]; then
+  exit "$status"
+fi
+
+# The conformance suite, as a user runs it, against thunder-mw itself.
+python3 -m thunder_mw.middleware.cli conformance --self --profile full

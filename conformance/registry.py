@@ -1,0 +1,63 @@
+"""The catalogue of conformance checks: each has an id, a one-line statement, and its profiles.
+
+A profile is what one kind of server promises. `full` is everything thunder-mw promises and
+holds every check; the others hold only what ThunderAgent or a Dynamo-convention server
+promises, so a run against them fails only where they break their own contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from thunder_mw.conformance.session import Session
+
+PROFILES = ("thunderagent", "dynamo-body", "dynamo-headers", "full")
+PROFILE_MEANING = {
+    "thunderagent": "what ThunderAgent promises: program_id (top level or in extra_body) is "
+    "accepted and stripped, docker_ids/tool_ids accepted, other fields forwarded unchanged, "
+    "streams relayed, /programs and the release endpoint",
+    "dynamo-body": "nvext.agent_context accepted, validated and stripped, plus forwarding "
+    "fidelity, streaming and bad-body handling",
+    "dynamo-headers": "X-Dynamo-Session-* headers accepted, validated and stripped, plus "
+    "forwarding fidelity, streaming and bad-body handling",
+    "full": "everything thunder-mw promises (every check)",
+}
+
+CheckBody = Callable[[Session], Awaitable[str | None]]
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    statement: str
+    profiles: frozenset[str]
+    run: CheckBody
+
+
+CHECKS: dict[str, Check] = {}
+
+
+def check(check_id: str, statement: str, *profiles: str) -> Callable[[CheckBody], CheckBody]:
+    """Registers a check; it belongs to `full` and to the profiles named."""
+    unknown = set(profiles) - set(PROFILES)
+    if unknown:
+        raise ValueError(f"{check_id}: unknown profiles {sorted(unknown)}")
+    if check_id in CHECKS:
+        raise ValueError(f"duplicate check id {check_id}")
+
+    def register(run: CheckBody) -> CheckBody:
+        CHECKS[check_id] = Check(check_id, statement, frozenset({*profiles, "full"}), run)
+        return run
+
+    return register
+
+
+def checks_for(profile: str) -> list[Check]:
+    """The profile's checks in catalogue order."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    # The check modules register themselves on import.
+    from thunder_mw.conformance import checks_context, checks_payload, checks_programs  # noqa: F401
+
+    return [c for c in CHECKS.values() if profile in c.profiles]

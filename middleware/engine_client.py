@@ -1,0 +1,124 @@
+"""The data-plane client of one engine: pooled keep-alive HTTP/1.1 on aiohttp.
+
+The hot path does not go through httpx: `benchmarks/results/proxy-overhead.json` measures
+the httpx API (even on its aiohttp transport) at about half the throughput of aiohttp used
+directly, which is the one per-request cost a Python pass-through cannot hide. httpx stays
+for the control plane (probes, model lists), where its API matters more than microseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import aiohttp
+
+
+class UpstreamError(Exception):
+    """The engine failed; `before_any_byte` is True when nothing reached it (safe to retry)."""
+
+    def __init__(self, message: str, before_any_byte: bool = False, timeout: bool = False) -> None:
+        super().__init__(message)
+        self.before_any_byte = before_any_byte
+        self.timeout = timeout
+
+
+class UpstreamResponse:
+    """An engine's answer whose body is read (or streamed) by the caller, then closed."""
+
+    __slots__ = ("_response", "headers", "status")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.headers: Sequence[tuple[bytes, bytes]] = response.raw_headers
+
+    @property
+    def content_type(self) -> str:
+        return self._response.content_type
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UpstreamError(
+                f"engine failed mid-response: {exc!r}", timeout=_is_timeout(exc)
+            ) from exc
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive, no re-chunking."""
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UpstreamError(
+                f"engine failed mid-stream: {exc!r}", timeout=_is_timeout(exc)
+            ) from exc
+
+    def close(self) -> None:
+        # Closing (not releasing) an unfinished response drops its connection, which is how
+        # the engine learns the client went away and aborts the request.
+        self._response.close()
+
+    def release(self) -> None:
+        self._response.release()
+
+
+class EngineClient:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        max_connections: int,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+    ) -> None:
+        self.base_url = base_url
+        self._max_connections = max_connections
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+        )
+        self._session: aiohttp.ClientSession | None = None
+
+    def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections, limit_per_host=self._max_connections, ttl_dns_cache=300
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=self._timeout,
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._session
+
+    async def send(
+        self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> UpstreamResponse:
+        """Send a request and return once the engine's status line and headers arrived."""
+        session = self._ensure_session()
+        header_pairs = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
+        try:
+            response = await session.request(
+                method,
+                self.base_url + target,
+                data=body,
+                headers=header_pairs,
+                allow_redirects=False,
+                compress=None,
+            )
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamError(f"connection refused: {exc!r}", before_any_byte=True) from exc
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UpstreamError(f"engine failed: {exc!r}", timeout=_is_timeout(exc)) from exc
+        return UpstreamResponse(response)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError)

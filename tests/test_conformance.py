@@ -1,0 +1,95 @@
+"""The conformance suite end to end: `--self` passes every profile; its outputs and exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+from asgi_servers import free_port, serving
+from conformance_broken_servers import FORWARDS_PROGRAM_ID, MiniGateway
+from thunder_mw.conformance.cli import add_conformance_arguments, run_conformance
+from thunder_mw.conformance.registry import PROFILES, checks_for
+
+
+def conformance(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    add_conformance_arguments(parser)
+    return run_conformance(parser.parse_args(list(argv)))
+
+
+def test_self_run_of_the_full_profile_passes_and_writes_both_reports(tmp_path, capsys):
+    report, junit = tmp_path / "report.json", tmp_path / "junit.xml"
+    rc = conformance("--self", "--profile", "full", "--report", str(report), "--junit", str(junit))
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = json.loads(report.read_text())
+    assert list(data) == ["target", "profile", "started_at", "checks"]
+    assert data["profile"] == "full" and data["target"].startswith("http://127.0.0.1:")
+    assert [c["id"] for c in data["checks"]] == [c.id for c in checks_for("full")]
+    assert {c["status"] for c in data["checks"]} == {"pass"}
+    assert all(set(c) == {"id", "statement", "status", "detail"} for c in data["checks"])
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None
+    assert suite.get("tests") == str(len(data["checks"])) and suite.get("failures") == "0"
+    assert f"conformance checks: {len(data['checks'])} pass, 0 fail" in out
+
+
+@pytest.mark.parametrize("profile", [p for p in PROFILES if p != "full"])
+def test_self_run_passes_every_narrower_profile(profile, capsys):
+    assert conformance("--self", "--profile", profile) == 0, capsys.readouterr().out
+
+
+def test_self_run_starts_against_the_sglang_flavoured_backend(capsys):
+    rc = conformance(
+        "--self", "--backend-flavor", "sglang", "--check", "accept.program_id.top_level"
+    )
+    assert rc == 0, capsys.readouterr().out
+
+
+def test_a_failing_check_exits_non_zero_and_prints_the_offending_payload(tmp_path, capsys):
+    port = free_port()
+    report = tmp_path / "report.json"
+    with serving(MiniGateway(f"http://127.0.0.1:{port}", FORWARDS_PROGRAM_ID)) as gateway:
+        rc = conformance(
+            "--target", gateway.url, "--backend-port", str(port), "--profile", "thunderagent",
+            "--check", "strip.program_id.top_level", "--report", str(report),
+        )  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "FAIL  strip.program_id.top_level" in out
+    assert '"program_id"' in out  # the forwarded body that shows the leak
+    check = json.loads(report.read_text())["checks"][0]
+    assert check["status"] == "fail" and "payload:" in check["detail"]
+
+
+def test_an_unreachable_target_is_a_setup_error_not_a_failure(capsys):
+    rc = conformance(
+        "--target", f"http://127.0.0.1:{free_port()}", "--backend-port", str(free_port()),
+        "--wait", "0.5",
+    )  # fmt: skip
+    assert rc == 2
+    assert "was not ready" in capsys.readouterr().err
+
+
+def test_target_and_backend_port_are_required_without_self(capsys):
+    assert conformance("--profile", "full") == 2
+
+
+def test_list_names_every_check_with_its_profiles(capsys):
+    assert conformance("--list") == 0
+    out = capsys.readouterr().out
+    for c in checks_for("full"):
+        assert c.id in out
+
+
+def test_every_check_belongs_to_full_and_profiles_only_hold_their_promises():
+    full = {c.id for c in checks_for("full")}
+    thunderagent = {c.id for c in checks_for("thunderagent")}
+    assert thunderagent < full
+    # ThunderAgent forwards docker_ids, forces a usage chunk and validates nothing.
+    assert not thunderagent & {"strip.docker_ids", "stream.no_unrequested_chunk"}
+    assert not {i for i in thunderagent if i.startswith("reject.")}
+    assert "reject.nvext.agent_context.unknown_key" in {c.id for c in checks_for("dynamo-body")}
+    assert "strip.dynamo_headers" in {c.id for c in checks_for("dynamo-headers")}

@@ -19,6 +19,7 @@ import httpx
 import msgspec
 from httpx_aiohttp import AiohttpTransport
 from thunder_mw.middleware.engine_client import EngineClient
+from thunder_mw.middleware.plan_cli import planned_capacity
 from thunder_mw.policies.core import BackendMetrics
 from thunder_mw.schemas.config import BackendSettings, ServerSettings
 
@@ -87,14 +88,16 @@ class Backend:
         self.consecutive_failures = 0
         self.last_error: str | None = None
         self.discovered_capacity: int | None = None
+        self.planned_capacity: int | None = None
         self.auth_header: tuple[bytes, bytes] | None = (
             (b"authorization", f"Bearer {settings.api_key}".encode()) if settings.api_key else None
         )
 
     @property
     def capacity_tokens(self) -> int | None:
-        """KV capacity in tokens: the YAML override wins over what the engine reports."""
-        return self.settings.capacity_tokens or self.discovered_capacity
+        """KV capacity in tokens: the YAML override, else what the engine reports, else the
+        capacity planned from the model and hardware."""
+        return self.settings.capacity_tokens or self.discovered_capacity or self.planned_capacity
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -105,7 +108,11 @@ class Backend:
             "capacity_tokens": self.capacity_tokens,
             "capacity_source": "config"
             if self.settings.capacity_tokens
-            else ("engine" if self.discovered_capacity else None),
+            else "engine"
+            if self.discovered_capacity
+            else "plan"
+            if self.planned_capacity
+            else None,
             "last_error": self.last_error,
         }
 
@@ -134,6 +141,10 @@ class BackendPool:
                 assert settings.url is not None
                 url = settings.url
             backend = Backend(settings, url, self.labels[i])
+            if settings.plan is not None:
+                backend.planned_capacity = await asyncio.to_thread(
+                    planned_capacity, settings.plan.model_dump()
+                )
             backend.client = self._client(url)
             backend.engine = EngineClient(
                 url,

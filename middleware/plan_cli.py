@@ -30,6 +30,7 @@ from thunder_mw.policies.capacity_plan import (
     PlanError,
     ReplicaMemory,
     Workload,
+    capacity_tokens,
     check_grouping,
     derive_head_dim,
     differs,
@@ -164,6 +165,21 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 # ---------------------------------------------------------------------- model folder
+def planned_capacity(options: dict[str, Any]) -> int:
+    """Capacity in tokens for a backend's YAML `plan:` section: the same options as the
+    `thunder-mw plan` flags (model, kv_dtype, tp, hbm_gib, weights_gib, kv_space_gib, ...)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_plan_arguments(parser)
+    argv: list[str] = []
+    for key, value in options.items():
+        if value is not None:
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+    args = parser.parse_args(argv)
+    facts = read_model(Path(args.model)) if args.model else ModelFacts(source="flags")
+    shape, memory, _, _ = _inputs(args, facts)
+    return capacity_tokens(shape, memory)
+
+
 def read_model(path: Path) -> ModelFacts:
     """KV-relevant fields of a Hugging Face config.json, and the weights' size beside it."""
     config_path = path / "config.json" if path.is_dir() else path

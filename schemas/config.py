@@ -115,6 +115,28 @@ class SimEngineSettings(_Section):
     )
 
 
+class CapacityPlanSettings(_Section):
+    """The `thunder-mw plan` inputs, for an engine that does not report its KV capacity."""
+
+    model: str | None = Field(None, description="Model folder or its config.json.")
+    layers: int | None = Field(None, gt=0, description="Layers (else from the model).")
+    kv_heads: int | None = Field(None, gt=0, description="KV heads (else from the model).")
+    head_dim: int | None = Field(None, gt=0, description="Head dimension (else from the model).")
+    kv_dtype: str = Field("auto", description="fp8, bf16, fp16, fp32 or auto (the model's).")
+    tp: int = Field(1, gt=0, description="Tensor-parallel ranks of the engine.")
+    hbm_gib: float | None = Field(None, gt=0, description="GPU memory per rank, GiB.")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Share of GPU memory the engine may use."
+    )
+    weights_gib: float | None = Field(
+        None, ge=0, description="Weights, GiB (else from the model's safetensors)."
+    )
+    kv_space_gib: float | None = Field(
+        None, gt=0, description="A fixed KV space per rank instead (vLLM's CPU build)."
+    )
+    block_size: int | None = Field(None, gt=0, description="Round down to whole KV blocks.")
+
+
 class BackendSettings(_Section):
     name: str | None = Field(None, description="Name used in logs and labels (default: url).")
     type: Literal["vllm", "sglang", "sim"] = Field("vllm", description="Engine flavour.")
@@ -123,6 +145,11 @@ class BackendSettings(_Section):
         None, gt=0, description="KV capacity override in tokens (wins over discovery)."
     )
     api_key: str | None = Field(None, description="Bearer token sent to this engine.")
+    plan: CapacityPlanSettings | None = Field(
+        None,
+        description="Planned KV capacity, used while the engine reports none (the override "
+        "wins over the engine, the engine over the plan).",
+    )
     sim: SimEngineSettings = Field(
         default_factory=SimEngineSettings, description="Embedded engine parameters (type: sim)."
     )

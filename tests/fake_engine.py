@@ -33,6 +33,7 @@ class FakeEngine:
     chunk_delay_s: float = 0.0
     disconnects: int = 0  # streams whose client went away before the end
     status: int = 200
+    report_capacity: bool = True
     received: list[Received] = field(default_factory=list)
 
     def last(self) -> Received:
@@ -57,6 +58,10 @@ class FakeEngine:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if path == "/health":
             await _json(send, 200, {})
+            return
+        if path == "/metrics" and not self.report_capacity:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"# no cache_config_info\n"})
             return
         if path == "/metrics":
             text = (

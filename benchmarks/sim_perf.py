@@ -100,12 +100,24 @@ def _drive(url: str, duration_s: float, concurrency: int) -> float:
     return asyncio.run(main())
 
 
-def main() -> int:
-    steps = engine_steps_per_second()
-    rps = http_requests_per_second()
+def _spread(values: list[float]) -> dict[str, int]:
+    ordered = sorted(values)
+    return {
+        "min": round(ordered[0]),
+        "median": round(ordered[len(ordered) // 2]),
+        "max": round(ordered[-1]),
+    }
+
+
+def main(repeats: int = 3) -> int:
+    steps = _spread([engine_steps_per_second() for _ in range(repeats)])
+    rps = _spread([http_requests_per_second() for _ in range(repeats)])
     result = {
-        "engine_steps_per_s_256_running": round(steps),
-        "http_requests_per_s_one_core": round(rps),
+        "engine_steps_per_s_256_running": steps["median"],
+        "http_requests_per_s_one_core": rps["median"],
+        "runs": repeats,
+        "engine_steps_per_s_spread": steps,
+        "http_requests_per_s_spread": rps,
         "targets": {"engine_steps_per_s": 20_000, "http_requests_per_s": 1_000},
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}",

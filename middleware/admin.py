@@ -8,15 +8,17 @@ from typing import Any
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from thunder_mw.middleware.backends import BackendPool
+from thunder_mw.middleware.docker_tools import DockerTools
 from thunder_mw.middleware.errors import send_error, send_json
 from thunder_mw.middleware.metrics import GatewayMetrics
-from thunder_mw.middleware.scheduling import Scheduler
+from thunder_mw.middleware.scheduling import Scheduler, ToolRefused
 from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.policies.program_table import Program
 from thunder_mw.schemas.context_parsing import ContextError, ContextParser
 
 ADMIN_PREFIXES = ("/programs", "/metrics", "/health")
 _MAX_ADMIN_BODY = 64 * 1024
+_SANDBOXES = "/sandboxes"
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
@@ -42,6 +44,7 @@ class AdminRoutes:
         admin_token: str | None,
         clock: Any,
         version: str,
+        tools: DockerTools | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.pool = pool
@@ -50,6 +53,7 @@ class AdminRoutes:
         self._token = f"Bearer {admin_token}".encode() if admin_token else None
         self.clock = clock
         self.version = version
+        self.tools = tools
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
@@ -85,15 +89,25 @@ class AdminRoutes:
             await send_json(send, 200, _encode({"programs": views, "count": len(views)}))
         elif path == "/programs/release" and method == "POST":
             await self._release(receive, send)
+        elif path.startswith("/programs/") and path.endswith(_SANDBOXES) and method == "POST":
+            await self._sandbox(path[len("/programs/") : -len(_SANDBOXES)], receive, send)
         elif path.startswith("/programs/") and method == "GET":
             program_id = path[len("/programs/") :]
             program = self.scheduler.program(program_id)
-            if program is None:
+            containers = self.tools.containers_of(program_id) if self.tools else []
+            if program is None and not containers:
                 await send_error(
                     send, 404, f"no live program {program_id!r}", "program_id", "program_not_found"
                 )
                 return
-            await send_json(send, 200, _encode(program_view(program, self.clock())))
+            if program is None:
+                # Handed sandboxes before its first request: its containers are all there is.
+                view: dict[str, Any] = {"program_id": program_id, "state": None}
+            else:
+                view = program_view(program, self.clock())
+            if self.tools is not None:
+                view["containers"] = containers
+            await send_json(send, 200, _encode(view))
         else:
             await send_error(send, 405 if is_admin_path(path) else 404, f"no route {method} {path}")
 
@@ -113,27 +127,63 @@ class AdminRoutes:
             "backends": backends,
             "programs": len(self.scheduler.programs()),
         }
+        if self.tools is not None:
+            body["tools"] = {"docker": self.tools.status()}
         await send_json(send, 200, _encode(body))
 
-    async def _release(self, receive: Receive, send: Send) -> None:
+    async def _json_body(self, receive: Receive, send: Send) -> dict[str, Any] | None:
+        """The request's JSON object, or None after answering why there is none."""
         raw = b""
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                return
+                return None
             raw += message.get("body", b"")
             if len(raw) > _MAX_ADMIN_BODY:
-                await send_error(send, 413, "release body too large", "body", "body_too_large")
-                return
+                await send_error(send, 413, "body too large", "body", "body_too_large")
+                return None
             if not message.get("more_body", False):
                 break
         try:
             data = _decode(raw)
         except msgspec.DecodeError:
             await send_error(send, 400, "body is not valid JSON", "body", "invalid_json")
-            return
+            return None
         if not isinstance(data, dict):
             await send_error(send, 400, "body must be a JSON object", "body", "invalid_body")
+            return None
+        return data
+
+    async def _sandbox(self, raw_id: str, receive: Receive, send: Send) -> None:
+        data = await self._json_body(receive, send)
+        if data is None:
+            return
+        try:
+            program_id = self.parser.check_id(raw_id, "program_id")
+        except ContextError as exc:
+            await send_error(send, 400, exc.message, exc.param, exc.code)
+            return
+        template = data.get("template")
+        if not isinstance(template, str):
+            await send_error(
+                send, 400, "`template` must name a sandbox template", "template", "invalid_template"
+            )
+            return
+        if self.tools is None:
+            await send_error(
+                send, 503, "the Docker tool manager is off", "template", "tools_disabled"
+            )
+            return
+        try:
+            answer = await self.tools.hand_out(program_id, template)
+        except ToolRefused as exc:
+            await send_error(send, exc.status, exc.message, exc.param, exc.code)
+            return
+        await send_json(send, 201, _encode(answer))
+
+    async def _release(self, receive: Receive, send: Send) -> None:
+        data = await self._json_body(receive, send)
+        if data is None:
             return
         try:
             program_id = self.parser.check_id(data.get("program_id"), "program_id")
@@ -141,6 +191,9 @@ class AdminRoutes:
             await send_error(send, 400, exc.message, exc.param, exc.code)
             return
         released = self.scheduler.release(program_id)
+        if not released and self.tools is not None:
+            # Not scheduled yet, but it was handed sandboxes: those go.
+            released = self.tools.release_unknown(program_id) > 0
         if released:
             self.metrics.programs_released.labels("release").inc()
         await send_json(send, 200, _encode({"program_id": program_id, "released": released}))

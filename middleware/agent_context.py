@@ -158,8 +158,8 @@ class AgentContextMiddleware:
             headers = [(n, v) for n, v in scope["headers"] if n not in strip]
         scope = dict(scope)
         scope["headers"] = headers
+        # The same per-request dict the outer layers hold, so they see what is set here.
         state = scope.setdefault("state", {})
-        state = scope["state"] = dict(state)
         state["agent_context"] = ctx
         state["thunder_body"] = body
         state["thunder_receive"] = receive  # the server's own, to notice a client leaving

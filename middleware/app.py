@@ -15,6 +15,7 @@ from thunder_mw import __version__
 from thunder_mw.middleware.admin import AdminRoutes, is_admin_path
 from thunder_mw.middleware.agent_context import AgentContextMiddleware
 from thunder_mw.middleware.backends import BackendPool
+from thunder_mw.middleware.docker_tools import DockerTools
 from thunder_mw.middleware.forwarder import Forwarder
 from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.middleware.metrics import GatewayMetrics
@@ -42,9 +43,12 @@ class _Core:
         self.metrics = GatewayMetrics()
         self.metrics.watch(self.scheduler.programs, self.pool)
         self.forwarder = Forwarder(self.pool, config.server)
+        self.tools = _docker_tools(config, self.scheduler, self.metrics, clock)
         standalone = inner is None
         self.pipeline: ASGIApp = AgentContextMiddleware(
-            SchedulingMiddleware(self.forwarder if standalone else inner, self.scheduler),
+            SchedulingMiddleware(
+                self.forwarder if standalone else inner, self.scheduler, self.tools
+            ),
             config.agent_context,
             config.server.max_body_bytes,
             encode_eagerly=not standalone,
@@ -58,6 +62,7 @@ class _Core:
             config.server.admin_token,
             clock,
             __version__,
+            self.tools,
         )
 
         self.started = False
@@ -68,6 +73,8 @@ class _Core:
             return
         await self.pool.start()
         await self.scheduler.start()
+        if self.tools is not None:
+            await self.tools.start()
         self.started = True
         log.info(
             "thunder-mw %s: %d backend(s), %d healthy",
@@ -79,6 +86,8 @@ class _Core:
     async def shutdown(self) -> None:
         if self.started:
             self.started = False
+            if self.tools is not None:
+                await self.tools.stop()
             await self.scheduler.stop()
             await self.pool.stop()
 
@@ -93,18 +102,46 @@ class _Core:
         if is_admin_path(path):
             await self.admin(scope, receive, send)
             return
+        state = scope.setdefault("state", {})
         status = 0
 
-        async def counting_send(message: Message) -> None:
+        async def watching_send(message: Message) -> None:
+            # The one wrapper of `send` on the hot path: records the status for metrics and
+            # lets the scheduler account a call before its last byte goes out.
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif not message.get("more_body", False):
+                last_body = state.get("thunder_on_last_body")
+                if last_body is not None:
+                    last_body(status)
             await send(message)
 
         try:
-            await self.pipeline(scope, receive, counting_send)
+            await self.pipeline(scope, receive, watching_send)
         finally:
             self.metrics.count_request(path, status)
+
+
+def _docker_tools(
+    config: ThunderConfig,
+    scheduler: LiveScheduler,
+    metrics: GatewayMetrics,
+    clock: Callable[[], float],
+) -> DockerTools | None:
+    settings = config.tools.docker
+    if settings.enabled is False:
+        return None
+    tools = DockerTools(
+        settings,
+        lambda program_id: scheduler.program(program_id) is not None,
+        clock,
+        on_reclaimed=lambda reason: metrics.containers_reclaimed.labels(reason).inc(),
+        on_failure=metrics.reclaim_failures.inc,
+    )
+    scheduler.listeners.append(tools.on_action)
+    metrics.watch_tools(tools)
+    return tools
 
 
 class ThunderGateway:

@@ -147,6 +147,8 @@ def serve(args: argparse.Namespace) -> int:
             http="httptools",
             lifespan="on",
             access_log=False,
+            proxy_headers=False,
+            server_header=False,
             timeout_graceful_shutdown=30,
         )
     )

@@ -45,15 +45,10 @@ class UpstreamResponse:
                 f"engine failed mid-response: {exc!r}", timeout=_is_timeout(exc)
             ) from exc
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive, no re-chunking."""
-        try:
-            async for chunk in self._response.content.iter_any():
-                yield chunk
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamError(
-                f"engine failed mid-stream: {exc!r}", timeout=_is_timeout(exc)
-            ) from exc
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive, no re-chunking. Iterated on the hot path without a
+        wrapping generator: callers catch STREAM_ERRORS and map them with as_upstream_error."""
+        return self._response.content.iter_any()
 
     def close(self) -> None:
         # Closing (not releasing) an unfinished response drops its connection, which is how
@@ -118,6 +113,13 @@ class EngineClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+STREAM_ERRORS = (TimeoutError, aiohttp.ClientError)
+
+
+def as_upstream_error(exc: BaseException, what: str) -> UpstreamError:
+    return UpstreamError(f"{what}: {exc!r}", timeout=_is_timeout(exc))
 
 
 def _is_timeout(exc: BaseException) -> bool:

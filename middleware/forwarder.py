@@ -16,7 +16,12 @@ from typing import Any
 import msgspec
 from thunder_mw.middleware.agent_context import CONTEXT_PATHS
 from thunder_mw.middleware.backends import Backend, BackendPool
-from thunder_mw.middleware.engine_client import UpstreamError, UpstreamResponse
+from thunder_mw.middleware.engine_client import (
+    STREAM_ERRORS,
+    UpstreamError,
+    UpstreamResponse,
+    as_upstream_error,
+)
 from thunder_mw.middleware.errors import send_error, send_json
 from thunder_mw.middleware.request_body import RequestBody
 from thunder_mw.middleware.types import Receive, Scope, Send
@@ -40,7 +45,7 @@ HOP_BY_HOP = frozenset(
 )
 _DROP_REQUEST = HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding"}
 _DROP_RESPONSE = HOP_BY_HOP | {b"content-length"}
-_MAX_CAPTURED_BODY = 64 * 1024 * 1024
+_WATCH_AFTER_S = 0.05
 
 
 class _Details(msgspec.Struct):
@@ -149,6 +154,7 @@ class Forwarder:
 
         task = asyncio.current_task()
         disconnected = False
+        watcher: asyncio.Task[None] | None = None
 
         async def watch_disconnect() -> None:
             nonlocal disconnected
@@ -160,7 +166,13 @@ class Forwarder:
                         task.cancel()
                     return
 
-        watcher = asyncio.create_task(watch_disconnect())
+        def arm() -> None:
+            nonlocal watcher
+            watcher = asyncio.ensure_future(watch_disconnect())
+
+        # Most calls that finish fast never need a watcher task; slow ones get one soon enough
+        # to cancel the engine's work when their client leaves.
+        arming = asyncio.get_running_loop().call_later(_WATCH_AFTER_S, arm)
         try:
             await self._send_upstream(scope, send, state, backend, payload, stream, hide_usage)
         except asyncio.CancelledError:
@@ -169,7 +181,9 @@ class Forwarder:
             task.uncancel()
             state["thunder_outcome"] = "client_disconnected"
         finally:
-            watcher.cancel()
+            arming.cancel()
+            if watcher is not None:
+                watcher.cancel()
 
     def _backend_for(self, state: dict[str, Any]) -> Backend | None:
         label = state.get("thunder_backend")
@@ -293,7 +307,8 @@ class Forwarder:
                     ready = self._take_usage(ready, state, hide_usage)
                 if ready:
                     await send({"type": "http.response.body", "body": ready, "more_body": True})
-        except UpstreamError as exc:
+        except STREAM_ERRORS as raw:
+            exc = as_upstream_error(raw, "engine failed mid-stream")
             state["thunder_outcome"] = "upstream_failed"
             error = _encode(
                 {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -50,6 +51,37 @@ class _LiveState(Collector):
         yield capacity
 
 
+class _ToolState(Protocol):
+    enabled: bool
+    disk_bytes: int
+
+    def counts(self) -> dict[str, int]: ...
+
+
+class _ToolGauges(Collector):
+    """The tool manager's containers and their disk use, read at scrape time."""
+
+    def __init__(self, tools: _ToolState) -> None:
+        self._tools = tools
+
+    def collect(self) -> Iterable[Metric]:
+        if not self._tools.enabled:
+            return
+        owned = GaugeMetricFamily(
+            "thunder_mw_tool_containers",
+            "Containers the gateway is responsible for, by state (owned, reclaiming, pool)",
+            labels=["state"],
+        )
+        for state, n in sorted(self._tools.counts().items()):
+            owned.add_metric([state], n)
+        yield owned
+        yield GaugeMetricFamily(
+            "thunder_mw_tool_disk_bytes",
+            "Writable-layer bytes of managed containers, from the engine's size accounting",
+            value=self._tools.disk_bytes,
+        )
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -70,6 +102,21 @@ class GatewayMetrics:
             ["reason"],
             registry=self.registry,
         )
+
+        self.containers_reclaimed = Counter(
+            "thunder_mw_tool_containers_reclaimed",
+            "Containers reclaimed (stopped/removed) after their program ended, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.reclaim_failures = Counter(
+            "thunder_mw_tool_reclaim_failures",
+            "Reclaim attempts that failed (each is retried with backoff)",
+            registry=self.registry,
+        )
+
+    def watch_tools(self, tools: _ToolState) -> None:
+        self.registry.register(_ToolGauges(tools))
 
     def watch(self, programs: Callable[[], Iterable[Program]], pool: BackendPool) -> None:
         self.registry.register(_LiveState(programs, pool))

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from thunder_mw.middleware.backends import Backend
 from thunder_mw.middleware.errors import send_error
-from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
+from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 from thunder_mw.policies.program_table import Program, Usage
 from thunder_mw.schemas.agent_context import AgentContext
 
@@ -20,6 +20,23 @@ class Rejected(Exception):
     def __init__(self, status: int, message: str, code: str) -> None:
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
+
+
+class ToolRefused(Exception):
+    """A request names containers its program may not own: answered with this error."""
+
+    def __init__(self, status: int, message: str, param: str, code: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+class ToolGate(Protocol):
+    """Vets (and records) the containers a request attaches to its program, before it is
+    scheduled. Must return without I/O when they are already the program's."""
+
+    async def adopt(self, ctx: AgentContext) -> None:
+        """Raises ToolRefused."""
+        ...
 
 
 class ClientGone(Exception):
@@ -47,9 +64,10 @@ class Scheduler(Protocol):
 
 
 class SchedulingMiddleware:
-    def __init__(self, app: ASGIApp, scheduler: Scheduler) -> None:
+    def __init__(self, app: ASGIApp, scheduler: Scheduler, tools: ToolGate | None = None) -> None:
         self.app = app
         self.scheduler = scheduler
+        self.tools = tools
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = scope.get("state")
@@ -58,6 +76,12 @@ class SchedulingMiddleware:
             await self.app(scope, receive, send)
             return
         assert state is not None
+        if self.tools is not None and ctx.docker_ids:
+            try:
+                await self.tools.adopt(ctx)
+            except ToolRefused as exc:
+                await send_error(send, exc.status, exc.message, exc.param, exc.code)
+                return
         try:
             backend = await self.scheduler.admit(ctx, state)
         except Rejected as exc:
@@ -67,7 +91,6 @@ class SchedulingMiddleware:
             return
         state["thunder_backend"] = backend
         state["thunder_reroute"] = lambda failed: self.scheduler.reroute(ctx, failed)
-        status = 0
         finished = False
 
         def finish(outcome: str) -> None:
@@ -78,18 +101,14 @@ class SchedulingMiddleware:
                     ctx, state.get("thunder_backend", backend), state.get("thunder_usage"), outcome
                 )
 
-        async def send_watching(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            elif not message.get("more_body", False):
-                # Account the call BEFORE its last byte goes out: the agent's next request
-                # may arrive the moment it has the answer, and must find the program ACTING.
-                finish(state.get("thunder_outcome") or ("ok" if 0 < status < 400 else "failed"))
-            await send(message)
+        def on_last_body(status: int) -> None:
+            # Account the call BEFORE its last byte goes out: the agent's next request may
+            # arrive the moment it has the answer, and must find the program ACTING.
+            finish(state.get("thunder_outcome") or ("ok" if 0 < status < 400 else "failed"))
 
+        state["thunder_on_last_body"] = on_last_body
         try:
-            await self.app(scope, receive, send_watching)
+            await self.app(scope, receive, send)
         finally:
             finish(state.get("thunder_outcome") or "failed")
 

@@ -38,7 +38,11 @@ class _Core:
         self.config = config
         self.pool = BackendPool(config.backends, config.server)
         self.scheduler = LiveScheduler(
-            self.pool, config.policies, clock, config.server.tick_interval_s
+            self.pool,
+            config.policies,
+            clock,
+            config.server.tick_interval_s,
+            config.server.max_held_requests,
         )
         self.metrics = GatewayMetrics()
         self.metrics.watch(self.scheduler.programs, self.pool)

@@ -37,6 +37,7 @@ from thunder_mw.policies.program_table import Program, Usage
 from thunder_mw.schemas.agent_context import AgentContext
 
 log = logging.getLogger("thunder_mw.scheduler")
+RETRY_AFTER_S = b"5"
 
 
 def request_info(body: RequestBody | None) -> RequestInfo:
@@ -58,10 +59,13 @@ class LiveScheduler:
         policies: list[dict[str, Any]] | None,
         clock: Callable[[], float] = time.monotonic,
         tick_interval_s: float = 1.0,
+        max_held_requests: int = 10_000,
     ) -> None:
         self.pool = pool
         self.clock = clock
         self.tick_interval_s = tick_interval_s
+        self.max_held_requests = max_held_requests
+        self.held = 0
         self.core = SchedulerCore(
             pool.configured(),
             build_pipeline(policies),
@@ -117,6 +121,16 @@ class LiveScheduler:
         if isinstance(decision, Reject):
             raise Rejected(decision.status, decision.message, decision.code)
         assert isinstance(decision, Hold)
+        if self.held >= self.max_held_requests:
+            # Bounded memory: refuse rather than queue without limit; the program keeps
+            # whatever it already had.
+            self._apply(self.core.on_abandoned(ctx.program_id, self.clock()))
+            raise Rejected(
+                429,
+                f"{self.held} requests are already waiting for capacity; retry later",
+                "queue_full",
+                [(b"retry-after", RETRY_AFTER_S)],
+            )
         held_at = self.clock()
         try:
             return await self._hold(ctx.program_id, state.get("thunder_receive"))
@@ -127,6 +141,7 @@ class LiveScheduler:
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(program_id, []).append(fut)
         gone = asyncio.ensure_future(_until_disconnect(receive)) if receive else None
+        self.held += 1
         try:
             if gone is None:
                 return await fut
@@ -138,6 +153,7 @@ class LiveScheduler:
             self._apply(self.core.on_abandoned(program_id, self.clock()))
             raise ClientGone()
         finally:
+            self.held -= 1
             if gone is not None:
                 gone.cancel()
 

@@ -17,9 +17,16 @@ from thunder_mw.schemas.agent_context import AgentContext
 
 
 class Rejected(Exception):
-    def __init__(self, status: int, message: str, code: str) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
+        self.headers = headers
 
 
 class ToolRefused(Exception):
@@ -85,7 +92,7 @@ class SchedulingMiddleware:
         try:
             backend = await self.scheduler.admit(ctx, state)
         except Rejected as exc:
-            await send_error(send, exc.status, exc.message, "program_id", exc.code)
+            await send_error(send, exc.status, exc.message, "program_id", exc.code, exc.headers)
             return
         except ClientGone:
             return

@@ -61,6 +61,12 @@ class ServerSettings(_Section):
     tick_interval_s: float = Field(
         1.0, gt=0, description="How often the scheduler runs its timers (expiry, timeouts)."
     )
+    max_held_requests: int = Field(
+        10_000,
+        gt=0,
+        description="Requests held at once (their program paused or not yet admitted); past "
+        "it a new one gets 429 with Retry-After instead of unbounded memory.",
+    )
     forward_authorization: bool = Field(
         False,
         description="Forward the client's Authorization header to engines (a backend's "
@@ -174,6 +180,165 @@ class BackendSettings(_Section):
         return self.name or self.url or "sim"
 
 
+class SandboxTemplate(_Section):
+    """A sandbox container the gateway prepares ahead and hands to programs on request."""
+
+    name: str = Field(
+        ...,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="Template name clients ask for.",
+    )
+    image: str = Field(..., description="Image to run (must exist locally; nothing is pulled).")
+    command: list[str] | str | None = Field(
+        None, description="Command the container runs (default: the image's)."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra labels; the selector's label is always added, so the gateway may "
+        "manage what it starts.",
+    )
+    environment: dict[str, str] = Field(default_factory=dict, description="Environment variables.")
+    mem_limit: str | None = Field(None, description="Memory limit, Docker syntax (`256m`).")
+    cpus: float | None = Field(None, gt=0, description="CPU limit in cores.")
+    pids_limit: int | None = Field(None, gt=0, description="Most processes in the container.")
+    network: str = Field(
+        "none", description="Docker network to attach (`none`: no network, the safe default)."
+    )
+    pool_size: int = Field(
+        0, ge=0, le=256, description="Started containers kept ready to hand out (0: cold start)."
+    )
+
+
+class DockerToolSettings(_Section):
+    """The Docker tool manager: adopts programs' containers and reclaims them when they end."""
+
+    enabled: bool | Literal["auto"] = Field(
+        False,
+        description="`auto`: manage containers when a Docker engine answers at start-up, else "
+        "say in the log and /health that the manager is off; `true`: always (an engine that is "
+        "down is retried); `false`: never.",
+    )
+    engine_url: str | None = Field(
+        None,
+        description="Docker engine address (`unix:///var/run/docker.sock`, `tcp://...`; "
+        "default: DOCKER_HOST or the local socket).",
+    )
+    selector_label: str | None = Field(
+        "thunder-mw.managed=true",
+        description="`key=value` label a container must carry to be adopted (null: no label "
+        "needed, then `selector_name_prefix` must be set).",
+    )
+    selector_name_prefix: str | None = Field(
+        None, description="When set, an adopted container's name must also start with this."
+    )
+    reclaim: list[str] | None = Field(
+        None,
+        description="What ending a program does to its containers, in order: stop, remove, "
+        "remove_image, or a `module:function` hook (called in a worker thread with the "
+        "container, program id and reason). Null: the `gc_hooks` stage's `reclaim` list.",
+    )
+    remove_images: bool = Field(
+        False, description="Also remove a reclaimed container's image once no container uses it."
+    )
+    stop_timeout_s: float = Field(
+        5.0, ge=0, description="Seconds a container has to stop before it is killed."
+    )
+    grace_period_s: float = Field(
+        60.0,
+        ge=0,
+        description="Containers whose program is not live (after a restart, or handed out "
+        "before the program's first request) are reclaimed after this long.",
+    )
+    journal_path: str = Field(
+        ".thunder-mw/tool-journal.sqlite3",
+        description="SQLite (WAL) journal of ownership and pending reclaims; survives restarts.",
+    )
+    max_concurrent_calls: int = Field(
+        8, gt=0, le=64, description="Docker API calls running at once (worker threads)."
+    )
+    call_timeout_s: float = Field(30.0, gt=0, description="Timeout of one Docker API call.")
+    retry_max_interval_s: float = Field(
+        30.0, gt=0, description="Longest wait between retries of a failing reclaim."
+    )
+    sweep_interval_s: float = Field(
+        2.0, gt=0, description="How often orphans, retries and disk use are checked."
+    )
+    templates: list[SandboxTemplate] = Field(
+        default_factory=list, description="Sandbox templates for `POST /programs/{id}/sandboxes`."
+    )
+
+    @field_validator("selector_label")
+    @classmethod
+    def _key_value(cls, v: str | None) -> str | None:
+        if v is not None and (v.count("=") != 1 or v.startswith("=")):
+            raise ValueError("must be `key=value`")
+        return v
+
+    @model_validator(mode="after")
+    def _some_selector(self) -> DockerToolSettings:
+        if self.selector_label is None and not self.selector_name_prefix:
+            raise ValueError("a selector is required: selector_label or selector_name_prefix")
+        names = [t.name for t in self.templates]
+        if len(set(names)) != len(names):
+            raise ValueError("template names must be unique")
+        for hook in self.reclaim or ():
+            if hook not in ("stop", "remove", "remove_image") and ":" not in hook:
+                raise ValueError(
+                    f"unknown reclaim hook {hook!r} (stop, remove, remove_image, "
+                    "or module:function)"
+                )
+        return self
+
+
+class ToolSettings(_Section):
+    docker: DockerToolSettings = Field(
+        default_factory=DockerToolSettings, description="Docker containers programs own."
+    )
+
+
+class ProfileSettings(_Section):
+    """Per-program, per-step timing and token profiles (`GET /profiles`)."""
+
+    enabled: bool = Field(True, description="Record a profile of every program's steps.")
+    ring_size: int = Field(
+        256, gt=0, le=100_000, description="Steps kept per program (older ones drop off)."
+    )
+    retention_s: float = Field(
+        600.0, ge=0, description="How long a released program's profile stays readable."
+    )
+    max_programs: int = Field(
+        10_000,
+        gt=0,
+        description="Most profiles held; past it the longest-released (then the least recently "
+        "active) program's profile is dropped.",
+    )
+    export_path: str | None = Field(
+        None,
+        description="Append each released program's profile to this JSONL file, in the "
+        "benchmarks' replay trace format (written by a background thread).",
+    )
+
+
+class ObservabilitySettings(_Section):
+    profiles: ProfileSettings = Field(
+        default_factory=ProfileSettings, description="Per-program step profiles."
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="`json`: one JSON object per log line, decision logs carrying "
+        "`program_id`, `backend`, `reason` as fields.",
+    )
+    decision_log: bool = Field(
+        True, description="Log every pause, resume, migration, release and reclaim (INFO)."
+    )
+    access_log: bool = Field(
+        False, description="uvicorn's per-request access log (off: it costs on the hot path)."
+    )
+    dashboard_history_s: int = Field(
+        600, gt=0, le=86_400, description="Seconds of programs-by-state history the dashboard keeps."
+    )
+
+
 class ThunderConfig(BaseSettings):
     """The whole configuration: YAML file first, `THUNDER_MW_*` environment variables override."""
 
@@ -195,6 +360,13 @@ class ThunderConfig(BaseSettings):
         description="The scheduler pipeline, in order: one `{stage: params}` per entry "
         "(omitted: admission, state_aware_pause, migration, gc_hooks with their defaults; "
         "`[]`: sticky placement, no admission control).",
+    )
+    tools: ToolSettings = Field(
+        default_factory=ToolSettings, description="Tools programs own (sandbox containers)."
+    )
+    observability: ObservabilitySettings = Field(
+        default_factory=ObservabilitySettings,
+        description="Profiles, logs and the dashboard.",
     )
 
     @classmethod

@@ -136,3 +136,29 @@ def test_programs_view_shows_scheduling_state(tight):
     ):
         assert field in view
     assert view["state"] == "active" and view["phase"] == "acting" and view["backend"] == "e"
+
+
+def test_past_the_held_request_limit_new_requests_get_429_with_retry_after():
+    engine = FakeEngine(chunks=30, chunk_delay_s=0.1)
+    with serving(engine) as es:
+        config = ThunderConfig(
+            server={"max_held_requests": 1},
+            backends=[{"name": "e", "url": es.url, "capacity_tokens": 1000}],
+            policies=[{"admission": {"buffer_tokens_per_program": 0}}, {"migration": {}}],
+        )
+        with serving(create_app(config)) as gw:
+            hog = _hog(gw)
+            first = threading.Thread(
+                target=lambda: httpx.post(
+                    f"{gw.url}/v1/chat/completions", json={**BIG, "program_id": "w1"}, timeout=30
+                )
+            )
+            first.start()
+            _wait_for(gw, "w1", waiting=1)
+            r = httpx.post(f"{gw.url}/v1/chat/completions", json={**BIG, "program_id": "w2"})
+            gone = httpx.get(f"{gw.url}/programs/w2").status_code
+            first.join()
+            hog.join()
+    assert r.status_code == 429 and r.headers["retry-after"] == "5"
+    assert r.json()["error"]["code"] == "queue_full"
+    assert gone == 404  # the refused program left nothing behind

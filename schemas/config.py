@@ -309,8 +309,8 @@ class ProfileSettings(_Section):
     max_programs: int = Field(
         10_000,
         gt=0,
-        description="Most profiles held; past it the longest-released (then the least recently "
-        "active) program's profile is dropped.",
+        description="Most profiles held; past it the longest-released (then the oldest live) "
+        "program's profile is dropped.",
     )
     export_path: str | None = Field(
         None,
@@ -335,7 +335,10 @@ class ObservabilitySettings(_Section):
         False, description="uvicorn's per-request access log (off: it costs on the hot path)."
     )
     dashboard_history_s: int = Field(
-        600, gt=0, le=86_400, description="Seconds of programs-by-state history the dashboard keeps."
+        600,
+        gt=0,
+        le=86_400,
+        description="Seconds of programs-by-state history the dashboard keeps.",
     )
 
 

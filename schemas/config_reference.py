@@ -12,6 +12,8 @@ from thunder_mw.schemas.config import ThunderConfig
 
 
 def _default(field: FieldInfo) -> str:
+    if field.is_required():
+        return "(required)"
     if field.default_factory is not None:
         value: Any = field.default_factory()  # type: ignore[call-arg]
     else:

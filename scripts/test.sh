@@ -24,6 +24,15 @@ if ! bash scripts/setup_real_engines.sh; then
   fi
   echo "test.sh: real engine setup failed; its tests will be skipped" >&2
 fi
+# The real Docker engine (installed and started as root where it is missing) for the tool
+# manager's tests; same rule: a failure is fatal only under THUNDER_MW_REQUIRE_REAL=1.
+if ! bash scripts/setup_docker.sh; then
+  if [ "${THUNDER_MW_REQUIRE_REAL:-0}" = "1" ]; then
+    echo "test.sh: Docker engine setup failed and THUNDER_MW_REQUIRE_REAL=1" >&2
+    exit 1
+  fi
+  echo "test.sh: Docker engine setup failed; the Docker tool tests will be skipped" >&2
+fi
 
 python3 -m ruff check .
 python3 -m ruff format --check .

@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from docker_fixtures import docker_client, sandbox  # noqa: F401  (fixtures for test_tools_*)
 from real_vllm import RealVllm, missing_prerequisites, start_vllm
 
 # Set by .ci/run: there a missing real engine is a failure, never a silent skip.

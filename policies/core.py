@@ -385,6 +385,9 @@ class SchedulerCore:
     def programs(self) -> list[Program]:
         return list(self.table)
 
+    def footprint_for_resume(self, program: Program) -> int:
+        return self._footprint(program, for_resume=True)
+
     def queue_length(self) -> int:
         return self.queued
 
@@ -595,7 +598,12 @@ class SchedulerCore:
             program = top[1]
             target = self._place(program, now)
             if target is None:
-                return
+                # A stage may free room for the head (e.g. from programs idle in long tools).
+                if not any(stage.on_queue_blocked(self, program, now) for stage in self.stages):
+                    return
+                target = self._place(program, now)
+                if target is None:
+                    return
             self.resume(program, target, now)
 
     def _changed(self, backend: str, now: float) -> None:

@@ -68,6 +68,10 @@ class Stage:
 
     def on_tick(self, core: SchedulerCore, now: float) -> None: ...
 
+    def on_queue_blocked(self, core: SchedulerCore, program: Program, now: float) -> bool:
+        """The queue's head fits nowhere; return True after freeing room for it."""
+        return False
+
     def on_release(
         self, core: SchedulerCore, program: Program, reason: str, now: float
     ) -> None: ...
@@ -133,6 +137,12 @@ class PauseParams(StageParams):
     check: Literal["event", "tick"] = Field(
         "event", description="Check for overflow on every event, or only on ticks."
     )
+    yield_idle_after_s: float | None = Field(
+        None,
+        gt=0,
+        description="When the queue's head fits nowhere, pause ACTING programs expected to "
+        "stay in their tool at least this long more, to make room (null: never).",
+    )
     reduce_projection: bool = Field(
         True,
         description="Count a REASONING program marked to pause as already freed (false "
@@ -174,6 +184,44 @@ class StateAwarePause(Stage):
     def on_backend_change(self, core: SchedulerCore, backend: BackendState, now: float) -> None:
         if self.params.check == "event":
             self.relieve(core, backend, now)
+
+    def on_queue_blocked(self, core: SchedulerCore, program: Program, now: float) -> bool:
+        """Work conservation: a program idle in a long tool call holds KV that a waiting
+        program could use now; pause such programs on the backend where that frees enough
+        (the previous backend first), and only if it frees enough for the head."""
+        threshold = self.params.yield_idle_after_s
+        if threshold is None or self.params.victim != "cost_benefit":
+            return False
+        assert self._high is not None
+        need = core.footprint_for_resume(program)
+        backends = sorted(
+            core.healthy_backends(),
+            key=lambda b: (b.label != program.backend, -core.room(b, self._high or 1.0)),
+        )
+        for backend in backends:
+            limit = backend.limit(self._high)
+            if limit is None:
+                continue
+            shortfall = backend.reserved + need - limit
+            victims: list[Program] = []
+            while shortfall > 0:
+                top = backend.acting.pop()
+                if top is None:
+                    break
+                victim = top[1]
+                elapsed = now - victim.acting_since
+                remaining = core.tool_time.remaining(core.expected_tool_time(victim), elapsed)
+                victims.append(victim)
+                if remaining < threshold:
+                    break
+                shortfall -= victim.reserved_tokens
+            if shortfall <= 0 and victims:
+                for victim in victims:
+                    core.pause(victim, now, "yield_to_queue")
+                return True
+            for victim in victims:  # not enough here: leave them as they were
+                backend.acting.push(self.victim_key(core, victim, True), victim, victim.version)
+        return False
 
     def on_tick(self, core: SchedulerCore, now: float) -> None:
         if self.params.check == "tick":

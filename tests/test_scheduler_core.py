@@ -355,3 +355,30 @@ def test_unknown_stage_params_are_errors_naming_the_location():
 def test_third_party_stage_by_import_path():
     stages = build_pipeline([{"thunder_mw.policies.stages:Sticky": {}}])
     assert stages[0].name == "sticky"
+
+
+def test_a_program_idle_in_a_long_tool_yields_its_room_to_a_waiting_one():
+    core = make(pause={"yield_idle_after_s": 5})
+    run_step(core, "idle", 600, 0)
+    run_step(core, "idle", 600, 31)  # its tool calls take ~30 s
+    decision, actions = core.on_request(ctx("new"), info(500), 33)
+    assert decision == Forward("new", "b0")
+    paused = of(actions, Paused)
+    assert [(p.program_id, p.reason) for p in paused] == [("idle", "yield_to_queue")]
+
+
+def test_a_program_about_to_return_from_its_tool_keeps_its_room():
+    core = make(pause={"yield_idle_after_s": 5})
+    run_step(core, "quick", 600, 0)
+    run_step(core, "quick", 600, 2)  # its tool calls take ~1 s
+    decision, _ = core.on_request(ctx("new"), info(500), 3.5)
+    assert isinstance(decision, Hold)
+    assert core.table.get("quick").state is ProgramState.ACTIVE
+
+
+def test_programs_do_not_yield_unless_configured():
+    core = make()
+    run_step(core, "idle", 600, 0)
+    run_step(core, "idle", 600, 31)
+    decision, _ = core.on_request(ctx("new"), info(500), 33)
+    assert isinstance(decision, Hold)

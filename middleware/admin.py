@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -11,10 +12,14 @@ from thunder_mw.middleware.backends import BackendPool
 from thunder_mw.middleware.docker_tools import DockerTools
 from thunder_mw.middleware.errors import send_error, send_json
 from thunder_mw.middleware.metrics import GatewayMetrics
+from thunder_mw.middleware.observability import is_observability_path
 from thunder_mw.middleware.scheduling import Scheduler, ToolRefused
 from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.policies.program_table import Program
 from thunder_mw.schemas.context_parsing import ContextError, ContextParser
+
+if TYPE_CHECKING:
+    from thunder_mw.middleware.observability import Observability
 
 ADMIN_PREFIXES = ("/programs", "/metrics", "/health")
 _MAX_ADMIN_BODY = 64 * 1024
@@ -24,7 +29,11 @@ _decode = msgspec.json.Decoder().decode
 
 
 def is_admin_path(path: str) -> bool:
-    return path in ("/health", "/metrics", "/programs") or path.startswith("/programs/")
+    return (
+        path in ("/health", "/metrics", "/programs")
+        or path.startswith("/programs/")
+        or is_observability_path(path)
+    )
 
 
 def program_view(program: Program, now: float) -> dict[str, Any]:
@@ -45,6 +54,7 @@ class AdminRoutes:
         clock: Any,
         version: str,
         tools: DockerTools | None = None,
+        observability: Observability | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.pool = pool
@@ -54,6 +64,7 @@ class AdminRoutes:
         self.clock = clock
         self.version = version
         self.tools = tools
+        self.observability = observability
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
@@ -69,6 +80,9 @@ class AdminRoutes:
                 "unauthorized",
                 [(b"www-authenticate", b"Bearer")],
             )
+            return
+        if self.observability is not None and is_observability_path(path):
+            await self.observability.route(scope, receive, send)
             return
         if path == "/metrics" and method == "GET":
             body = generate_latest(self.metrics.registry)
@@ -116,6 +130,12 @@ class AdminRoutes:
             if name == b"authorization":
                 assert self._token is not None
                 return hmac.compare_digest(value, self._token)
+        if scope["path"] in ("/dashboard", "/dashboard/") and self._token is not None:
+            # A browser's address bar cannot send a header: the page alone takes ?token=,
+            # removes it from the address bar and sends it as a header on every poll.
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            for token in query.get("token", ())[:1]:
+                return hmac.compare_digest(f"Bearer {token}".encode(), self._token)
         return False
 
     async def _health(self, send: Send) -> None:
@@ -194,6 +214,7 @@ class AdminRoutes:
         if not released and self.tools is not None:
             # Not scheduled yet, but it was handed sandboxes: those go.
             released = self.tools.release_unknown(program_id) > 0
-        if released:
-            self.metrics.programs_released.labels("release").inc()
+            if released:
+                # (A scheduled program's release is counted from its Released decision.)
+                self.metrics.programs_released.labels("release").inc()
         await send_json(send, 200, _encode({"program_id": program_id, "released": released}))

@@ -19,6 +19,7 @@ from thunder_mw.middleware.docker_tools import DockerTools
 from thunder_mw.middleware.forwarder import Forwarder
 from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.middleware.metrics import GatewayMetrics
+from thunder_mw.middleware.observability import Observability
 from thunder_mw.middleware.scheduling import SchedulingMiddleware
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
 from thunder_mw.schemas.config import ThunderConfig
@@ -48,10 +49,15 @@ class _Core:
         self.metrics.watch(self.scheduler.programs, self.pool)
         self.forwarder = Forwarder(self.pool, config.server)
         self.tools = _docker_tools(config, self.scheduler, self.metrics, clock)
+        self.observability = Observability(
+            config.observability, self.scheduler, self.pool, self.metrics, clock
+        )
         standalone = inner is None
         self.pipeline: ASGIApp = AgentContextMiddleware(
             SchedulingMiddleware(
-                self.forwarder if standalone else inner, self.scheduler, self.tools
+                self.observability.handing_to_engine(self.forwarder if standalone else inner),
+                self.scheduler,
+                self.tools,
             ),
             config.agent_context,
             config.server.max_body_bytes,
@@ -67,6 +73,7 @@ class _Core:
             clock,
             __version__,
             self.tools,
+            observability=self.observability,
         )
 
         self.started = False
@@ -77,6 +84,7 @@ class _Core:
             return
         await self.pool.start()
         await self.scheduler.start()
+        await self.observability.start()
         if self.tools is not None:
             await self.tools.start()
         self.started = True
@@ -92,6 +100,7 @@ class _Core:
             self.started = False
             if self.tools is not None:
                 await self.tools.stop()
+            await self.observability.stop()
             await self.scheduler.stop()
             await self.pool.stop()
 
@@ -107,6 +116,7 @@ class _Core:
             await self.admin(scope, receive, send)
             return
         state = scope.setdefault("state", {})
+        state["thunder_arrived_at"] = time.perf_counter()
         status = 0
 
         async def watching_send(message: Message) -> None:
@@ -114,11 +124,14 @@ class _Core:
             # lets the scheduler account a call before its last byte goes out.
             nonlocal status
             if message["type"] == "http.response.start":
-                status = message["status"]
-            elif not message.get("more_body", False):
-                last_body = state.get("thunder_on_last_body")
-                if last_body is not None:
-                    last_body(status)
+                status = state["thunder_status"] = message["status"]
+            else:
+                if "thunder_first_body_at" not in state and message.get("body"):
+                    state["thunder_first_body_at"] = time.perf_counter()  # time to first token
+                if not message.get("more_body", False):
+                    last_body = state.get("thunder_on_last_body")
+                    if last_body is not None:
+                        last_body(status)
             await send(message)
 
         try:

@@ -130,12 +130,10 @@ def serve(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return 2
+    from thunder_mw.middleware.log_format import configure_logging
+
     level = config.server.log_level
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # httpx logs every proxied request at INFO: far too much for the hot path.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging(level, config.observability.log_format)
     app = create_app(config)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -146,7 +144,9 @@ def serve(args: argparse.Namespace) -> int:
             loop="uvloop",
             http="httptools",
             lifespan="on",
-            access_log=False,
+            access_log=config.observability.access_log,
+            # JSON logs: uvicorn's own loggers go through the same root handler.
+            **({"log_config": None} if config.observability.log_format == "json" else {}),
             proxy_headers=False,
             server_header=False,
             timeout_graceful_shutdown=30,

@@ -24,10 +24,7 @@ from thunder_mw.policies.core import (
     BackendMetrics,
     Forward,
     Hold,
-    Paused,
-    ReclaimTools,
     Reject,
-    Released,
     RequestInfo,
     Resumed,
     SchedulerCore,
@@ -189,34 +186,11 @@ class LiveScheduler:
                 for fut in self._waiters.pop(action.program_id, ()):
                     if not fut.done():
                         fut.set_result(action.backend)
-                log.info(
-                    "%s program=%s backend=%s%s",
-                    "admit" if action.admitted else ("force-resume" if action.forced else "resume"),
-                    action.program_id,
-                    action.backend,
-                    f" migrated_from={action.previous_backend}" if action.migrated else "",
-                )
             elif isinstance(action, Reject):
                 for fut in self._waiters.pop(action.program_id, ()):
                     if not fut.done():
                         fut.set_exception(Rejected(action.status, action.message, action.code))
-            elif isinstance(action, Paused):
-                log.info(
-                    "pause program=%s backend=%s reason=%s%s",
-                    action.program_id,
-                    action.backend,
-                    action.reason,
-                    " (after its call)" if action.pending else "",
-                )
-            elif isinstance(action, Released):
-                log.info("release program=%s reason=%s", action.program_id, action.reason)
-            elif isinstance(action, ReclaimTools):
-                log.info(
-                    "reclaim program=%s containers=%s hooks=%s",
-                    action.program_id,
-                    ",".join(action.container_ids),
-                    ",".join(action.hooks),
-                )
+            # Decisions are counted and logged by a listener (middleware/decisions.py).
             for listener in self.listeners:
                 listener(action)
 

@@ -34,6 +34,15 @@ if ! bash scripts/setup_docker.sh; then
   echo "test.sh: Docker engine setup failed; the Docker tool tests will be skipped" >&2
 fi
 
+# Headless Chromium for the dashboard's browser test; same rule.
+if ! bash scripts/setup_chromium.sh; then
+  if [ "${THUNDER_MW_REQUIRE_REAL:-0}" = "1" ]; then
+    echo "test.sh: Chromium setup failed and THUNDER_MW_REQUIRE_REAL=1" >&2
+    exit 1
+  fi
+  echo "test.sh: Chromium setup failed; the dashboard browser test will be skipped" >&2
+fi
+
 python3 -m ruff check .
 python3 -m ruff format --check .
 

@@ -18,6 +18,7 @@ SUBCOMMANDS = (
     "config-reference",
     "plan",
     "conformance",
+    "bench",
     "sim-engine",
 )
 
@@ -51,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_conformance_arguments(
         sub.add_parser("conformance", help="check an agent-context server's field handling")
     )
+    from thunder_mw.benchmarks.bench_cli import add_bench_arguments
+
+    add_bench_arguments(sub.add_parser("bench", help="run a benchmark scenario"))
     sim = sub.add_parser("sim-engine", help="serve a simulated vLLM/SGLang engine")
     try:
         from thunder_mw.benchmarks.sim.server import add_sim_engine_arguments
@@ -80,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from thunder_mw.conformance.cli import run_conformance
 
         return run_conformance(args)
+    if args.command == "bench":
+        from thunder_mw.benchmarks.bench_cli import run_bench
+
+        return run_bench(args)
     if args.command == "plan":
         from thunder_mw.middleware.plan_cli import run_plan
 

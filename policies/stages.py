@@ -80,10 +80,10 @@ class Stage:
 # ---------------------------------------------------------------------------- admission
 class AdmissionParams(StageParams):
     high_watermark: float = Field(
-        0.95, gt=0, le=1.5, description="Admit while reserved <= this x capacity."
+        1.0, gt=0, le=1.5, description="Admit while reserved <= this x capacity."
     )
     low_watermark: float = Field(
-        0.80, gt=0, le=1.5, description="Once over high, admit again only below this."
+        0.90, gt=0, le=1.5, description="Once over high, admit again only below this."
     )
     buffer_tokens_per_program: int = Field(
         128, ge=0, description="Tokens reserved per program on top of its context (growth)."
@@ -129,7 +129,11 @@ class PauseParams(StageParams):
         "cost_benefit", description="How victims are chosen among a backend's programs."
     )
     acting_token_weight: float = Field(
-        1.0, ge=0, le=1, description="Share of an ACTING program's context counted as resident."
+        0.7,
+        ge=0,
+        le=1,
+        description="Share of an ACTING program's context counted as resident (its KV is "
+        "evictable cache while its tool runs).",
     )
     high_watermark: float | None = Field(
         None, description="Overflow threshold (default: the admission stage's high watermark)."
@@ -138,10 +142,10 @@ class PauseParams(StageParams):
         "event", description="Check for overflow on every event, or only on ticks."
     )
     yield_idle_after_s: float | None = Field(
-        None,
+        5.0,
         gt=0,
         description="When the queue's head fits nowhere, pause ACTING programs expected to "
-        "stay in their tool at least this long more, to make room (null: never).",
+        "stay in their tool at least this long more, to make room for it (null: never).",
     )
     reduce_projection: bool = Field(
         True,
@@ -418,6 +422,8 @@ THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
     {
         "state_aware_pause": {
             "victim": "shortest_first",
+            "acting_token_weight": 1.0,
+            "yield_idle_after_s": None,
             "check": "tick",
             "reduce_projection": False,
             "high_watermark": 1.0,

@@ -42,7 +42,14 @@ def make(capacities=(1000,), policies=None, **stage_params) -> SchedulerCore:
                     "buffer_tokens_per_program": 0,
                 }
             },
-            {"state_aware_pause": stage_params.get("pause", {})},
+            # Rules are pinned with whole-context accounting and no yielding unless a test asks.
+            {
+                "state_aware_pause": {
+                    "acting_token_weight": 1.0,
+                    "yield_idle_after_s": None,
+                    **stage_params.get("pause", {}),
+                }
+            },
             {"migration": stage_params.get("migration", {})},
             {"gc_hooks": stage_params.get("gc", {})},
         ]
@@ -376,7 +383,7 @@ def test_a_program_about_to_return_from_its_tool_keeps_its_room():
     assert core.table.get("quick").state is ProgramState.ACTIVE
 
 
-def test_programs_do_not_yield_unless_configured():
+def test_programs_do_not_yield_when_yielding_is_off():
     core = make()
     run_step(core, "idle", 600, 0)
     run_step(core, "idle", 600, 31)

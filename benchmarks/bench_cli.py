@@ -1,0 +1,509 @@
+"""`thunder-mw bench`: run a named scenario for every policy, write the result JSON and plots.
+
+    thunder-mw bench --scenario swe-agent-knee [--mode des|live] [--policies a,b]
+                     [--output PATH] [--seed N]
+
+Runs are independent, so they go to a pool of worker processes (`--jobs`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, simulate
+from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS, Scenario
+from thunder_mw.benchmarks.workloads import PRESETS as WORKLOADS
+from thunder_mw.benchmarks.workloads import ProgramSpec, generate, load_trace
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+PROXY_OVERHEAD = "proxy-overhead"
+
+
+class _Without:
+    """Lets another module add its options to our parser, minus the ones we already have."""
+
+    def __init__(self, parser: Any, skip: set[str]) -> None:
+        self._parser = parser
+        self._skip = skip
+
+    def add_argument(self, *names: str, **kwargs: Any) -> Any:
+        if self._skip.intersection(names):
+            return None
+        return self._parser.add_argument(*names, **kwargs)
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `thunder-mw bench`."""
+    parser.add_argument(
+        "--scenario",
+        required=True,
+        choices=[*SCENARIOS, PROXY_OVERHEAD],
+        help="Which scenario to run.",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("des", "live"),
+        default="des",
+        help="des: discrete-event simulation in-process; live: the real gateway process "
+        "in front of simulated engines over HTTP, time-scaled.",
+    )
+    parser.add_argument(
+        "--policies",
+        help=f"Comma-separated policies (default: the scenario's). Known: {', '.join(POLICIES)}.",
+    )
+    parser.add_argument(
+        "--output", type=Path, help="Result JSON (default benchmarks/results/<scenario>.json)."
+    )
+    parser.add_argument("--seed", type=int, default=0, help="Workload and engine seed.")
+    live = parser.add_argument_group("live mode")
+    live.add_argument(
+        "--time-scale", type=float, default=5.0, help="Simulated seconds per wall second."
+    )
+    live.add_argument(
+        "--repeats", type=int, default=3, help="Runs per policy or cell (live, proxy-overhead)."
+    )
+    live.add_argument(
+        "--live-stream", action="store_true", help="Stream calls (measures TTFT; costs CPU)."
+    )
+    des = parser.add_argument_group("simulation (des) overrides")
+    des.add_argument("--engines", type=int, help="Engines of the main run.")
+    des.add_argument("--programs-per-engine", type=int, help="Concurrent programs per engine.")
+    des.add_argument("--programs", type=int, help="Programs in all (default concurrency x 1.5).")
+    des.add_argument("--kv-tokens", type=int, help="KV cache capacity per engine, in tokens.")
+    des.add_argument("--workload", choices=list(WORKLOADS), help="Workload preset.")
+    des.add_argument("--trace", type=Path, help="Replay this JSONL trace instead of a preset.")
+    des.add_argument("--no-sweep", action="store_true", help="Skip the concurrency sweep.")
+    des.add_argument("--no-plots", action="store_true", help="Do not write PNG plots.")
+    des.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="Worker processes.")
+    from thunder_mw.benchmarks import proxy_overhead
+
+    group = parser.add_argument_group(f"{PROXY_OVERHEAD} options")
+    proxy_overhead.add_arguments(_Without(group, {"--output", "--repeats"}))  # type: ignore[arg-type]
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the scenario `args` names; the exit status."""
+    if args.scenario == PROXY_OVERHEAD:
+        from thunder_mw.benchmarks import proxy_overhead
+
+        if args.output is None:
+            args.output = proxy_overhead.DEFAULT_OUTPUT
+        proxy_overhead.run(args)
+        return 0
+    scenario = _with_overrides(SCENARIOS[args.scenario], args)
+    policies = args.policies.split(",") if args.policies else list(scenario.policies)
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        print(f"unknown policies {unknown}; known: {sorted(POLICIES)}", file=sys.stderr)
+        return 2
+    if args.mode == "live":
+        return _run_live(scenario, policies, args)
+    output = args.output or RESULTS_DIR / f"{scenario.name}.json"
+    report = run_scenario(
+        scenario,
+        policies,
+        seed=args.seed,
+        trace=args.trace,
+        sweep=not args.no_sweep,
+        jobs=args.jobs,
+        total=args.programs,
+    )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=1) + "\n")
+    print(format_table(report))
+    print(f"\nwritten to {output}")
+    if not args.no_plots:
+        written = write_plots(report, output.with_suffix(""))
+        for path in written:
+            print(f"plot: {path}")
+    return 0
+
+
+def _run_live(scenario: Scenario, policies: list[str], args: argparse.Namespace) -> int:
+    if scenario.total_factor != 1.0 and not args.programs:
+        print("live mode runs one wave of programs: pass --programs", file=sys.stderr)
+        return 2
+    output = args.output or RESULTS_DIR / f"{scenario.name}-live.json"
+    report = run_live_scenario(
+        scenario,
+        policies,
+        seed=args.seed,
+        total=args.programs,
+        time_scale=args.time_scale,
+        repeats=args.repeats,
+        stream=args.live_stream,
+    )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=1) + "\n")
+    print(format_table(report))
+    for row in report["live_vs_des"]:
+        print(
+            f"{row['policy']}: live/des steps/min {row['steps_per_min_ratio']}, "
+            f"jct {row['jct_mean_ratio']}"
+        )
+    print(f"\nwritten to {output}")
+    return 0
+
+
+def run_live_scenario(
+    scenario: Scenario,
+    policies: list[str],
+    *,
+    seed: int = 0,
+    total: int | None = None,
+    time_scale: float = 5.0,
+    repeats: int = 3,
+    stream: bool = False,
+) -> dict[str, Any]:
+    """Each policy `repeats` times through the real gateway (median + spread), beside the
+    discrete-event run of the same programs and fleet: the two must agree."""
+    from thunder_mw.benchmarks.live import run_live
+
+    started = time.perf_counter()
+    count = total or max(1, scenario.engines * scenario.programs_per_engine)
+    programs = _workload(scenario, count, seed, None)
+    cluster = ClusterConfig(
+        engines=scenario.engines,
+        kv_tokens=scenario.kv_tokens,
+        max_model_len=scenario.max_model_len,
+        profile=scenario.profile,
+        seed=seed,
+    )
+    results, spread, agreement = [], {}, []
+    for policy in policies:
+        runs = [
+            run_live(
+                programs,
+                cluster,
+                POLICIES[policy],
+                time_scale=time_scale,
+                policy=policy,
+                stream=stream,
+            )
+            for _ in range(repeats)
+        ]
+        runs.sort(key=lambda r: r["steps_per_min"])
+        median = runs[len(runs) // 2]
+        results.append(median)
+        spread[policy] = {
+            key: {"min": runs[0][key], "median": median[key], "max": runs[-1][key]}
+            for key in ("steps_per_min", "jct_mean_s", "prefix_hit_rate")
+        }
+        des = simulate(programs, POLICIES[policy], cluster, Arrivals("batch"), policy).metrics
+        agreement.append(
+            {
+                "policy": policy,
+                "des_steps_per_min": des["steps_per_min"],
+                "des_jct_mean_s": des["jct_mean_s"],
+                "steps_per_min_ratio": round(median["steps_per_min"] / des["steps_per_min"], 3),
+                "jct_mean_ratio": round(median["jct_mean_s"] / des["jct_mean_s"], 3)
+                if des["jct_mean_s"]
+                else None,
+            }
+        )
+    return {
+        "scenario": scenario.name,
+        "mode": "live",
+        "seed": seed,
+        "config": {
+            "workload": scenario.workload,
+            "engines": scenario.engines,
+            "programs": count,
+            "kv_tokens_per_engine": scenario.kv_tokens,
+            "profile": scenario.profile,
+            "max_model_len": scenario.max_model_len,
+            "time_scale": time_scale,
+            "repeats": repeats,
+            "stream": stream,
+            "policies": {p: POLICIES[p] for p in policies},
+        },
+        "results": results,
+        "spread": spread,
+        "live_vs_des": agreement,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}",
+    }
+
+
+def _with_overrides(scenario: Scenario, args: argparse.Namespace) -> Scenario:
+    changes: dict[str, Any] = {}
+    for option, name in (
+        ("engines", "engines"),
+        ("programs_per_engine", "programs_per_engine"),
+        ("kv_tokens", "kv_tokens"),
+        ("workload", "workload"),
+    ):
+        value = getattr(args, option, None)
+        if value is not None:
+            changes[name] = value
+    return replace(scenario, **changes) if changes else scenario
+
+
+# ---------------------------------------------------------------------------------- runs
+@dataclass(frozen=True, slots=True)
+class Job:
+    policy: str
+    engines: int
+    per_engine: int
+    programs: int
+    main: bool
+
+
+def _workload(
+    scenario: Scenario, programs: int, seed: int, trace: Path | None
+) -> list[ProgramSpec]:
+    if trace is not None:
+        return load_trace(trace)
+    return generate(
+        scenario.workload, programs, seed=seed, max_context_tokens=scenario.max_model_len
+    )
+
+
+def _run_job(
+    scenario: Scenario, job: Job, seed: int, trace: Path | None
+) -> tuple[Job, dict[str, Any]]:
+    programs = _workload(scenario, job.programs, seed, trace)
+    cluster = ClusterConfig(
+        engines=job.engines,
+        kv_tokens=scenario.kv_tokens,
+        max_model_len=scenario.max_model_len,
+        profile=scenario.profile,
+        seed=seed,
+    )
+    concurrency = job.engines * job.per_engine
+    arrivals = Arrivals(scenario.arrival, concurrency if scenario.arrival == "closed" else None)
+    started = time.perf_counter()
+    result = simulate(programs, POLICIES[job.policy], cluster, arrivals, job.policy)
+    out: dict[str, Any] = {
+        "metrics": result.metrics,
+        "wall_s": round(time.perf_counter() - started, 2),
+    }
+    if job.main:
+        out["jct_s"] = result.jct_s
+        out["timeseries"] = result.timeseries
+        out["counters"] = result.counters
+    return job, out
+
+
+def run_scenario(
+    scenario: Scenario,
+    policies: list[str],
+    seed: int = 0,
+    trace: Path | None = None,
+    sweep: bool = True,
+    jobs: int = 1,
+    total: int | None = None,
+) -> dict[str, Any]:
+    """Every policy on the main configuration (and the sweep): the result document."""
+    started = time.perf_counter()
+
+    def programs_for(engines: int, per_engine: int, factor: float | None = None) -> int:
+        return max(1, round(engines * per_engine * (factor or scenario.total_factor)))
+
+    work = [
+        Job(
+            p,
+            scenario.engines,
+            scenario.programs_per_engine,
+            total or programs_for(scenario.engines, scenario.programs_per_engine),
+            True,
+        )
+        for p in policies
+    ]
+    if sweep and trace is None:
+        work += [
+            Job(p, engines, per, programs_for(engines, per, scenario.sweep_factor), False)
+            for engines, per in scenario.sweep
+            for p in policies
+        ]
+    # Largest first, so the pool's last straggler is a small run.
+    work.sort(key=lambda j: -j.programs)
+    done: list[tuple[Job, dict[str, Any]]] = []
+    if jobs > 1 and len(work) > 1:
+        portable = replace(scenario, targets=())  # targets hold closures; workers need none
+        with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
+            futures = [pool.submit(_run_job, portable, j, seed, trace) for j in work]
+            done = [f.result() for f in futures]
+    else:
+        done = [_run_job(scenario, j, seed, trace) for j in work]
+
+    main = {job.policy: out for job, out in done if job.main}
+    results = [{"policy": p, **main[p]["metrics"]} for p in policies]
+    sweep_rows = [
+        {
+            "policy": job.policy,
+            "engines": job.engines,
+            "programs_per_engine": job.per_engine,
+            "concurrency": job.engines * job.per_engine,
+            "programs": job.programs,
+            "main": job.main,
+            **out["metrics"],
+        }
+        for job, out in done
+    ]
+    sweep_rows.sort(key=lambda r: (r["engines"], r["concurrency"], policies.index(r["policy"])))
+    by_policy = {r["policy"]: r for r in results}
+    targets = [
+        dict(zip(("value", "met"), t.check(by_policy), strict=True), target=t.name, goal=t.goal)
+        for t in scenario.targets
+    ]
+    main_programs = work[0].programs if total else None
+    config = {
+        "workload": str(trace) if trace else scenario.workload,
+        "engines": scenario.engines,
+        "programs_per_engine": scenario.programs_per_engine,
+        "concurrency": scenario.concurrency,
+        "programs": main_programs or programs_for(scenario.engines, scenario.programs_per_engine),
+        "arrival": scenario.arrival,
+        "kv_tokens_per_engine": scenario.kv_tokens,
+        "profile": scenario.profile,
+        "max_model_len": scenario.max_model_len,
+        "cluster_defaults": asdict(ClusterConfig()),
+        "sweep": [list(s) for s in scenario.sweep] if sweep and trace is None else [],
+        "policies": {p: POLICIES[p] for p in policies},
+        "description": scenario.description,
+    }
+    return {
+        "scenario": scenario.name,
+        "mode": "des",
+        "seed": seed,
+        "config": config,
+        "results": results,
+        "targets": targets,
+        "sweep": sweep_rows,
+        "timeseries": {p: main[p]["timeseries"] for p in policies},
+        "jct_s": {p: main[p]["jct_s"] for p in policies},
+        "run_wall_s": {p: main[p]["wall_s"] for p in policies},
+        "wall_s": round(time.perf_counter() - started, 1),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}",
+    }
+
+
+# ---------------------------------------------------------------------------------- output
+TABLE_COLUMNS = (
+    ("steps_per_min", "steps/min"),
+    ("steps_per_min_steady", "steady"),
+    ("output_tokens_per_s", "tok/s"),
+    ("jct_mean_s", "jct"),
+    ("jct_p95_s", "p95"),
+    ("jct_p99_s", "p99"),
+    ("jct_max_over_median", "max/med"),
+    ("ttft_p99_s", "ttft99"),
+    ("ttft_max_s", "ttftmax"),
+    ("prefix_hit_rate", "hit"),
+    ("recomputed_prefill_tokens", "recomp"),
+    ("preemptions", "preempt"),
+    ("paused_time_s", "held_s"),
+    ("kv_imbalance", "imbal"),
+    ("programs_completed", "done"),
+    ("programs_failed", "fail"),
+)
+
+
+def format_table(report: dict[str, Any]) -> str:
+    head = ["policy", *(label for _, label in TABLE_COLUMNS)]
+    rows = [
+        [r["policy"], *(_cell(r.get(key)) for key, _ in TABLE_COLUMNS)] for r in report["results"]
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
+    lines = [
+        "  ".join(str(x).rjust(w) for x, w in zip(line, widths, strict=True))
+        for line in [head, *rows]
+    ]
+    for t in report.get("targets", ()):
+        verdict = "MET" if t["met"] else "MISSED"
+        lines.append(f"target {t['target']} {t['goal']}: {t['value']} {verdict}")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1 else f"{value:.1f}"
+    return str(value)
+
+
+def write_plots(report: dict[str, Any], stem: Path) -> list[Path]:
+    """Throughput vs concurrency, JCT CDF, KV usage per engine over time (PNG)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots", file=sys.stderr)
+        return []
+    written: list[Path] = []
+    policies = [r["policy"] for r in report["results"]]
+    name = report["scenario"]
+
+    engine_counts = sorted({r["engines"] for r in report["sweep"]})
+    if report["sweep"]:
+        fig, axes = plt.subplots(1, len(engine_counts), figsize=(5 * len(engine_counts), 4))
+        axes = axes if len(engine_counts) > 1 else [axes]
+        for ax, engines in zip(axes, engine_counts, strict=True):
+            for policy in policies:
+                rows = sorted(
+                    (
+                        r
+                        for r in report["sweep"]
+                        if r["engines"] == engines and r["policy"] == policy
+                    ),
+                    key=lambda r: r["concurrency"],
+                )
+                ax.plot(
+                    [r["concurrency"] for r in rows],
+                    [r["steps_per_min"] for r in rows],
+                    marker="o",
+                    label=policy,
+                )
+            ax.set_title(f"{name}: {engines} engines")
+            ax.set_xlabel("concurrent programs")
+            ax.set_ylabel("LLM steps / min")
+            ax.grid(alpha=0.3)
+            ax.legend()
+        written.append(_save(fig, plt, stem.parent / f"{stem.name}-throughput.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy in policies:
+        jct = report["jct_s"][policy]
+        if jct:
+            ax.step(jct, [(i + 1) / len(jct) for i in range(len(jct))], where="post", label=policy)
+    ax.set_title(f"{name}: job completion time CDF")
+    ax.set_xlabel("JCT (s)")
+    ax.set_ylabel("fraction of programs")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    written.append(_save(fig, plt, stem.parent / f"{stem.name}-jct-cdf.png"))
+
+    fig, axes = plt.subplots(len(policies), 1, figsize=(8, 2.2 * len(policies)), sharex=True)
+    axes = axes if len(policies) > 1 else [axes]
+    for ax, policy in zip(axes, policies, strict=True):
+        series = report["timeseries"][policy]
+        for engine, usage in series["kv_usage"].items():
+            ax.plot(series["t_s"], usage, linewidth=0.8, label=engine)
+        ax.set_ylabel("KV used")
+        ax.set_ylim(0, 1.05)
+        ax.set_title(policy, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=8, loc="lower right")
+    axes[-1].set_xlabel("simulated time (s)")
+    written.append(_save(fig, plt, stem.parent / f"{stem.name}-kv.png"))
+    return written
+
+
+def _save(fig: Any, plt: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

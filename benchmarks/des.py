@@ -1,0 +1,608 @@
+"""The discrete-event harness: the shipped scheduler core driving simulated engines in sim time.
+
+N in-process `Engine`s and one `SchedulerCore` share one event queue. The harness drives
+the core exactly as the live gateway does (middleware/live_scheduler.py): `on_request` for
+every call a client sends (Forward: the engine gets it; Hold: it waits until a `Resumed`
+action names its program; Reject: the program fails), `on_finished` with the engine's
+usage when the call ends, `on_release` after the program's last call, `on_tick` every
+second and `on_backend` with engine metrics every five. Engines step whenever they have
+work; a step's results are delivered when its simulated duration has passed.
+
+Metric definitions are in benchmarks/README.md; `RunResult.metrics` is the schema.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from thunder_mw.benchmarks.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
+from thunder_mw.benchmarks.sim.tokenizer import RuleTokenizer
+from thunder_mw.benchmarks.workloads import ProgramSpec, growth_ids, system_ids
+from thunder_mw.policies.core import (
+    Action,
+    BackendMetrics,
+    Forward,
+    Hold,
+    Paused,
+    Reject,
+    RequestInfo,
+    Resumed,
+    SchedulerCore,
+)
+from thunder_mw.policies.pipeline import build_pipeline
+from thunder_mw.policies.program_table import Usage
+from thunder_mw.schemas.agent_context import AgentContext
+from thunder_mw.schemas.config import Convention
+
+# What the live gateway's RequestInfo.prompt_chars would be: the JSON body's length. Text
+# runs ~4 characters per token; each message adds its JSON envelope, the body its own.
+CHARS_PER_TOKEN = 4
+CHARS_PER_MESSAGE = 40
+CHARS_PER_BODY = 200
+
+# Event kinds, in the order same-instant events run: results first, then clients, then
+# timers, and engine steps last so every request of an instant joins the same step.
+_STEP_END, _SEND, _RELEASE, _TICK, _SCRAPE, _SAMPLE, _KICK = range(7)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """The simulated fleet and the harness's clocks."""
+
+    engines: int = 4
+    kv_tokens: int = 131_072  # KV capacity per engine
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 65_536
+    profile: str = "h100-8b"
+    tick_s: float = 1.0  # core.on_tick, as the live gateway's timer
+    scrape_s: float = 5.0  # core.on_backend with engine metrics
+    sample_s: float = 1.0  # KV usage time series and imbalance
+    send_max_tokens: bool = True  # clients send max_tokens (+ ignore_eos): the field's method
+    horizon_s: float = 24 * 3600.0  # programs unfinished by then count as failed
+    seed: int = 0
+
+    def engine_config(self, i: int) -> EngineConfig:
+        return EngineConfig(
+            num_blocks=self.kv_tokens // self.block_size + 1,  # block 0 is the null block
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            profile=self.profile,
+            seed=self.seed + i,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """How clients start programs: `batch` (all at t=0), `staggered` (each at its
+    `arrival_s`), or `closed` (at most `concurrency` top-level programs at a time, the next
+    starting when one ends)."""
+
+    mode: str = "batch"
+    concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("batch", "staggered", "closed"):
+            raise ValueError(f"unknown arrival mode {self.mode!r}")
+        if self.mode == "closed" and not self.concurrency:
+            raise ValueError("closed arrivals need a concurrency")
+
+
+@dataclass
+class RunResult:
+    policy: str
+    metrics: dict[str, Any]
+    jct_s: list[float]
+    ttft_s: list[float]
+    timeseries: dict[str, Any]
+    counters: dict[str, int]
+
+
+class _Listener:
+    """Makes the engine report first tokens (StepResult.progressed); the harness reads them."""
+
+    __slots__ = ()
+
+    def on_progress(self, seq: Sequence) -> None: ...
+
+    def on_finish(self, seq: Sequence) -> None: ...
+
+
+_LISTENER = _Listener()
+
+
+class _Program:
+    """A client running one program: its context so far and where its current call is."""
+
+    __slots__ = (
+        "arrived_at",
+        "call",
+        "ctx",
+        "done_at",
+        "failed",
+        "first_token_at",
+        "held",
+        "held_s",
+        "held_since",
+        "prompt",
+        "sent_at",
+        "spec",
+        "subs_pending",
+        "tool_pending",
+    )
+
+    def __init__(self, spec: ProgramSpec) -> None:
+        self.spec = spec
+        self.ctx = AgentContext(
+            program_id=spec.program_id,
+            source=Convention.THUNDERAGENT,
+            session_type=spec.session_type,
+            parent_program_id=spec.parent_id,
+        )
+        self.call = 0
+        self.prompt: list[int] = []
+        self.arrived_at = 0.0
+        self.sent_at = 0.0
+        self.first_token_at: float | None = None
+        self.held = False
+        self.held_since = 0.0
+        self.held_s = 0.0
+        self.done_at: float | None = None
+        self.failed = False
+        self.subs_pending = 0
+        self.tool_pending = False
+
+
+class _Backend:
+    __slots__ = ("busy", "engine", "kick_pending", "label", "seen_types")
+
+    def __init__(self, label: str, engine: Engine) -> None:
+        self.label = label
+        self.engine = engine
+        self.busy = False
+        self.kick_pending = False
+        self.seen_types: set[str] = set()
+
+
+class Simulation:
+    """One run: a workload, a fleet, a pipeline. `run()` returns the metrics."""
+
+    def __init__(
+        self,
+        programs: Iterable[ProgramSpec],
+        pipeline: list[dict[str, Any]] | None,
+        cluster: ClusterConfig = ClusterConfig(),
+        arrivals: Arrivals = Arrivals(),
+        policy: str = "",
+        on_action: Callable[[Action], None] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.arrivals = arrivals
+        self.policy = policy
+        self.on_action = on_action
+        filler = RuleTokenizer().filler_ids
+        self.backends = {
+            f"e{i}": _Backend(f"e{i}", Engine(cluster.engine_config(i), filler))
+            for i in range(cluster.engines)
+        }
+        self.core = SchedulerCore(
+            [(b.label, b.engine.capacity_tokens) for b in self.backends.values()],
+            build_pipeline(pipeline),
+        )
+        self.top = list(programs)
+        self.runs: dict[str, _Program] = {}
+        self.now = 0.0
+        self._events: list[tuple[float, int, int, Any]] = []
+        self._seq = 0
+        self._system: dict[str, list[int]] = {}
+        self._next_top = 0
+        self._active_top = 0
+        self._open = 0  # programs started and not yet done
+        # accounting
+        self.first_time_tokens = 0
+        self.prefill_tokens = 0
+        self.output_tokens = 0
+        self.steps_done = 0
+        self.calls_failed = 0
+        self.ttft: list[float] = []
+        self.pauses = 0
+        self.held_requests = 0
+        self._imbalance_sum = 0.0
+        self._resident: list[int] = []  # Σ prompt tokens of open programs, per sample
+        self._open_runs: set[_Program] = set()
+        self._batch_time = 0.0  # Σ decoding sequences x step duration
+        self._busy_time = 0.0
+        self._steps_at_last_start: int | None = None
+        self._last_start = 0.0
+        self._imbalance_n = 0
+        self._series_t: list[float] = []
+        self._series_kv: dict[str, list[float]] = {label: [] for label in self.backends}
+
+    # ------------------------------------------------------------------ event queue
+    def _at(self, t: float, kind: int, payload: Any = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, kind, self._seq, payload))
+
+    def run(self) -> RunResult:
+        self._start_clients()
+        self._at(0.0, _TICK)
+        self._at(0.0, _SCRAPE)
+        self._at(0.0, _SAMPLE)
+        events = self._events
+        pop = heapq.heappop
+        horizon = self.cluster.horizon_s
+        handlers = (
+            self._on_step_end,
+            self._on_send,
+            self._on_release,
+            self._on_tick,
+            self._on_scrape,
+            self._on_sample,
+            self._on_kick,
+        )
+        while events and self._open:
+            t, kind, _, payload = pop(events)
+            if t > horizon:
+                break
+            self.now = t
+            handlers[kind](payload)
+        return self._result()
+
+    # ------------------------------------------------------------------ clients
+    def _start_clients(self) -> None:
+        mode = self.arrivals.mode
+        if mode == "closed":
+            for _ in range(min(self.arrivals.concurrency or 0, len(self.top))):
+                self._start_next(0.0)
+        else:
+            for spec in self.top:
+                self._start(spec, 0.0 if mode == "batch" else spec.arrival_s)
+            self._next_top = len(self.top)
+
+    def _start_next(self, t: float) -> None:
+        if self._next_top < len(self.top):
+            spec = self.top[self._next_top]
+            self._next_top += 1
+            self._start(spec, t)
+            if self._next_top == len(self.top):
+                # The pool is empty: concurrency only falls from here (the steady window ends).
+                self._steps_at_last_start = self.steps_done
+                self._last_start = t
+
+    def _start(self, spec: ProgramSpec, t: float) -> None:
+        run = _Program(spec)
+        run.arrived_at = t
+        self.runs[spec.program_id] = run
+        self._open += 1
+        self._open_runs.add(run)
+        if spec.parent_id is None:
+            self._active_top += 1
+        self._at(t + spec.start_s, _SEND, run)
+
+    def _on_send(self, run: _Program) -> None:
+        spec = run.spec
+        call = spec.calls[run.call]
+        if run.call == 0 or call.reset:
+            system = self._system_prompt(spec)
+            run.prompt = system + growth_ids(spec.program_id, run.call, call.growth_tokens)
+        else:
+            run.prompt.extend(growth_ids(spec.program_id, run.call, call.growth_tokens))
+        run.sent_at = self.now
+        run.first_token_at = None
+        n = len(run.prompt)
+        chars = n * CHARS_PER_TOKEN + (2 * run.call + 2) * CHARS_PER_MESSAGE + CHARS_PER_BODY
+        max_tokens = call.output_tokens if self.cluster.send_max_tokens else None
+        decision, actions = self.core.on_request(run.ctx, RequestInfo(chars, max_tokens), self.now)
+        self._apply(actions)
+        if isinstance(decision, Forward):
+            self._dispatch(run, decision.backend)
+        elif isinstance(decision, Hold):
+            run.held = True
+            run.held_since = self.now
+            self.held_requests += 1
+        else:
+            assert isinstance(decision, Reject)
+            self._fail(run, release=True)
+
+    def _system_prompt(self, spec: ProgramSpec) -> list[int]:
+        key = f"{spec.session_type}:{spec.system_tokens}"
+        ids = self._system.get(key)
+        if ids is None:
+            ids = self._system[key] = system_ids(spec.session_type, spec.system_tokens)
+        return ids
+
+    def _dispatch(self, run: _Program, label: str) -> None:
+        backend = self.backends[label]
+        engine = backend.engine
+        spec = run.spec
+        call = spec.calls[run.call]
+        params = SamplingParams(max_tokens=call.output_tokens, ignore_eos=True)
+        error = engine.validate(run.prompt, params)
+        if error is not None:
+            self.calls_failed += 1
+            self._apply(self.core.on_finished(spec.program_id, None, False, self.now))
+            self._fail(run, release=True)
+            return
+        # Tokens no cache could have held: the new growth, the previous answer's last token
+        # (sampled, never computed), and a session type's system prompt once per engine.
+        if run.call == 0 or call.reset:
+            new = len(run.prompt) - spec.system_tokens
+            key = f"{spec.session_type}:{spec.system_tokens}"
+            if key not in backend.seen_types:
+                backend.seen_types.add(key)
+                new += spec.system_tokens
+        else:
+            new = call.growth_tokens + 1
+        self.first_time_tokens += new
+        seq = engine.add_request(
+            f"{spec.program_id}#{run.call}", run.prompt, params, listener=_LISTENER
+        )
+        seq.user_data = run
+        if not backend.busy and not backend.kick_pending:
+            backend.kick_pending = True
+            self._at(self.now, _KICK, backend)
+
+    def _fail(self, run: _Program, release: bool) -> None:
+        if run.done_at is not None:
+            return
+        run.failed = True
+        run.held = False
+        if release:
+            _, actions = self.core.on_release(run.spec.program_id, "release", self.now)
+            self._apply(actions)
+        self._finish_program(run)
+
+    def _finish_program(self, run: _Program) -> None:
+        run.done_at = self.now
+        self._open -= 1
+        self._open_runs.discard(run)
+        spec = run.spec
+        if spec.parent_id is None:
+            self._active_top -= 1
+            if self.arrivals.mode == "closed":
+                self._start_next(self.now)
+        else:
+            parent = self.runs.get(spec.parent_id)
+            if parent is not None and parent.done_at is None:
+                parent.subs_pending -= 1
+                self._maybe_continue(parent)
+
+    def _maybe_continue(self, run: _Program) -> None:
+        if not run.tool_pending and run.subs_pending == 0 and run.done_at is None:
+            self._at(self.now, _SEND, run)
+
+    def _on_release(self, payload: Any) -> None:
+        if isinstance(payload, tuple):  # a tool that ran alongside sub-agents ended
+            run = payload[1]
+            run.tool_pending = False
+            self._maybe_continue(run)
+            return
+        run = payload
+        _, actions = self.core.on_release(run.spec.program_id, "release", self.now)
+        self._apply(actions)
+        self._finish_program(run)
+
+    # ------------------------------------------------------------------ the core's actions
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Resumed):
+                run = self.runs.get(action.program_id)
+                if run is not None and run.held:
+                    run.held = False
+                    run.held_s += self.now - run.held_since
+                    self._dispatch(run, action.backend)
+            elif isinstance(action, Reject):
+                run = self.runs.get(action.program_id)
+                if run is not None and run.held:
+                    run.held_s += self.now - run.held_since
+                    self.calls_failed += 1
+                    self._fail(run, release=False)
+            elif isinstance(action, Paused):
+                if not action.pending:
+                    self.pauses += 1
+            if self.on_action is not None:
+                self.on_action(action)
+
+    # ------------------------------------------------------------------ engines
+    def _on_kick(self, backend: _Backend) -> None:
+        backend.kick_pending = False
+        if not backend.busy:
+            self._step(backend)
+
+    def _step(self, backend: _Backend) -> None:
+        result = backend.engine.step()
+        if result is None:
+            return
+        backend.busy = True
+        self.prefill_tokens += result.prefill_tokens
+        self._batch_time += result.decode_seqs * result.duration
+        self._busy_time += result.duration
+        self._at(self.now + result.duration, _STEP_END, (backend, result))
+
+    def _on_step_end(self, payload: Any) -> None:
+        backend, result = payload
+        backend.busy = False
+        now = self.now
+        for seq in result.progressed:
+            run = seq.user_data
+            if run.first_token_at is None:
+                run.first_token_at = now
+        for seq in result.finished:
+            run = seq.user_data
+            if run.done_at is None:
+                self._call_done_on(run, seq, backend)
+        if not backend.kick_pending:
+            # The engine loop runs on at once: what this step's results released (resumed
+            # programs' requests) is already queued and joins the next step.
+            self._step(backend)
+
+    def _call_done_on(self, run: _Program, seq: Sequence, backend: _Backend) -> None:
+        spec = run.spec
+        call = spec.calls[run.call]
+        self.steps_done += 1
+        self.output_tokens += seq.num_output
+        usage = Usage(seq.prompt_len, seq.num_output, max(seq.num_cached_tokens, 0))
+        self._apply(self.core.on_finished(spec.program_id, usage, True, self.now))
+        if run.first_token_at is None:
+            run.first_token_at = self.now
+        self.ttft.append(run.first_token_at - run.sent_at)
+        if run.call + 1 >= len(spec.calls):
+            self._at(self.now, _RELEASE, run)
+            return
+        run.prompt.extend(backend.engine.output_ids(seq))
+        run.call += 1
+        if call.subagents:
+            run.tool_pending = True
+            for sub in call.subagents:
+                run.subs_pending += 1
+                self._start(sub, self.now)
+            self._at(self.now + call.tool_s, _RELEASE, ("tool", run))
+        else:
+            self._at(self.now + call.tool_s, _SEND, run)
+
+    # ------------------------------------------------------------------ timers
+    def _on_tick(self, _: Any) -> None:
+        self._apply(self.core.on_tick(self.now))
+        self._at(self.now + self.cluster.tick_s, _TICK)
+
+    def _on_scrape(self, _: Any) -> None:
+        for backend in self.backends.values():
+            engine = backend.engine
+            stats = engine.stats
+            metrics = BackendMetrics(
+                kv_usage=engine.pool.usage(),
+                running=engine.num_running,
+                waiting=engine.num_waiting,
+                preemptions_total=float(stats.num_preemptions),
+                prefix_hits_total=float(stats.prefix_cache_hits),
+                prefix_queries_total=float(stats.prefix_cache_queries),
+            )
+            self._apply(self.core.on_backend(backend.label, metrics=metrics, now=self.now))
+        self._at(self.now + self.cluster.scrape_s, _SCRAPE)
+
+    def _on_sample(self, _: Any) -> None:
+        usages = []
+        for label, backend in self.backends.items():
+            u = backend.engine.pool.usage()
+            usages.append(u)
+            self._series_kv[label].append(u)
+        self._series_t.append(self.now)
+        self._imbalance_sum += max(usages) - min(usages)
+        self._resident.append(sum(len(r.prompt) for r in self._open_runs))
+        self._imbalance_n += 1
+        self._at(self.now + self.cluster.sample_s, _SAMPLE)
+
+    # ------------------------------------------------------------------ results
+    def _result(self) -> RunResult:
+        runs = list(self.runs.values())
+        for run in runs:  # still open at the horizon
+            if run.done_at is None:
+                run.failed = True
+                if run.held:
+                    run.held_s += self.now - run.held_since
+        top_done = [r for r in runs if r.spec.parent_id is None and not r.failed]
+        completed = [r for r in runs if not r.failed]
+        never_started = len(self.top) - self._next_top
+        jct = sorted(r.done_at - r.arrived_at for r in top_done if r.done_at is not None)
+        makespan = max((r.done_at for r in runs if r.done_at is not None), default=self.now)
+        stats = [b.engine.stats for b in self.backends.values()]
+        hits = sum(s.prefix_cache_hits for s in stats)
+        queries = sum(s.prefix_cache_queries for s in stats)
+        ttft = sorted(self.ttft)
+        minutes = makespan / 60 if makespan > 0 else math.inf
+        median_jct = _pct(jct, 50)
+        steady_steps, steady_s = self.steps_done, makespan
+        if self._steps_at_last_start is not None and self._last_start > 0:
+            steady_steps, steady_s = self._steps_at_last_start, self._last_start
+        capacity = sum(b.engine.capacity_tokens for b in self.backends.values())
+        # Offered load while every client is busy (closed loop: until the pool ran dry).
+        full = len(self._series_t)
+        if self._last_start > 0:
+            full = sum(1 for t in self._series_t if t <= self._last_start)
+        resident = self._resident[: max(1, full)]
+        metrics: dict[str, Any] = {
+            "steps_per_min": round(self.steps_done / minutes, 2),
+            "steps_per_min_steady": round(60 * steady_steps / steady_s, 2) if steady_s else 0.0,
+            "output_tokens_per_s": round(self.output_tokens / makespan, 1) if makespan else 0.0,
+            "jct_mean_s": round(sum(jct) / len(jct), 2) if jct else None,
+            "jct_p50_s": _r(median_jct),
+            "jct_p95_s": _r(_pct(jct, 95)),
+            "jct_p99_s": _r(_pct(jct, 99)),
+            "jct_max_s": _r(jct[-1] if jct else None),
+            "jct_max_over_median": round(jct[-1] / median_jct, 2) if jct and median_jct else None,
+            "ttft_p50_s": _r(_pct(ttft, 50), 3),
+            "ttft_p99_s": _r(_pct(ttft, 99), 3),
+            "ttft_max_s": _r(ttft[-1] if ttft else None, 3),
+            "prefix_hit_rate": round(hits / queries, 4) if queries else 0.0,
+            "prefix_hit_rate_ideal": round(1 - self.first_time_tokens / queries, 4)
+            if queries
+            else 0.0,
+            "prefill_tokens": self.prefill_tokens,
+            "first_time_tokens": self.first_time_tokens,
+            "recomputed_prefill_tokens": self.prefill_tokens - self.first_time_tokens,
+            "preemptions": sum(s.num_preemptions for s in stats),
+            "paused_time_s": round(sum(r.held_s for r in runs), 1),
+            "held_requests": self.held_requests,
+            "pauses": self.pauses,
+            "migrations": self.core.counters.get("migrations", 0),
+            "kv_imbalance": round(self._imbalance_sum / self._imbalance_n, 4)
+            if self._imbalance_n
+            else 0.0,
+            "resident_to_capacity": round(sum(resident) / max(1, len(resident)) / capacity, 3),
+            "resident_to_capacity_peak": round(max(self._resident, default=0) / capacity, 3),
+            "mean_batch": round(self._batch_time / self._busy_time, 2) if self._busy_time else 0.0,
+            "engine_busy": round(self._busy_time / (makespan * len(self.backends)), 3)
+            if makespan
+            else 0.0,
+            "programs_completed": len(completed),
+            "programs_failed": len(runs) - len(completed) + never_started,
+            "steps": self.steps_done,
+            "output_tokens": self.output_tokens,
+            "makespan_s": round(makespan, 1),
+        }
+        return RunResult(
+            policy=self.policy,
+            metrics=metrics,
+            jct_s=[round(x, 3) for x in jct],
+            ttft_s=ttft,
+            timeseries=self._timeseries(),
+            counters=dict(self.core.counters),
+        )
+
+    def _timeseries(self, max_points: int = 400) -> dict[str, Any]:
+        t = self._series_t
+        stride = max(1, math.ceil(len(t) / max_points))
+        return {
+            "t_s": [round(x, 1) for x in t[::stride]],
+            "kv_usage": {k: [round(u, 4) for u in v[::stride]] for k, v in self._series_kv.items()},
+        }
+
+
+def _pct(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile of sorted `values`."""
+    if not values:
+        return None
+    k = max(0, math.ceil(p / 100 * len(values)) - 1)
+    return values[min(k, len(values) - 1)]
+
+
+def _r(x: float | None, digits: int = 2) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def simulate(
+    programs: Iterable[ProgramSpec],
+    pipeline: list[dict[str, Any]] | None,
+    cluster: ClusterConfig = ClusterConfig(),
+    arrivals: Arrivals = Arrivals(),
+    policy: str = "",
+) -> RunResult:
+    """Run one policy over one workload on one simulated fleet."""
+    return Simulation(programs, pipeline, cluster, arrivals, policy).run()

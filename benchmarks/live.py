@@ -1,0 +1,186 @@
+"""Live benchmark runs: the real gateway process in front of simulated engines over HTTP.
+
+The same programs and fleet as a discrete-event run (benchmarks/des.py), but every request
+really crosses thunder-mw: `thunder-mw serve` in its own process with `type: sim` backends,
+the replay client in this one. Time is scaled (`time_scale` simulated seconds per wall
+second), and so are the gateway's timers, so its ticks and probes fall at the same
+simulated times as in the harness. Results use the harness's metric names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from thunder_mw.benchmarks.des import ClusterConfig
+from thunder_mw.benchmarks.replay import Replayer, ReplayResult
+from thunder_mw.benchmarks.workloads import ProgramSpec
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gateway_config(
+    cluster: ClusterConfig, pipeline: list[dict[str, Any]], time_scale: float, port: int
+) -> dict[str, Any]:
+    backends = []
+    for i in range(cluster.engines):
+        engine = cluster.engine_config(i)
+        backends.append(
+            {
+                "name": f"e{i}",
+                "type": "sim",
+                "sim": {
+                    "flavor": "vllm",
+                    "num_blocks": engine.num_blocks,
+                    "block_size": engine.block_size,
+                    "max_num_seqs": engine.max_num_seqs,
+                    "max_num_batched_tokens": engine.max_num_batched_tokens,
+                    "max_model_len": engine.max_model_len,
+                    "profile": engine.profile,
+                    "time_scale": time_scale,
+                    "seed": engine.seed,
+                },
+            }
+        )
+    return {
+        "server": {
+            "host": "127.0.0.1",
+            "port": port,
+            "log_level": "warning",
+            "tick_interval_s": cluster.tick_s / time_scale,
+            "probe_interval_s": cluster.scrape_s / time_scale,
+        },
+        "backends": backends,
+        "policies": pipeline,
+    }
+
+
+class Gateway:
+    """`thunder-mw serve` in a subprocess, for the length of a `with` block."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.url = f"http://127.0.0.1:{config['server']['port']}"
+        self._dir = tempfile.TemporaryDirectory()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Gateway:
+        path = Path(self._dir.name) / "gateway.yaml"
+        path.write_text(yaml.safe_dump(self.config))
+        log = open(Path(self._dir.name) / "gateway.log", "wb")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "thunder_mw.middleware.cli", "serve", "--config", str(path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"gateway exited: {self.log_tail()}")
+            try:
+                health = httpx.get(f"{self.url}/health", timeout=2).json()
+                if all(b["healthy"] for b in health["backends"]):
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"gateway not healthy within 60 s: {self.log_tail()}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        self._dir.cleanup()
+
+    def log_tail(self) -> str:
+        path = Path(self._dir.name) / "gateway.log"
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    def engine_totals(self) -> dict[str, float]:
+        """Prefix-cache and preemption counters summed over the gateway's engines."""
+        totals = {"hits": 0.0, "queries": 0.0, "preemptions": 0.0}
+        names = {
+            "vllm:prefix_cache_hits_total": "hits",
+            "vllm:prefix_cache_queries_total": "queries",
+            "vllm:num_preemptions_total": "preemptions",
+        }
+        for backend in httpx.get(f"{self.url}/health", timeout=5).json()["backends"]:
+            for line in httpx.get(f"{backend['url']}/metrics", timeout=5).text.splitlines():
+                name = line.split("{", 1)[0].split(" ", 1)[0]
+                if name in names:
+                    totals[names[name]] += float(line.rsplit(" ", 1)[1])
+        return totals
+
+
+def run_live(
+    programs: list[ProgramSpec],
+    cluster: ClusterConfig,
+    pipeline: list[dict[str, Any]],
+    *,
+    time_scale: float,
+    policy: str,
+    stream: bool = True,
+) -> dict[str, Any]:
+    config = gateway_config(cluster, pipeline, time_scale, _free_port())
+    with Gateway(config) as gateway:
+        before = gateway.engine_totals()
+        replayer = Replayer(gateway.url, time_scale=time_scale, stream=stream)
+        result = asyncio.run(replayer.run(programs))
+        after = gateway.engine_totals()
+    return {"policy": policy, **live_metrics(result, time_scale, before, after)}
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return values[min(len(values) - 1, max(0, round(q / 100 * len(values)) - 1))]
+
+
+def live_metrics(
+    result: ReplayResult, time_scale: float, before: dict[str, float], after: dict[str, float]
+) -> dict[str, Any]:
+    """The harness's metrics, from what the client saw (times scaled to simulated seconds)."""
+    t0 = result.started_at
+    calls = [c for p in result.programs for c in p.calls if c.status == 200]
+    done = [p for p in result.programs if p.top_level and not p.failed and p.done_at]
+    jct = sorted((p.done_at - p.arrived_at) * time_scale for p in done if p.done_at)
+    ttft = sorted(
+        (c.first_token_at - c.sent_at) * time_scale for c in calls if c.first_token_at is not None
+    )
+    last = max((c.done_at for c in calls if c.done_at), default=result.finished_at)
+    makespan = (last - t0) * time_scale
+    output = sum(c.completion_tokens for c in calls)
+    queries = after["queries"] - before["queries"]
+    return {
+        "steps_per_min": round(len(calls) / (makespan / 60), 2) if makespan else 0.0,
+        "output_tokens_per_s": round(output / makespan, 1) if makespan else 0.0,
+        "jct_mean_s": round(sum(jct) / len(jct), 2) if jct else None,
+        "jct_p95_s": _pct(jct, 95),
+        "jct_p99_s": _pct(jct, 99),
+        "ttft_p99_s": _pct(ttft, 99),
+        "ttft_max_s": ttft[-1] if ttft else None,
+        "prefix_hit_rate": round((after["hits"] - before["hits"]) / queries, 4) if queries else 0.0,
+        "preemptions": int(after["preemptions"] - before["preemptions"]),
+        "programs_completed": sum(1 for p in result.programs if not p.failed),
+        "programs_failed": sum(1 for p in result.programs if p.failed),
+        "steps": len(calls),
+        "makespan_s": round(makespan, 1),
+        "wall_s": round(result.finished_at - t0, 1),
+    }

@@ -1,0 +1,196 @@
+"""Replay client: drives agent programs through any OpenAI-compatible URL, tool delays included.
+
+Each program's calls go to `/v1/completions` with raw prompts (no chat template between the
+client and the engine's prefix cache), the program id in the body as `extra_body` would put
+it, `max_tokens` + `ignore_eos` so output lengths are fixed, and streaming with usage so the
+time to first token and the engine's token counts are measured per call. A program's next
+prompt is its previous prompt + the answer + what its tool returned (`growth_ids`), exactly
+as benchmarks/des.py builds it, so a live run and a simulated run see the same reuse.
+Times are scaled: with `time_scale` 10, a 5 s tool call sleeps 0.5 s of wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from thunder_mw.benchmarks.workloads import ProgramSpec, growth_ids, system_ids
+
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def render(ids: list[int]) -> str:
+    """Token ids as text the simulator's rule tokenizer reads back one token per id
+    (" xyz": a space and three word characters is one piece)."""
+    words = []
+    for i in ids:
+        i %= 36**3
+        words.append(" " + _DIGITS[i // 1296] + _DIGITS[i // 36 % 36] + _DIGITS[i % 36])
+    return "".join(words)
+
+
+@dataclass
+class CallRecord:
+    program_id: str
+    index: int
+    sent_at: float
+    first_token_at: float | None = None
+    done_at: float | None = None
+    status: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class ProgramRecord:
+    program_id: str
+    top_level: bool
+    arrived_at: float
+    done_at: float | None = None
+    failed: bool = False
+    calls: list[CallRecord] = field(default_factory=list)
+
+
+@dataclass
+class ReplayResult:
+    started_at: float
+    finished_at: float
+    programs: list[ProgramRecord]
+
+
+class Replayer:
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str = "sim-model",
+        time_scale: float = 1.0,
+        release: bool = True,
+        stream: bool = True,
+        request_timeout_s: float = 600.0,
+    ) -> None:
+        """`stream=False` measures no time to first token but spares the client (and the
+        gateway) a chunk per token: for runs whose point is throughput on a busy machine."""
+        self.url = url.rstrip("/")
+        self.stream = stream
+        self.model = model
+        self.time_scale = time_scale
+        self.release = release
+        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self._system: dict[str, str] = {}
+        self.records: list[ProgramRecord] = []
+        self.done = 0
+
+    async def run(self, programs: list[ProgramSpec]) -> ReplayResult:
+        connector = aiohttp.TCPConnector(limit=0)
+        started = time.monotonic()
+        async with aiohttp.ClientSession(connector=connector, timeout=self.timeout) as session:
+            await asyncio.gather(*(self._program(session, spec, started) for spec in programs))
+        return ReplayResult(started, time.monotonic(), self.records)
+
+    async def _sleep(self, sim_s: float) -> None:
+        if sim_s > 0:
+            await asyncio.sleep(sim_s / self.time_scale)
+
+    def _system_text(self, spec: ProgramSpec) -> str:
+        key = f"{spec.session_type}:{spec.system_tokens}"
+        if key not in self._system:
+            self._system[key] = render(system_ids(spec.session_type, spec.system_tokens))
+        return self._system[key]
+
+    async def _program(self, session: aiohttp.ClientSession, spec: ProgramSpec, t0: float) -> None:
+        await self._sleep(spec.arrival_s)
+        record = ProgramRecord(spec.program_id, spec.parent_id is None, time.monotonic())
+        self.records.append(record)
+        await self._sleep(spec.start_s)
+        prompt = ""
+        for index, call in enumerate(spec.calls):
+            growth = render(growth_ids(spec.program_id, index, call.growth_tokens))
+            prompt = (
+                self._system_text(spec) + growth if index == 0 or call.reset else prompt + growth
+            )
+            result = await self._call(session, spec.program_id, index, prompt, call.output_tokens)
+            record.calls.append(result[0])
+            if result[0].status != 200:
+                record.failed = True
+                break
+            prompt += result[1]
+            waits = [self._sleep(call.tool_s)]
+            waits += [self._program(session, sub, t0) for sub in call.subagents]
+            await asyncio.gather(*waits)
+        record.done_at = time.monotonic()
+        if self.release:
+            async with session.post(
+                f"{self.url}/programs/release", json={"program_id": spec.program_id}
+            ) as r:
+                await r.read()
+        self.done += 1
+
+    async def _call(
+        self,
+        session: aiohttp.ClientSession,
+        program_id: str,
+        index: int,
+        prompt: str,
+        output_tokens: int,
+    ) -> tuple[CallRecord, str]:
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": output_tokens,
+            "ignore_eos": True,
+            "program_id": program_id,
+        }
+        if self.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        record = CallRecord(program_id, index, time.monotonic())
+        text: list[str] = []
+        try:
+            async with session.post(f"{self.url}/v1/completions", json=body) as r:
+                record.status = r.status
+                if r.status != 200:
+                    await r.read()
+                    return record, ""
+                if not self.stream:
+                    self._whole(await r.json(), record, text)
+                    record.done_at = time.monotonic()
+                    return record, "".join(text)
+                buffer = b""
+                async for chunk in r.content.iter_any():
+                    buffer += chunk
+                    *events, buffer = buffer.split(b"\n\n")
+                    for event in events:
+                        self._event(event, record, text)
+        except (aiohttp.ClientError, TimeoutError):
+            record.status = 599
+        record.done_at = time.monotonic()
+        return record, "".join(text)
+
+    @classmethod
+    def _event(cls, event: bytes, record: CallRecord, text: list[str]) -> None:
+        if not event.startswith(b"data: ") or event == b"data: [DONE]":
+            return
+        cls._whole(json.loads(event[6:]), record, text)
+
+    @staticmethod
+    def _whole(data: dict[str, Any], record: CallRecord, text: list[str]) -> None:
+        if "error" in data:
+            record.status = 502
+            return
+        for choice in data.get("choices") or ():
+            if choice.get("text"):
+                if record.first_token_at is None:
+                    record.first_token_at = time.monotonic()
+                text.append(choice["text"])
+        usage = data.get("usage")
+        if usage:
+            record.prompt_tokens = usage.get("prompt_tokens", 0)
+            record.completion_tokens = usage.get("completion_tokens", 0)
+            details = usage.get("prompt_tokens_details") or {}
+            record.cached_tokens = details.get("cached_tokens") or 0

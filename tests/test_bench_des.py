@@ -1,0 +1,152 @@
+"""Specification of the discrete-event benchmark harness and `thunder-mw bench` (tiny runs)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+
+import pytest
+from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
+from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, simulate
+from thunder_mw.benchmarks.scenarios import POLICIES
+from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, generate
+from thunder_mw.policies.core import Resumed
+
+# swe-agent's shape with short answers, so a run past the knee takes a fraction of a second.
+TINY_SWE = dataclasses.replace(
+    PRESETS["swe-agent"],
+    name="tiny-swe",
+    output_tokens=LogNormal(40, 0.5, 8, 200),
+    tool_result_tokens=LogNormal(250, 0.8, 10, 1500),
+    start_s=None,
+)
+
+SMALL = ClusterConfig(engines=2, kv_tokens=12_288, max_model_len=8192)
+METRICS = (
+    "steps_per_min",
+    "output_tokens_per_s",
+    "jct_mean_s",
+    "jct_p95_s",
+    "jct_p99_s",
+    "ttft_p99_s",
+    "ttft_max_s",
+    "prefix_hit_rate",
+    "recomputed_prefill_tokens",
+    "preemptions",
+    "paused_time_s",
+    "kv_imbalance",
+    "programs_completed",
+    "programs_failed",
+)
+
+
+def bench(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    add_bench_arguments(parser)
+    return run_bench(parser.parse_args(list(argv)))
+
+
+def swe(n: int = 12):
+    return generate(TINY_SWE, n, seed=1, max_context_tokens=8192)
+
+
+def test_bench_writes_one_record_per_policy_with_every_metric(tmp_path):
+    out = tmp_path / "r.json"
+    code = bench(
+        "--scenario", "chat-control", "--engines", "2", "--programs-per-engine", "3",
+        "--programs", "8", "--no-sweep", "--no-plots", "--jobs", "1", "--output", str(out),
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert {"scenario", "mode", "seed", "config", "results"} <= report.keys()
+    assert report["scenario"] == "chat-control" and report["mode"] == "des"
+    assert [r["policy"] for r in report["results"]] == [
+        "round_robin",
+        "sticky",
+        "thunderagent",
+        "thunder-mw",
+    ]
+    for record in report["results"]:
+        assert set(METRICS) <= record.keys()
+        assert record["programs_completed"] == 8 and record["programs_failed"] == 0
+        assert 0.0 <= record["prefix_hit_rate"] <= 1.0
+        assert record["steps_per_min"] > 0
+
+
+def test_live_mode_refuses_a_multi_wave_scenario_without_a_program_count(capsys):
+    assert bench("--scenario", "chat-control", "--mode", "live") == 2
+    assert "--programs" in capsys.readouterr().err
+
+
+def test_an_unknown_policy_is_refused(capsys):
+    assert bench("--scenario", "chat-control", "--policies", "nope", "--no-plots") == 2
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "sticky", "thunderagent", "thunder-mw"])
+def test_every_program_completes_past_the_knee(policy):
+    result = simulate(swe(), POLICIES[policy], SMALL, Arrivals("closed", 8), policy)
+    m = result.metrics
+    assert m["programs_completed"] == 12 and m["programs_failed"] == 0
+    assert 0.0 <= m["prefix_hit_rate"] <= m["prefix_hit_rate_ideal"] <= 1.0
+    assert m["steps"] == sum(len(p.calls) for p in swe())
+    assert m["jct_p99_s"] >= m["jct_mean_s"] > 0
+
+
+def test_program_aware_scheduling_holds_requests_and_resumes_them_all():
+    result = simulate(swe(), POLICIES["thunder-mw"], SMALL, Arrivals("batch"), "thunder-mw")
+    assert result.metrics["held_requests"] > 0 and result.metrics["paused_time_s"] > 0
+    assert result.metrics["programs_completed"] == 12
+    # Time held counts in TTFT: it is measured from when the client sent the call.
+    assert result.metrics["ttft_max_s"] > 1.0
+
+
+def test_round_robin_sends_each_call_of_a_program_to_the_next_engine():
+    forwards: list[tuple[str, str]] = []
+    sim = Simulation(swe(2), POLICIES["round_robin"], SMALL, Arrivals("closed", 1))
+    original = sim._dispatch
+
+    def spy(run, label):
+        forwards.append((run.spec.program_id, label))
+        original(run, label)
+
+    sim._dispatch = spy  # type: ignore[method-assign]
+    sim.run()
+    first = [label for pid, label in forwards if pid == "p0"]
+    assert len(set(first)) == 2
+    assert all(a != b for a, b in itertools.pairwise(first))
+
+
+def test_a_held_program_runs_only_after_a_resumed_action_names_it():
+    resumed: set[str] = set()
+    sim = Simulation(
+        swe(),
+        POLICIES["thunder-mw"],
+        SMALL,
+        Arrivals("batch"),
+        on_action=lambda a: resumed.add(a.program_id) if isinstance(a, Resumed) else None,
+    )
+    sim.run()
+    assert resumed == {p.program_id for p in swe()}
+
+
+def test_recomputed_prefill_is_larger_without_affinity():
+    rr = simulate(swe(), POLICIES["round_robin"], SMALL, Arrivals("closed", 4)).metrics
+    sticky = simulate(swe(), POLICIES["sticky"], SMALL, Arrivals("closed", 4)).metrics
+    assert rr["recomputed_prefill_tokens"] > sticky["recomputed_prefill_tokens"]
+    assert rr["prefix_hit_rate"] < sticky["prefix_hit_rate"]
+
+
+def test_the_same_seed_gives_the_same_metrics():
+    a = simulate(swe(), POLICIES["thunder-mw"], SMALL, Arrivals("closed", 6)).metrics
+    b = simulate(swe(), POLICIES["thunder-mw"], SMALL, Arrivals("closed", 6)).metrics
+    assert a == b
+
+
+def test_kv_usage_time_series_has_one_line_per_engine():
+    result = simulate(swe(4), POLICIES["sticky"], SMALL, Arrivals("batch"))
+    series = result.timeseries
+    assert set(series["kv_usage"]) == {"e0", "e1"}
+    assert all(len(v) == len(series["t_s"]) for v in series["kv_usage"].values())
+    assert all(0.0 <= u <= 1.0 for v in series["kv_usage"].values() for u in v)

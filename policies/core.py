@@ -185,6 +185,10 @@ class SchedulerCore:
         self.queue_fifo: collections.deque[tuple[float, Program]] = collections.deque()
         self.idle: LazyHeap[Program] = LazyHeap(_live)
         self.queued = 0
+        # Room can only appear when a reservation shrinks, a backend changes or time passes;
+        # until then a queue head that fit nowhere still fits nowhere (skip re-placing it).
+        self._room_epoch = 0
+        self._blocked: tuple[int, int, int] | None = None
         self._actions: list[Action] = []
         self.counters: collections.Counter[str] = collections.Counter()
         for stage in self.stages:
@@ -314,6 +318,7 @@ class SchedulerCore:
 
     def on_tick(self, now: float) -> list[Action]:
         self._actions = []
+        self._room_epoch += 1
         for stage in self.stages:
             stage.on_tick(self, now)
         self._resume_pass(now)
@@ -330,6 +335,7 @@ class SchedulerCore:
     ) -> list[Action]:
         """A backend's health, capacity or live signals changed."""
         self._actions = []
+        self._room_epoch += 1
         backend = self.backends.get(label)
         if backend is None:
             return self._take()
@@ -465,6 +471,8 @@ class SchedulerCore:
         if program.state is not ProgramState.ACTIVE or program.backend is None:
             return
         backend = self.backends[program.backend]
+        if tokens < program.reserved_tokens:
+            self._room_epoch += 1
         backend.reserved += tokens - program.reserved_tokens
         if program.pause_pending:
             backend.pending_release += tokens - program.pending_tokens
@@ -472,6 +480,8 @@ class SchedulerCore:
         program.reserved_tokens = tokens
 
     def _unreserve(self, program: Program) -> None:
+        if program.reserved_tokens:
+            self._room_epoch += 1
         if program.backend is not None and program.state is ProgramState.ACTIVE:
             backend = self.backends[program.backend]
             backend.reserved -= program.reserved_tokens
@@ -596,13 +606,16 @@ class SchedulerCore:
             if top is None:
                 return
             program = top[1]
+            blocked = (id(program), program.version, self._room_epoch)
+            if blocked == self._blocked:
+                return
             target = self._place(program, now)
             if target is None:
                 # A stage may free room for the head (e.g. from programs idle in long tools).
-                if not any(stage.on_queue_blocked(self, program, now) for stage in self.stages):
-                    return
-                target = self._place(program, now)
+                if any(stage.on_queue_blocked(self, program, now) for stage in self.stages):
+                    target = self._place(program, now)
                 if target is None:
+                    self._blocked = (id(program), program.version, self._room_epoch)
                     return
             self.resume(program, target, now)
 

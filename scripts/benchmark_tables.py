@@ -38,7 +38,7 @@ def tables(name: str) -> str:
     report = json.loads((RESULTS / f"{name}.json").read_text())
     c = report["config"]
     lines = [
-        f"### `{name}` — {c['workload']}, {c["engines"]} engines x "
+        f"### `{name}` — {c['workload']}, {c['engines']} engines x "
         f"{c['kv_tokens_per_engine']:,} KV tokens, {c['programs']} programs, seed "
         f"{report['seed']} (wall {report['wall_s']} s)",
         "",

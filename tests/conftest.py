@@ -6,7 +6,9 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from asgi_servers import serving
 from docker_fixtures import docker_client, sandbox  # noqa: F401  (fixtures for test_tools_*)
+from fake_engine import FakeEngine
 from real_vllm import RealVllm, missing_prerequisites, start_vllm
 
 # Set by .ci/run: there a missing real engine is a failure, never a silent skip.
@@ -33,6 +35,15 @@ def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]:
         startup_timeout_s=ENGINE_STARTUP_TIMEOUT_S,
     ) as engine:
         yield engine
+
+
+@pytest.fixture
+def engine() -> Iterator[FakeEngine]:
+    """An in-test engine on a loopback port that records what it received (its `url` set)."""
+    fake = FakeEngine()
+    with serving(fake) as server:
+        fake.url = server.url  # type: ignore[attr-defined]
+        yield fake
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

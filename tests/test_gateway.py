@@ -6,7 +6,6 @@ import json
 import time
 
 import httpx
-import pytest
 from asgi_servers import free_port, serving
 from fake_engine import FakeEngine
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,14 +13,6 @@ from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "héllo 😀"}], "temperature": 0.25}
-
-
-@pytest.fixture
-def engine():
-    fake = FakeEngine()
-    with serving(fake) as server:
-        fake.url = server.url
-        yield fake
 
 
 def gateway(*engines, **config):

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 from asgi_servers import serving
-from fake_engine import FakeEngine
 from fastapi import FastAPI, Request
 from thunder_mw.middleware.app import ThunderMiddleware
 from thunder_mw.middleware.scheduling import report_usage
@@ -41,14 +39,6 @@ def make_gateway(engine_url: str) -> tuple[FastAPI, list[dict]]:
 
     config = ThunderConfig(backends=[{"name": "engine", "url": engine_url}])
     return ThunderMiddleware(app, config=config), seen
-
-
-@pytest.fixture
-def engine():
-    fake = FakeEngine()
-    with serving(fake) as server:
-        fake.url = server.url
-        yield fake
 
 
 def test_wrapped_app_sees_the_stripped_body_and_the_chosen_backend(engine):

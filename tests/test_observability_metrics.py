@@ -29,9 +29,9 @@ from thunder_mw.schemas.config import ThunderConfig
 
 BIG = {"model": "m", "messages": [{"role": "user", "content": "x " * 400}], "max_tokens": 8}
 SMALL = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
-TIGHT_POLICIES = [
+TIGHT_POLICIES = [  # whole-context accounting, no yielding: the pause these tests expect
     {"admission": {"buffer_tokens_per_program": 0}},
-    {"state_aware_pause": {}},
+    {"state_aware_pause": {"acting_token_weight": 1.0, "yield_idle_after_s": None}},
     {"migration": {}},
     {"gc_hooks": {}},
 ]
@@ -48,14 +48,6 @@ def scrape(gw) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def names(samples) -> set[str]:
     return {name for name, _ in samples}
-
-
-@pytest.fixture
-def engine():
-    fake = FakeEngine()
-    with serving(fake) as server:
-        fake.url = server.url
-        yield fake
 
 
 @pytest.fixture

@@ -66,7 +66,7 @@ def test_tool_time_is_the_gap_between_an_answer_and_the_next_request(gw):
     first, second = profile(gw, "t")["steps"]
     assert 0.3 <= first["tool_s"] < 1.5
     assert second["tool_s"] is None  # no next request yet
-    assert profile(gw, "t")["tool_s"] == pytest.approx(first["tool_s"])
+    assert profile(gw, "t")["tool_s"] == pytest.approx(first["tool_s"], abs=1e-5)  # views round
 
 
 def test_profiles_lists_every_program_without_its_steps(gw):

@@ -194,10 +194,14 @@ def run_live_scenario(
         runs.sort(key=lambda r: r["steps_per_min"])
         median = runs[len(runs) // 2]
         results.append(median)
-        spread[policy] = {
-            key: {"min": runs[0][key], "median": median[key], "max": runs[-1][key]}
-            for key in ("steps_per_min", "jct_mean_s", "prefix_hit_rate")
-        }
+        spread[policy] = {}
+        for key in ("steps_per_min", "jct_mean_s", "prefix_hit_rate"):
+            values = sorted(r[key] for r in runs)
+            spread[policy][key] = {
+                "min": values[0],
+                "median": values[len(values) // 2],
+                "max": values[-1],
+            }
         des = simulate(programs, POLICIES[policy], cluster, Arrivals("batch"), policy).metrics
         agreement.append(
             {

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -286,7 +285,3 @@ def _vllm_capacity(text: bytes) -> int | None:
     if not blocks or not size or not blocks.isdigit() or not size.isdigit():
         return None
     return int(blocks) * int(size)
-
-
-def monotonic() -> float:
-    return time.monotonic()

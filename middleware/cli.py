@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+import uvicorn
 from thunder_mw import __version__
 from thunder_mw.middleware.config_loader import ConfigError, load_config
 
@@ -124,7 +126,6 @@ def _yaml_dump(data: Any) -> str:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
     from thunder_mw.middleware.app import create_app
 
     overrides: dict[str, Any] = {}
@@ -143,7 +144,8 @@ def serve(args: argparse.Namespace) -> int:
     level = config.server.log_level
     configure_logging(level, config.observability.log_format)
     app = create_app(config)
-    server = uvicorn.Server(
+    server = _GatewayServer(
+        app,
         uvicorn.Config(
             app,
             host=config.server.host,
@@ -158,10 +160,31 @@ def serve(args: argparse.Namespace) -> int:
             proxy_headers=False,
             server_header=False,
             timeout_graceful_shutdown=30,
-        )
+        ),
     )
     server.run()
     return 0 if server.started else 1
+
+
+class _GatewayServer(uvicorn.Server):
+    """uvicorn, plus: on SIGTERM/SIGINT held requests are answered with 503 at once, while
+    streams already running get uvicorn's graceful-shutdown deadline to finish."""
+
+    def __init__(self, app: Any, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._gateway = app
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        loop = self._loop
+        if loop is not None and not self.should_exit:
+            loop.call_soon_threadsafe(self._gateway.core.scheduler.drain)
+        super().handle_exit(sig, frame)
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    _loop: asyncio.AbstractEventLoop | None = None
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ class LiveScheduler:
         self.tick_interval_s = tick_interval_s
         self.max_held_requests = max_held_requests
         self.held = 0
+        self.draining = False
         self.core = SchedulerCore(
             pool.configured(),
             build_pipeline(policies),
@@ -89,6 +90,20 @@ class LiveScheduler:
                     fut.set_exception(
                         Rejected(503, "the gateway is shutting down", "shutting_down")
                     )
+        self._waiters.clear()
+
+    def drain(self) -> None:
+        """Shutting down: answer every held request with 503 now (in-flight calls go on)
+        rather than keep clients waiting until the server gives up on them."""
+        self.draining = True
+        now = self.clock()
+        for program_id, futures in list(self._waiters.items()):
+            for fut in futures:
+                if not fut.done():
+                    fut.set_exception(
+                        Rejected(503, "the gateway is shutting down", "shutting_down")
+                    )
+                    self._apply(self.core.on_abandoned(program_id, now))
         self._waiters.clear()
 
     async def _tick_loop(self) -> None:
@@ -118,6 +133,9 @@ class LiveScheduler:
         if isinstance(decision, Reject):
             raise Rejected(decision.status, decision.message, decision.code)
         assert isinstance(decision, Hold)
+        if self.draining:
+            self._apply(self.core.on_abandoned(ctx.program_id, self.clock()))
+            raise Rejected(503, "the gateway is shutting down", "shutting_down")
         if self.held >= self.max_held_requests:
             # Bounded memory: refuse rather than queue without limit; the program keeps
             # whatever it already had.

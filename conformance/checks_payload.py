@@ -18,6 +18,18 @@ ANY_FORWARDER = (T, DB, DH)
 LARGE_BODY_BYTES = 1024 * 1024
 
 
+async def _received_as(
+    s: Session, sent: dict[str, Any], expected: dict[str, Any], tagged: dict[str, Any], program: str
+) -> None:
+    """Send `sent`; the engine must receive `expected` (found by `tagged`'s marker)."""
+    await s.post_ok(sent)
+    forwarded = s.forwarded_json(tagged)
+    diff = first_difference(expected, forwarded, ordered=False)
+    if diff:
+        raise Fail(diff, forwarded)
+    await s.release(program)
+
+
 async def _forwarded_unchanged(
     s: Session,
     body: dict[str, Any],
@@ -151,12 +163,7 @@ async def _extra_body_siblings(s: Session) -> str | None:
     tagged = s.chat(max_tokens=4)
     sent = {**tagged, "extra_body": {"top_k": 5, "program_id": program, "repetition_penalty": 1.1}}
     expected = {**tagged, "extra_body": {"top_k": 5, "repetition_penalty": 1.1}}
-    await s.post_ok(sent)
-    forwarded = s.forwarded_json(tagged)
-    diff = first_difference(expected, forwarded, ordered=False)
-    if diff:
-        raise Fail(diff, forwarded)
-    await s.release(program)
+    await _received_as(s, sent, expected, tagged, program)
     return None
 
 
@@ -170,12 +177,7 @@ async def _nvext_siblings(s: Session) -> str | None:
     context = {"session_type_id": "c", "session_id": "s", "trajectory_id": program}
     sent = {**tagged, "nvext": {"annotations": ["x"], "agent_context": context, "top_k": 3}}
     expected = {**tagged, "nvext": {"annotations": ["x"], "top_k": 3}}
-    await s.post_ok(sent)
-    forwarded = s.forwarded_json(tagged)
-    diff = first_difference(expected, forwarded, ordered=False)
-    if diff:
-        raise Fail(diff, forwarded)
-    await s.release(program)
+    await _received_as(s, sent, expected, tagged, program)
     return None
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 
 import httpx
 import pytest
 from asgi_servers import serving
 from fake_engine import FakeEngine
+from held_requests import SMALL, start_hog
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from thunder_mw.middleware.app import create_app
@@ -27,8 +27,6 @@ from thunder_mw.policies.core import (
 )
 from thunder_mw.schemas.config import ThunderConfig
 
-BIG = {"model": "m", "messages": [{"role": "user", "content": "x " * 400}], "max_tokens": 8}
-SMALL = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 TIGHT_POLICIES = [  # whole-context accounting, no yielding: the pause these tests expect
     {"admission": {"buffer_tokens_per_program": 0}},
     {"state_aware_pause": {"acting_token_weight": 1.0, "yield_idle_after_s": None}},
@@ -153,36 +151,12 @@ def tight():
             yield gw
 
 
-def _hog(gw, program_id: str) -> threading.Thread:
-    """`program_id` streams a call for ~2 s that needs nearly all of the engine's KV."""
-
-    def run():
-        with httpx.stream(
-            "POST",
-            f"{gw.url}/v1/chat/completions",
-            json={**BIG, "stream": True, "program_id": program_id, "max_tokens": 800},
-            timeout=30,
-        ) as r:
-            for _ in r.iter_raw():
-                pass
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        r = httpx.get(f"{gw.url}/programs/{program_id}")
-        if r.status_code == 200 and r.json()["in_flight"]:
-            return thread
-        time.sleep(0.02)
-    raise AssertionError("hog never started")
-
-
 def test_a_held_request_is_counted_in_the_queue_histogram_and_as_a_pause(tight):
     # Both run a small call and go ACTING; then `grows` asks for nearly the whole engine,
     # so `small` (ACTING: its GPU idle) is paused and its next request waits for the room.
     for program_id in ("small", "grows"):
         httpx.post(f"{tight.url}/v1/chat/completions", json={**SMALL, "program_id": program_id})
-    hog = _hog(tight, "grows")
+    hog = start_hog(tight.url, "grows")
     r = httpx.post(
         f"{tight.url}/v1/chat/completions", json={**SMALL, "program_id": "small"}, timeout=30
     )

@@ -9,11 +9,9 @@ import httpx
 import pytest
 from asgi_servers import serving
 from fake_engine import FakeEngine
+from held_requests import BIG, SMALL, start_hog, wait_for
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
-
-BIG = {"model": "m", "messages": [{"role": "user", "content": "x " * 400}], "max_tokens": 8}
-SMALL = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 
 
 @pytest.fixture
@@ -34,42 +32,8 @@ def tight():
             yield gw
 
 
-def _hog(gw) -> threading.Thread:
-    """Program `hog` streams for ~3 s holding ~900 tokens of the engine."""
-
-    def run():
-        with httpx.stream(
-            "POST",
-            f"{gw.url}/v1/chat/completions",
-            json={**BIG, "stream": True, "program_id": "hog", "max_tokens": 800},
-            timeout=30,
-        ) as r:
-            for _ in r.iter_raw():
-                pass
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        programs = httpx.get(f"{gw.url}/programs").json()["programs"]
-        if any(p["program_id"] == "hog" and p["in_flight"] for p in programs):
-            return thread
-        time.sleep(0.02)
-    raise AssertionError("hog never started")
-
-
-def _wait_for(gw, pid, **fields):
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        r = httpx.get(f"{gw.url}/programs/{pid}")
-        if r.status_code == 200 and all(r.json()[k] == v for k, v in fields.items()):
-            return r.json()
-        time.sleep(0.02)
-    raise AssertionError(f"{pid} never reached {fields}")
-
-
 def test_a_request_that_does_not_fit_waits_and_then_runs(tight):
-    hog = _hog(tight)
+    hog = start_hog(tight.url)
     started = time.monotonic()
     r = httpx.post(
         f"{tight.url}/v1/chat/completions", json={**BIG, "program_id": "late"}, timeout=30
@@ -81,7 +45,7 @@ def test_a_request_that_does_not_fit_waits_and_then_runs(tight):
 
 
 def test_releasing_a_program_while_its_request_is_held_answers_409(tight):
-    hog = _hog(tight)
+    hog = start_hog(tight.url)
     answer: dict = {}
 
     def held():
@@ -91,7 +55,7 @@ def test_releasing_a_program_while_its_request_is_held_answers_409(tight):
 
     thread = threading.Thread(target=held)
     thread.start()
-    program = _wait_for(tight, "held", waiting=1)
+    program = wait_for(tight.url, "held", waiting=1)
     assert program["state"] == "paused"
     release = httpx.post(f"{tight.url}/programs/release", json={"program_id": "held"})
     thread.join(timeout=5)
@@ -102,7 +66,7 @@ def test_releasing_a_program_while_its_request_is_held_answers_409(tight):
 
 
 def test_a_client_that_gives_up_while_held_leaves_the_queue(tight):
-    hog = _hog(tight)
+    hog = start_hog(tight.url)
 
     def impatient():
         with pytest.raises(httpx.ReadTimeout):
@@ -147,14 +111,14 @@ def test_past_the_held_request_limit_new_requests_get_429_with_retry_after():
             policies=[{"admission": {"buffer_tokens_per_program": 0}}, {"migration": {}}],
         )
         with serving(create_app(config)) as gw:
-            hog = _hog(gw)
+            hog = start_hog(gw.url)
             first = threading.Thread(
                 target=lambda: httpx.post(
                     f"{gw.url}/v1/chat/completions", json={**BIG, "program_id": "w1"}, timeout=30
                 )
             )
             first.start()
-            _wait_for(gw, "w1", waiting=1)
+            wait_for(gw.url, "w1", waiting=1)
             r = httpx.post(f"{gw.url}/v1/chat/completions", json={**BIG, "program_id": "w2"})
             gone = httpx.get(f"{gw.url}/programs/w2").status_code
             first.join()

@@ -12,8 +12,7 @@ import time
 import httpx
 from asgi_servers import free_port, serving
 from fake_engine import FakeEngine
-
-BIG = {"model": "m", "messages": [{"role": "user", "content": "x " * 400}], "max_tokens": 8}
+from held_requests import BIG
 
 
 def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path):

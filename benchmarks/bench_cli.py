@@ -2,6 +2,9 @@
 
     thunder-mw bench --scenario swe-agent-knee [--mode des|live] [--policies a,b]
                      [--output PATH] [--seed N]
+    thunder-mw bench --scenario vllm-cpu-real [--repeats N] [--engine-url URL]
+
+A scenario on the real vLLM CPU engine (vllm-cpu-real) ignores --mode: it is always real.
 
 Runs are independent, so they go to a pool of worker processes (`--jobs`).
 """
@@ -74,6 +77,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     live.add_argument(
         "--live-stream", action="store_true", help="Stream calls (measures TTFT; costs CPU)."
     )
+    live.add_argument(
+        "--engine-url",
+        help="vllm-cpu-real: use this running vLLM engine instead of starting one "
+        "(its prefix cache is reset before each run: needs VLLM_SERVER_DEV_MODE=1).",
+    )
     des = parser.add_argument_group("simulation (des) overrides")
     des.add_argument("--engines", type=int, help="Engines of the main run.")
     des.add_argument("--programs-per-engine", type=int, help="Concurrent programs per engine.")
@@ -105,6 +113,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown policies {unknown}; known: {sorted(POLICIES)}", file=sys.stderr)
         return 2
+    if scenario.engine == "vllm-cpu":
+        return _run_real(scenario, policies, args)
     if args.mode == "live":
         return _run_live(scenario, policies, args)
     output = args.output or RESULTS_DIR / f"{scenario.name}.json"
@@ -151,6 +161,31 @@ def _run_live(scenario: Scenario, policies: list[str], args: argparse.Namespace)
             f"jct {row['jct_mean_ratio']}"
         )
     print(f"\nwritten to {output}")
+    return 0
+
+
+def _run_real(scenario: Scenario, policies: list[str], args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import vllm_real
+
+    output = args.output or RESULTS_DIR / f"{scenario.name}.json"
+    report = vllm_real.run_vllm_real_scenario(
+        scenario,
+        policies,
+        seed=args.seed,
+        repeats=args.repeats,
+        programs=args.programs,
+        engine_url=args.engine_url,
+        stream=args.live_stream,
+    )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=1) + "\n")
+    print(format_table(report))
+    print(vllm_real.format_spread(report))
+    print(f"\nwall {report['wall_s']} s (engine start {report['engine_start_s']} s)")
+    print(f"written to {output}")
+    if not args.no_plots:
+        for path in vllm_real.write_plots(report, output.with_suffix("")):
+            print(f"plot: {path}")
     return 0
 
 

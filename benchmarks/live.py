@@ -109,6 +109,11 @@ class Gateway:
                 self._proc.kill()
         self._dir.cleanup()
 
+    @property
+    def pid(self) -> int | None:
+        """The gateway process's id (its memory is what the soak benchmark samples)."""
+        return self._proc.pid if self._proc is not None else None
+
     def log_tail(self) -> str:
         path = Path(self._dir.name) / "gateway.log"
         return path.read_text(errors="replace")[-2000:] if path.exists() else ""

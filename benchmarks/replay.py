@@ -7,6 +7,9 @@ time to first token and the engine's token counts are measured per call. A progr
 prompt is its previous prompt + the answer + what its tool returned (`growth_ids`), exactly
 as benchmarks/des.py builds it, so a live run and a simulated run see the same reuse.
 Times are scaled: with `time_scale` 10, a 5 s tool call sleeps 0.5 s of wall time.
+With `vocab_size` set (a real engine), prompts go as token-id lists and answers come back as
+token ids (`return_token_ids`), so the engine sees exactly the ids the workload names and a
+program's next prompt extends its last one token for token, whatever the model's tokenizer.
 """
 
 from __future__ import annotations
@@ -73,16 +76,19 @@ class Replayer:
         release: bool = True,
         stream: bool = True,
         request_timeout_s: float = 600.0,
+        vocab_size: int | None = None,
     ) -> None:
         """`stream=False` measures no time to first token but spares the client (and the
-        gateway) a chunk per token: for runs whose point is throughput on a busy machine."""
+        gateway) a chunk per token: for runs whose point is throughput on a busy machine.
+        `vocab_size`: send token ids (each workload id modulo it) instead of rendered text."""
         self.url = url.rstrip("/")
         self.stream = stream
         self.model = model
         self.time_scale = time_scale
         self.release = release
+        self.vocab_size = vocab_size
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
-        self._system: dict[str, str] = {}
+        self._system: dict[str, str | list[int]] = {}
         self.records: list[ProgramRecord] = []
         self.done = 0
 
@@ -97,10 +103,15 @@ class Replayer:
         if sim_s > 0:
             await asyncio.sleep(sim_s / self.time_scale)
 
-    def _system_text(self, spec: ProgramSpec) -> str:
+    def _encode(self, ids: list[int]) -> str | list[int]:
+        if self.vocab_size is None:
+            return render(ids)
+        return [i % self.vocab_size for i in ids]
+
+    def _system_prompt(self, spec: ProgramSpec) -> str | list[int]:
         key = f"{spec.session_type}:{spec.system_tokens}"
         if key not in self._system:
-            self._system[key] = render(system_ids(spec.session_type, spec.system_tokens))
+            self._system[key] = self._encode(system_ids(spec.session_type, spec.system_tokens))
         return self._system[key]
 
     async def _program(self, session: aiohttp.ClientSession, spec: ProgramSpec, t0: float) -> None:
@@ -108,11 +119,13 @@ class Replayer:
         record = ProgramRecord(spec.program_id, spec.parent_id is None, time.monotonic())
         self.records.append(record)
         await self._sleep(spec.start_s)
-        prompt = ""
+        prompt: Any = ""
         for index, call in enumerate(spec.calls):
-            growth = render(growth_ids(spec.program_id, index, call.growth_tokens))
+            growth = self._encode(growth_ids(spec.program_id, index, call.growth_tokens))
             prompt = (
-                self._system_text(spec) + growth if index == 0 or call.reset else prompt + growth
+                self._system_prompt(spec) + growth  # type: ignore[operator]
+                if index == 0 or call.reset
+                else prompt + growth
             )
             result = await self._call(session, spec.program_id, index, prompt, call.output_tokens)
             record.calls.append(result[0])
@@ -136,9 +149,9 @@ class Replayer:
         session: aiohttp.ClientSession,
         program_id: str,
         index: int,
-        prompt: str,
+        prompt: str | list[int],
         output_tokens: int,
-    ) -> tuple[CallRecord, str]:
+    ) -> tuple[CallRecord, Any]:
         body = {
             "model": self.model,
             "prompt": prompt,
@@ -146,21 +159,23 @@ class Replayer:
             "ignore_eos": True,
             "program_id": program_id,
         }
+        if self.vocab_size is not None:
+            body["return_token_ids"] = True
         if self.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         record = CallRecord(program_id, index, time.monotonic())
-        text: list[str] = []
+        text: list[Any] = []
         try:
             async with session.post(f"{self.url}/v1/completions", json=body) as r:
                 record.status = r.status
                 if r.status != 200:
                     await r.read()
-                    return record, ""
+                    return record, self._joined(text)
                 if not self.stream:
                     self._whole(await r.json(), record, text)
                     record.done_at = time.monotonic()
-                    return record, "".join(text)
+                    return record, self._joined(text)
                 buffer = b""
                 async for chunk in r.content.iter_any():
                     buffer += chunk
@@ -170,7 +185,12 @@ class Replayer:
         except (aiohttp.ClientError, TimeoutError):
             record.status = 599
         record.done_at = time.monotonic()
-        return record, "".join(text)
+        return record, self._joined(text)
+
+    def _joined(self, pieces: list[Any]) -> str | list[int]:
+        if self.vocab_size is None:
+            return "".join(pieces)
+        return [i for piece in pieces for i in piece]
 
     @classmethod
     def _event(cls, event: bytes, record: CallRecord, text: list[str]) -> None:
@@ -184,10 +204,13 @@ class Replayer:
             record.status = 502
             return
         for choice in data.get("choices") or ():
-            if choice.get("text"):
+            # With return_token_ids the answer is its ids (text need not re-tokenize the same).
+            ids = choice.get("token_ids")
+            piece = ids if ids is not None else choice.get("text")
+            if piece:
                 if record.first_token_at is None:
                     record.first_token_at = time.monotonic()
-                text.append(choice["text"])
+                text.append(piece)
         usage = data.get("usage")
         if usage:
             record.prompt_tokens = usage.get("prompt_tokens", 0)

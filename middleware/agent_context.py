@@ -127,7 +127,8 @@ class AgentContextMiddleware:
             )
         try:
             data = _decode(raw)
-        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+            # RecursionError: nested deeper than the decoder goes, yet under max_body_bytes.
             raise ContextError(
                 f"request body is not valid JSON: {exc}", "body", "invalid_json"
             ) from None

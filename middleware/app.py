@@ -16,10 +16,12 @@ from thunder_mw.middleware.admin import AdminRoutes, is_admin_path
 from thunder_mw.middleware.agent_context import AgentContextMiddleware
 from thunder_mw.middleware.backends import BackendPool
 from thunder_mw.middleware.docker_tools import DockerTools
+from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.forwarder import Forwarder
 from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.middleware.metrics import GatewayMetrics
 from thunder_mw.middleware.observability import Observability
+from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import SchedulingMiddleware
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
 from thunder_mw.schemas.config import ThunderConfig
@@ -52,12 +54,16 @@ class _Core:
         self.observability = Observability(
             config.observability, self.scheduler, self.pool, self.metrics, clock
         )
+        self.owners = _program_ownership(config, self.scheduler)
+        self.max_header_bytes = config.server.max_header_bytes
+        self.max_headers = config.server.max_headers
         standalone = inner is None
         self.pipeline: ASGIApp = AgentContextMiddleware(
             SchedulingMiddleware(
                 self.observability.handing_to_engine(self.forwarder if standalone else inner),
                 self.scheduler,
                 self.tools,
+                self.owners,
             ),
             config.agent_context,
             config.server.max_body_bytes,
@@ -69,11 +75,12 @@ class _Core:
             self.pool,
             self.metrics,
             self.pipeline.parser,  # type: ignore[attr-defined]
-            config.server.admin_token,
+            config.server.admin_token.get_secret_value() if config.server.admin_token else None,
             clock,
             __version__,
             self.tools,
             observability=self.observability,
+            owners=self.owners,
         )
 
         self.started = False
@@ -105,6 +112,12 @@ class _Core:
             await self.pool.stop()
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refused = self._head_refused(scope)
+        if refused is not None:
+            message, code = refused
+            await send_error(send, 431, message, "headers", code)
+            self.metrics.count_request(scope["path"], 431)
+            return
         if not self.started:
             # Servers (and test transports) that skip the lifespan protocol still get a
             # started gateway: the first request starts it.
@@ -138,6 +151,36 @@ class _Core:
             await self.pipeline(scope, receive, watching_send)
         finally:
             self.metrics.count_request(path, status)
+
+    def _head_refused(self, scope: Scope) -> tuple[str, str] | None:
+        """431 for a request head past the configured bounds (uvicorn's httptools parser
+        enforces none), checked before any layer looks at a header."""
+        headers = scope["headers"]
+        if len(headers) > self.max_headers:
+            return (
+                f"request has {len(headers)} headers; at most {self.max_headers} are accepted "
+                "(server.max_headers)",
+                "too_many_headers",
+            )
+        size = len(scope.get("raw_path") or scope["path"]) + len(scope.get("query_string", b""))
+        for name, value in headers:
+            size += len(name) + len(value)
+        if size > self.max_header_bytes:
+            return (
+                f"request headers and target exceed the {self.max_header_bytes}-byte limit "
+                "(server.max_header_bytes)",
+                "headers_too_large",
+            )
+        return None
+
+
+def _program_ownership(config: ThunderConfig, scheduler: LiveScheduler) -> ProgramOwnership | None:
+    settings = config.agent_context
+    if settings.program_owner != "header":
+        return None
+    owners = ProgramOwnership(settings.program_owner_header)
+    scheduler.listeners.append(owners.on_action)
+    return owners
 
 
 def _docker_tools(

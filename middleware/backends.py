@@ -89,7 +89,9 @@ class Backend:
         self.discovered_capacity: int | None = None
         self.planned_capacity: int | None = None
         self.auth_header: tuple[bytes, bytes] | None = (
-            (b"authorization", f"Bearer {settings.api_key}".encode()) if settings.api_key else None
+            (b"authorization", f"Bearer {settings.api_key.get_secret_value()}".encode())
+            if settings.api_key
+            else None
         )
 
     @property
@@ -129,6 +131,7 @@ class BackendPool:
         self._by_label: dict[str, Backend] = {}
         self._embedded: list[Any] = []
         self._probe_task: asyncio.Task[None] | None = None
+        self._suspect_probes: dict[str, asyncio.Task[None]] = {}
         self._rr = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -150,6 +153,7 @@ class BackendPool:
                 max_connections=self._server.max_connections_per_backend,
                 connect_timeout_s=self._server.connect_timeout_s,
                 read_timeout_s=self._server.read_timeout_s,
+                first_byte_timeout_s=self._server.first_byte_timeout_s,
             )
             self.backends.append(backend)
             self._by_label[backend.label] = backend
@@ -161,6 +165,10 @@ class BackendPool:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probe_task
+        for task in list(self._suspect_probes.values()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for b in self.backends:
             if b.client is not None:
                 await b.client.aclose()
@@ -220,11 +228,23 @@ class BackendPool:
 
     # ------------------------------------------------------------------ health
     def record_failure(self, backend: Backend, error: str) -> None:
+        """A call got no answer: open the circuit, and probe at once to learn whether the
+        engine is gone (the scheduler then stops counting on it) or only slow (closed again)."""
         backend.consecutive_failures += 1
         backend.last_error = error
         if backend.consecutive_failures >= FAILURES_TO_OPEN and backend.healthy:
             backend.healthy = False
             log.warning("backend %s marked unhealthy: %s", backend.label, error)
+        self.suspect(backend)
+
+    def suspect(self, backend: Backend) -> None:
+        """Probe `backend` now rather than at the next interval (a call on it failed), so a
+        dead engine's programs leave it within a round trip, not a probe interval."""
+        if backend.label in self._suspect_probes or backend.client is None:
+            return
+        task = asyncio.get_running_loop().create_task(self.probe(backend))
+        self._suspect_probes[backend.label] = task
+        task.add_done_callback(lambda _: self._suspect_probes.pop(backend.label, None))
 
     def record_success(self, backend: Backend) -> None:
         if backend.consecutive_failures:

@@ -139,29 +139,34 @@ def serve(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return 2
+    from thunder_mw.middleware.bounded_head import bounded_httptools, raw_head_limit
     from thunder_mw.middleware.log_format import configure_logging
+    from thunder_mw.middleware.redaction import config_secrets
+    from thunder_mw.middleware.redaction import install as install_redaction
 
     level = config.server.log_level
     configure_logging(level, config.observability.log_format)
     app = create_app(config)
-    server = _GatewayServer(
+    server_config = uvicorn.Config(
         app,
-        uvicorn.Config(
-            app,
-            host=config.server.host,
-            port=config.server.port,
-            log_level=level,
-            loop="uvloop",
-            http="httptools",
-            lifespan="on",
-            access_log=config.observability.access_log,
-            # JSON logs: uvicorn's own loggers go through the same root handler.
-            **({"log_config": None} if config.observability.log_format == "json" else {}),
-            proxy_headers=False,
-            server_header=False,
-            timeout_graceful_shutdown=30,
+        host=config.server.host,
+        port=config.server.port,
+        log_level=level,
+        loop="uvloop",
+        http=bounded_httptools(
+            raw_head_limit(config.server.max_header_bytes, config.server.max_headers)
         ),
+        lifespan="on",
+        access_log=config.observability.access_log,
+        # JSON logs: uvicorn's own loggers go through the same root handler.
+        **({"log_config": None} if config.observability.log_format == "json" else {}),
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=30,
     )
+    # uvicorn.Config has just installed its loggers' handlers: every handler gets the filter.
+    install_redaction(config_secrets(config))
+    server = _GatewayServer(app, server_config)
     server.run()
     return 0 if server.started else 1
 

@@ -18,6 +18,7 @@ import requests.exceptions
 from thunder_mw.schemas.config import SandboxTemplate
 
 T = TypeVar("T")
+_PROVISIONAL_API_VERSION = "1.41"  # replaced by the engine's own before the first real call
 CustomHook = Callable[[Any, str, str], None]
 
 
@@ -89,9 +90,19 @@ class DockerEngine:
             "timeout": int(self.timeout_s),
             "max_pool_size": self._max_calls,
         }
-        if self.url:
-            return docker.DockerClient(base_url=self.url, **kwargs)
-        return docker.from_env(**kwargs)
+        # The engine is reached at the configured address only: requests' session would
+        # otherwise send a tcp:// engine's calls through HTTP(S)_PROXY and read ~/.netrc.
+        # The SDK asks the engine its API version while constructing the client, so that
+        # question waits until the session ignores the environment.
+        kwargs["version"] = _PROVISIONAL_API_VERSION
+        client = (
+            docker.DockerClient(base_url=self.url, **kwargs)
+            if self.url
+            else docker.from_env(**kwargs)
+        )
+        client.api.trust_env = False
+        client.api._version = client.api._retrieve_server_version()
+        return client
 
     @_classified
     def ping(self) -> str:

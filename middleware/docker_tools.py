@@ -205,6 +205,10 @@ class DockerTools:
                     503, f"the tool journal cannot record ownership: {exc}", "docker_ids", "journal"
                 ) from None
             log.info("adopt program=%s containers=%s", program_id, ",".join(e.name for e in new))
+        if not vetted:
+            # Nothing adopted (the engine is down): an empty entry would outlive the program,
+            # since only a program that owns containers is looked up when it ends.
+            return
         refs = self._refs.setdefault(program_id, set())
         for ref, info in vetted:
             refs.update((ref, info.id, info.name))
@@ -367,7 +371,7 @@ class DockerTools:
     async def hand_out(self, program_id: str, template_name: str) -> dict[str, Any]:
         """A started sandbox for `program_id`: from the warm pool, else started now."""
         if not self.enabled:
-            raise ToolRefused(503, "the Docker tool manager is off", "template", "tools_disabled")
+            raise ToolRefused(404, "the Docker tool manager is off", "template", "tools_disabled")
         template = self.templates.get(template_name)
         if template is None:
             raise ToolRefused(

@@ -26,10 +26,14 @@ class UpstreamError(Exception):
 class UpstreamResponse:
     """An engine's answer whose body is read (or streamed) by the caller, then closed."""
 
-    __slots__ = ("_response", "headers", "status")
+    __slots__ = ("_deadline", "_first_byte_timeout_s", "_response", "headers", "status")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(
+        self, response: aiohttp.ClientResponse, deadline: float, first_byte_timeout_s: float
+    ) -> None:
         self._response = response
+        self._deadline = deadline
+        self._first_byte_timeout_s = first_byte_timeout_s
         self.status = response.status
         self.headers: Sequence[tuple[bytes, bytes]] = response.raw_headers
 
@@ -45,9 +49,23 @@ class UpstreamResponse:
                 f"engine failed mid-response: {exc!r}", timeout=_is_timeout(exc)
             ) from exc
 
+    async def first_chunk(self) -> bytes:
+        """The body's first bytes (b"" when it is empty), within the first-byte deadline:
+        an engine streams its headers at once but may sit on the first event for minutes."""
+        try:
+            async with asyncio.timeout_at(self._deadline) as deadline:
+                return await self._response.content.readany()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            if deadline.expired():
+                raise _no_first_byte(self._first_byte_timeout_s) from exc
+            raise UpstreamError(
+                f"engine failed before its first event: {exc!r}", timeout=_is_timeout(exc)
+            ) from exc
+
     def chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive, no re-chunking. Iterated on the hot path without a
-        wrapping generator: callers catch STREAM_ERRORS and map them with as_upstream_error."""
+        """Body bytes as they arrive (after `first_chunk`, if it was read), no re-chunking.
+        Iterated on the hot path without a wrapping generator: callers catch STREAM_ERRORS
+        and map them with as_upstream_error."""
         return self._response.content.iter_any()
 
     def close(self) -> None:
@@ -67,9 +85,11 @@ class EngineClient:
         max_connections: int,
         connect_timeout_s: float,
         read_timeout_s: float,
+        first_byte_timeout_s: float = 300.0,
     ) -> None:
         self.base_url = base_url
         self._max_connections = max_connections
+        self._first_byte_timeout_s = first_byte_timeout_s
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
         )
@@ -91,23 +111,30 @@ class EngineClient:
     async def send(
         self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> UpstreamResponse:
-        """Send a request and return once the engine's status line and headers arrived."""
+        """Send a request and return once the engine's status line and headers arrived.
+
+        The first-byte deadline starts now and covers the headers; the response carries it
+        on to `first_chunk`. Cancelling the wait drops the connection: the engine aborts."""
         session = self._ensure_session()
         header_pairs = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
+        deadline = asyncio.get_running_loop().time() + self._first_byte_timeout_s
         try:
-            response = await session.request(
-                method,
-                self.base_url + target,
-                data=body,
-                headers=header_pairs,
-                allow_redirects=False,
-                compress=None,
-            )
+            async with asyncio.timeout_at(deadline) as first_byte:
+                response = await session.request(
+                    method,
+                    self.base_url + target,
+                    data=body,
+                    headers=header_pairs,
+                    allow_redirects=False,
+                    compress=None,
+                )
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamError(f"connection refused: {exc!r}", before_any_byte=True) from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
+            if first_byte.expired():
+                raise _no_first_byte(self._first_byte_timeout_s) from exc
             raise UpstreamError(f"engine failed: {exc!r}", timeout=_is_timeout(exc)) from exc
-        return UpstreamResponse(response)
+        return UpstreamResponse(response, deadline, self._first_byte_timeout_s)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -120,6 +147,12 @@ STREAM_ERRORS = (TimeoutError, aiohttp.ClientError)
 
 def as_upstream_error(exc: BaseException, what: str) -> UpstreamError:
     return UpstreamError(f"{what}: {exc!r}", timeout=_is_timeout(exc))
+
+
+def _no_first_byte(timeout_s: float) -> UpstreamError:
+    return UpstreamError(
+        f"no response within {timeout_s:g} s (server.first_byte_timeout_s)", timeout=True
+    )
 
 
 def _is_timeout(exc: BaseException) -> bool:

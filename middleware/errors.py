@@ -12,6 +12,7 @@ _TYPES = {
     404: "not_found_error",
     409: "conflict_error",
     413: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_error",
     502: "upstream_error",
     503: "service_unavailable",

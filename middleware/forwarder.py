@@ -106,7 +106,7 @@ class Forwarder:
         elif path.startswith("/v1/"):
             await self._plain(scope, receive, send)
         else:
-            await send_error(send, 404, f"no route {method} {path}", "path", "not_found")
+            await send_error(send, 404, f"no route {method} {path}", "path", "route_not_found")
 
     # ------------------------------------------------------------------ inference
     async def _inference(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -119,7 +119,8 @@ class Forwarder:
                 return
             try:
                 data = _decode_any(raw)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+                # RecursionError: nested deeper than the decoder goes, yet under max_body_bytes.
                 await send_error(
                     send, 400, "request body is not valid JSON", "body", "invalid_json"
                 )
@@ -217,17 +218,7 @@ class Forwarder:
                 alternative = reroute(backend.label) if reroute and attempt == 0 else None
                 if alternative is None:
                     state["thunder_outcome"] = "upstream_failed"
-                    if exc.timeout:
-                        message, status, code = "timed out", 504, "upstream_timeout"
-                    elif exc.before_any_byte:
-                        message, status, code = (
-                            "refused the connection",
-                            502,
-                            "upstream_unreachable",
-                        )
-                    else:
-                        message, status, code = f"failed: {exc}", 502, "upstream_error"
-                    await send_error(send, status, f"backend {backend.label} {message}", None, code)
+                    await _send_upstream_error(send, backend, exc)
                     return
                 log.info(
                     "backend %s refused the connection; retrying on %s",
@@ -239,7 +230,7 @@ class Forwarder:
         assert response is not None
         try:
             if response.content_type == "text/event-stream":
-                await self._relay_events(send, state, response, hide_usage)
+                await self._relay_events(send, state, backend, response, hide_usage)
             else:
                 await self._relay_whole(send, state, response)
         finally:
@@ -278,7 +269,7 @@ class Forwarder:
             await send_error(send, status, str(exc), None, code)
             return
         if response.status < 400:
-            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 state["thunder_usage"] = _usage_of(_decode_envelope(content))
         headers = self._response_headers(response)
         headers.append((b"content-length", str(len(content)).encode()))
@@ -286,8 +277,22 @@ class Forwarder:
         await send({"type": "http.response.body", "body": content})
 
     async def _relay_events(
-        self, send: Send, state: dict[str, Any], response: UpstreamResponse, hide_usage: bool
+        self,
+        send: Send,
+        state: dict[str, Any],
+        backend: Backend,
+        response: UpstreamResponse,
+        hide_usage: bool,
     ) -> None:
+        # Headers go out with the first event: until then a slow or dead engine can still be
+        # answered with a plain 504/502 rather than a stream that ends in an error event.
+        try:
+            chunk = await response.first_chunk()
+        except UpstreamError as exc:
+            self.pool.record_failure(backend, str(exc))
+            state["thunder_outcome"] = "upstream_failed"
+            await _send_upstream_error(send, backend, exc)
+            return
         await send(
             {
                 "type": "http.response.start",
@@ -296,20 +301,25 @@ class Forwarder:
             }
         )
         pending = b""
+        next_chunk = response.chunks().__anext__
         try:
-            async for chunk in response.chunks():
+            while chunk:
                 pending += chunk
                 cut = pending.rfind(b"\n\n")
-                if cut < 0:
-                    continue
-                ready, pending = pending[: cut + 2], pending[cut + 2 :]
-                if b'"usage"' in ready:
-                    ready = self._take_usage(ready, state, hide_usage)
-                if ready:
-                    await send({"type": "http.response.body", "body": ready, "more_body": True})
+                if cut >= 0:
+                    ready, pending = pending[: cut + 2], pending[cut + 2 :]
+                    if b'"usage"' in ready:
+                        ready = self._take_usage(ready, state, hide_usage)
+                    if ready:
+                        await send({"type": "http.response.body", "body": ready, "more_body": True})
+                try:
+                    chunk = await next_chunk()
+                except StopAsyncIteration:
+                    break
         except STREAM_ERRORS as raw:
             exc = as_upstream_error(raw, "engine failed mid-stream")
             state["thunder_outcome"] = "upstream_failed"
+            self.pool.suspect(backend)  # dead, or did only this call fail?
             error = _encode(
                 {
                     "error": {
@@ -336,7 +346,9 @@ class Forwarder:
         kept: list[bytes] = []
         for event in ready.split(b"\n\n")[:-1]:
             if b'"usage"' in event and event.startswith(b"data: "):
-                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                with contextlib.suppress(
+                    msgspec.DecodeError, msgspec.ValidationError, RecursionError
+                ):
                     envelope = _decode_envelope(event[6:])
                     usage = _usage_of(envelope)
                     if usage is not None:
@@ -357,7 +369,9 @@ class Forwarder:
         for result in results:
             if isinstance(result, BaseException) or result.status_code != 200:
                 continue
-            with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError):
+            with contextlib.suppress(
+                msgspec.DecodeError, AttributeError, TypeError, RecursionError
+            ):
                 for model in _decode_any(result.content).get("data", []):
                     if isinstance(model, dict) and "id" in model:
                         merged.setdefault(model["id"], model)
@@ -393,6 +407,17 @@ class Forwarder:
             await self._relay_whole(send, {}, response)
         finally:
             response.close()
+
+
+async def _send_upstream_error(send: Send, backend: Backend, exc: UpstreamError) -> None:
+    """The OpenAI-style error for an engine that gave no usable answer."""
+    if exc.timeout:
+        message, status, code = f"timed out: {exc}", 504, "upstream_timeout"
+    elif exc.before_any_byte:
+        message, status, code = "refused the connection", 502, "upstream_unreachable"
+    else:
+        message, status, code = f"failed: {exc}", 502, "upstream_error"
+    await send_error(send, status, f"backend {backend.label} {message}", None, code)
 
 
 async def _read_all(receive: Receive, limit: int) -> bytes | None:

@@ -23,8 +23,9 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record, "thunder", None)
         if isinstance(fields, dict):
             out.update(fields)
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+        if record.exc_info or record.exc_text:
+            # exc_text first: a filter (middleware/redaction.py) may have masked it.
+            out["exception"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, default=str)
 
 

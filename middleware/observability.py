@@ -89,7 +89,7 @@ class Observability:
     async def route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         if method != "GET":
-            await send_error(send, 405, f"no route {method} {path}")
+            await send_error(send, 405, f"no route {method} {path}", None, "method_not_allowed")
         elif path in ("/dashboard", "/dashboard/"):
             await send(
                 {
@@ -123,7 +123,7 @@ class Observability:
                 return
             await send_json(send, 200, _encode(view))
         else:
-            await send_error(send, 404, f"no route {method} {path}")
+            await send_error(send, 404, f"no route {method} {path}", None, "route_not_found")
 
 
 async def _profiles_off(send: Send) -> None:

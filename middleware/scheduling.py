@@ -7,13 +7,17 @@ client gone) so a program can never stay REASONING or keep capacity it no longer
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from thunder_mw.middleware.backends import Backend
 from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
+from thunder_mw.policies.program_owners import Claim
 from thunder_mw.policies.program_table import Program, Usage
 from thunder_mw.schemas.agent_context import AgentContext
+
+if TYPE_CHECKING:
+    from thunder_mw.middleware.program_ownership import ProgramOwnership
 
 
 class Rejected(Exception):
@@ -71,10 +75,17 @@ class Scheduler(Protocol):
 
 
 class SchedulingMiddleware:
-    def __init__(self, app: ASGIApp, scheduler: Scheduler, tools: ToolGate | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        scheduler: Scheduler,
+        tools: ToolGate | None = None,
+        owners: ProgramOwnership | None = None,
+    ) -> None:
         self.app = app
         self.scheduler = scheduler
         self.tools = tools
+        self.owners = owners
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = scope.get("state")
@@ -83,18 +94,29 @@ class SchedulingMiddleware:
             await self.app(scope, receive, send)
             return
         assert state is not None
-        if self.tools is not None and ctx.docker_ids:
-            try:
-                await self.tools.adopt(ctx)
-            except ToolRefused as exc:
-                await send_error(send, exc.status, exc.message, exc.param, exc.code)
+        # Ownership first: another key must not attach containers to, or queue behind, a
+        # program that is not its own.
+        bound = False
+        if self.owners is not None and not ctx.ephemeral:
+            claim = self.owners.claim(ctx.program_id, scope["headers"])
+            if not isinstance(claim, Claim):
+                await send_error(send, claim.status, claim.message, claim.param, claim.code)
                 return
+            bound = claim is Claim.BOUND
         try:
+            if self.tools is not None and ctx.docker_ids:
+                await self.tools.adopt(ctx)
             backend = await self.scheduler.admit(ctx, state)
+        except ToolRefused as exc:
+            self._unbind_if_never_ran(ctx, bound)
+            await send_error(send, exc.status, exc.message, exc.param, exc.code)
+            return
         except Rejected as exc:
+            self._unbind_if_never_ran(ctx, bound)
             await send_error(send, exc.status, exc.message, "program_id", exc.code, exc.headers)
             return
         except ClientGone:
+            self._unbind_if_never_ran(ctx, bound)
             return
         state["thunder_backend"] = backend
         state["thunder_reroute"] = lambda failed: self.scheduler.reroute(ctx, failed)
@@ -118,6 +140,12 @@ class SchedulingMiddleware:
             await self.app(scope, receive, send)
         finally:
             finish(state.get("thunder_outcome") or "failed")
+
+    def _unbind_if_never_ran(self, ctx: AgentContext, bound: bool) -> None:
+        # A first request that never got a program leaves no owner behind: no released
+        # program would ever free the id again.
+        if bound and self.owners is not None and self.scheduler.program(ctx.program_id) is None:
+            self.owners.forget(ctx.program_id)
 
 
 def report_usage(

@@ -277,7 +277,12 @@ class SchedulerCore:
             self._release(program, "ephemeral" if program.ephemeral else "final", now)
         else:
             if program.state is ProgramState.ACTIVE:
-                if program.pause_pending and program.in_flight == 0:
+                home = self.backends.get(program.backend) if program.backend else None
+                if program.in_flight == 0 and home is not None and not home.healthy:
+                    # Its engine is down: nothing stays counted against it; the program's
+                    # next request is placed afresh on a healthy one.
+                    self._unplace(program, now)
+                elif program.pause_pending and program.in_flight == 0:
                     self._pause_now(program, now, "after_reasoning")
                 else:
                     self._reserve(program, self._footprint(program))
@@ -322,6 +327,7 @@ class SchedulerCore:
         for stage in self.stages:
             stage.on_tick(self, now)
         self._resume_pass(now)
+        self._drop_stale_entries()
         return self._take()
 
     def on_backend(
@@ -344,18 +350,10 @@ class SchedulerCore:
         if metrics is not None:
             self._learn_from_engine(backend, metrics)
         if healthy is not None and healthy != backend.healthy:
-            backend.healthy = healthy
-            if not healthy:
-                # Rare event: one O(n) pass hands its idle programs back to the queue side,
-                # so nothing stays counted against an engine the gateway no longer uses.
-                for program in list(self.table):
-                    if (
-                        program.backend == label
-                        and program.state is ProgramState.ACTIVE
-                        and program.in_flight == 0
-                    ):
-                        self._unplace(program, now)
-                        self._reindex(program)
+            if healthy:
+                backend.healthy = True
+            else:
+                self._backend_down(backend, now)
         self._changed(label, now)
         self._resume_pass(now)
         return self._take()
@@ -364,8 +362,8 @@ class SchedulerCore:
         """The engine refused the connection before any byte: move the call elsewhere."""
         program = self.table.get(program_id)
         backend = self.backends.get(failed_backend)
-        if backend is not None:
-            backend.healthy = False
+        if backend is not None and backend.healthy:
+            self._backend_down(backend, now)
         candidates = [b for b in self.healthy_backends() if b.label != failed_backend]
         if program is None or not candidates:
             return None
@@ -510,6 +508,21 @@ class SchedulerCore:
         self._actions.append(Paused(program.program_id, backend, reason, False))
         self._reindex(program)
 
+    def _backend_down(self, backend: BackendState, now: float) -> None:
+        """Rare event: one O(n) pass hands the engine's idle programs back to the queue side,
+        so nothing stays counted against an engine the gateway no longer uses. Programs with
+        a call in flight there leave it when that call ends (`on_finished`)."""
+        backend.healthy = False
+        self._room_epoch += 1
+        for program in list(self.table):
+            if (
+                program.backend == backend.label
+                and program.state is ProgramState.ACTIVE
+                and program.in_flight == 0
+            ):
+                self._unplace(program, now)
+                self._reindex(program)
+
     def _unplace(self, program: Program, now: float) -> None:
         self._unreserve(program)
         self.table.uncount_active(program)
@@ -538,6 +551,25 @@ class SchedulerCore:
             stage.on_release(self, program, reason, now)
         if backend is not None:
             self._changed(backend, now)
+
+    def _drop_stale_entries(self) -> None:
+        """Compacts the indexes once stale entries outnumber live ones, so a program that
+        ended (expired above all: no later event touches it) is referenced by none of them
+        within a tick, whatever the pipeline. Amortised O(1) per entry pushed."""
+        live = len(self.table)
+        self.idle.compact_if_sparse(live)
+        self.queue.compact_if_sparse(live)
+        for backend in self.backends.values():
+            backend.acting.compact_if_sparse(live)
+            backend.reasoning.compact_if_sparse(live)
+        fifo = self.queue_fifo
+        if len(fifo) > 2 * self.queued:
+            # Only the migration stage pops this FIFO, and only from its front.
+            self.queue_fifo = collections.deque(
+                (queued_at, program)
+                for queued_at, program in fifo
+                if program.queued_at == queued_at and program.state is not ProgramState.TERMINATED
+            )
 
     def _dequeue(self, program: Program) -> None:
         if program.queued_at is not None:

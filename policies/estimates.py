@@ -4,6 +4,9 @@ from __future__ import annotations
 
 DEFAULT_CHARS_PER_TOKEN = 4.0
 EMA_ALPHA = 0.3
+# Session types are a handful of agent kinds; a client that sends an id there instead must
+# not grow the model with every program (past this, new types use the global estimate).
+MAX_SESSION_TYPES = 1024
 
 
 def ema(old: float | None, sample: float, alpha: float = EMA_ALPHA) -> float:
@@ -51,8 +54,11 @@ class ToolTimeModel:
         self, session_type: str | None, program_ema: float | None, sample_s: float
     ) -> float:
         """Record a finished tool gap; returns the program's new EMA."""
-        if session_type is not None:
-            self._by_type[session_type] = ema(self._by_type.get(session_type), sample_s)
+        known = self._by_type.get(session_type) if session_type is not None else None
+        if session_type is not None and (
+            known is not None or len(self._by_type) < MAX_SESSION_TYPES
+        ):
+            self._by_type[session_type] = ema(known, sample_s)
         self._global = ema(self._global, sample_s)
         return ema(program_ema, sample_s)
 

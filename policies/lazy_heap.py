@@ -27,8 +27,18 @@ class LazyHeap(Generic[T]):
         self._seq += 1
         heapq.heappush(self._heap, (key, self._seq, item, stamp))
         if self._seq % _COMPACT_EVERY == 0:
-            self._heap = [e for e in self._heap if self._is_live(e[2], e[3])]
-            heapq.heapify(self._heap)
+            self._compact()
+
+    def compact_if_sparse(self, live_bound: int) -> None:
+        """Drop stale entries once they are over half the heap (`live_bound` >= its live
+        entries), so items that ended do not linger until thousands of pushes later. Each
+        stale entry is dropped once, so this costs O(1) amortised per push."""
+        if len(self._heap) > 2 * live_bound:
+            self._compact()
+
+    def _compact(self) -> None:
+        self._heap = [e for e in self._heap if self._is_live(e[2], e[3])]
+        heapq.heapify(self._heap)
 
     def peek(self) -> tuple[Any, T] | None:
         heap = self._heap

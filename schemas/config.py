@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -41,16 +41,32 @@ class ServerSettings(_Section):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log level of the gateway."
     )
-    admin_token: str | None = Field(
+    admin_token: SecretStr | None = Field(
         None,
-        description="When set, admin routes need `Authorization: Bearer <token>`.",
+        description="When set, admin routes need `Authorization: Bearer <token>` (never "
+        "printed: check-config and the logs mask it).",
     )
     max_body_bytes: int = Field(
         8 * 1024 * 1024, gt=0, description="Largest accepted request body; larger bodies get 413."
     )
+    max_header_bytes: int = Field(
+        32 * 1024,
+        gt=0,
+        description="Largest accepted request head (target URL plus every header name and "
+        "value); larger ones get 431.",
+    )
+    max_headers: int = Field(100, gt=0, description="Most request headers accepted; more get 431.")
     connect_timeout_s: float = Field(5.0, gt=0, description="Connect timeout to an engine.")
     read_timeout_s: float = Field(
         600.0, gt=0, description="Longest wait for the next bytes from an engine."
+    )
+    first_byte_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Longest wait, once a request is sent, for the engine's response to "
+        "start (its headers, and for a stream its first event); past it the call gets 504 "
+        "`upstream_timeout` and its reservation is freed. An engine answers a non-streaming "
+        "call only when it is complete, so this also bounds those calls.",
     )
     max_connections_per_backend: int = Field(
         512, gt=0, description="Pooled keep-alive connections per engine."
@@ -91,6 +107,26 @@ class AgentContextSettings(_Section):
     )
     max_id_length: int = Field(256, gt=0, le=4096, description="Longest accepted id.")
     max_docker_ids: int = Field(64, gt=0, le=1024, description="Most docker/tool ids per request.")
+    program_owner: Literal["none", "header"] = Field(
+        "none",
+        description="`header`: a program's first request binds it to (a keyed digest of) the "
+        "`program_owner_header` value (a first request without it gets 401); requests, "
+        "releases and sandbox requests for it with another value or none get 403 "
+        "`program_owned_by_another_key` until it is released or expires (admin-token holders "
+        "may release any). `none`: any client may use any program id.",
+    )
+    program_owner_header: str = Field(
+        "authorization",
+        description="Header whose value owns a program under `program_owner: header` (the "
+        "client's API key).",
+    )
+
+    @field_validator("program_owner_header")
+    @classmethod
+    def _lower_header(cls, v: str) -> str:
+        if not v or not v.isascii() or any(c in v for c in " :\t\r\n"):
+            raise ValueError("must be an HTTP header name")
+        return v.lower()
 
     @model_validator(mode="after")
     def _session_header_named(self) -> AgentContextSettings:
@@ -150,7 +186,11 @@ class BackendSettings(_Section):
     capacity_tokens: int | None = Field(
         None, gt=0, description="KV capacity override in tokens (wins over discovery)."
     )
-    api_key: str | None = Field(None, description="Bearer token sent to this engine.")
+    api_key: SecretStr | None = Field(
+        None,
+        description="Bearer token sent to this engine (never printed: masked like "
+        "`server.admin_token`).",
+    )
     plan: CapacityPlanSettings | None = Field(
         None,
         description="Planned KV capacity, used while the engine reports none (the override "
@@ -167,6 +207,9 @@ class BackendSettings(_Section):
             return v
         if not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
+        if "@" in v.split("://", 1)[1].split("/", 1)[0]:
+            # The URL is shown in /health, logs and metric labels; a key belongs in api_key.
+            raise ValueError("must not carry credentials (user:password@); use api_key")
         return v.rstrip("/")
 
     @model_validator(mode="after")

@@ -60,7 +60,9 @@ def test_environment_overrides_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("THUNDER_MW_SERVER__PORT", "9123")
     monkeypatch.setenv("THUNDER_MW_SERVER__ADMIN_TOKEN", "tok")
     config = load_config(write(tmp_path, "server:\n  port: 8300\n  log_level: debug\n"))
-    assert config.server.port == 9123 and config.server.admin_token == "tok"
+    assert config.server.port == 9123
+    assert config.server.admin_token is not None
+    assert config.server.admin_token.get_secret_value() == "tok"
     assert config.server.log_level == "debug"
 
 

@@ -129,3 +129,9 @@ def test_arbitrary_json_and_headers_never_cause_a_server_error(body, hdrs, mode)
 @given(raw=st.binary(max_size=200))
 def test_arbitrary_bytes_never_cause_a_server_error(raw):
     _assert_well_formed(*asyncio.run(_call(raw, [], "ephemeral")))
+
+
+def test_json_nested_past_the_decoders_depth_limit_is_a_400_naming_the_body():
+    status, body = asyncio.run(_call(b"[" * 100_000, [], "ephemeral"))
+    assert status == 400
+    assert json.loads(body)["error"]["code"] == "invalid_json"

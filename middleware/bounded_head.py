@@ -1,0 +1,71 @@
+"""uvicorn's httptools protocol with a memory bound on the request head.
+
+httptools buffers a request line and headers of any size before the app sees them (a client
+can make the server hold megabytes per connection). The app's own check answers the
+documented 431 once a head is parsed (middleware/app.py); this protocol drops a connection
+whose head is still incomplete well past that limit, so the bytes are never held at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from thunder_mw.middleware.errors import error_body
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+
+def raw_head_limit(max_header_bytes: int, max_headers: int) -> int:
+    """Raw bytes a head within both limits may take on the wire: each header adds `: ` and
+    CRLF, the request line its method, version and (absolute-form) scheme and host."""
+    return max_header_bytes + 4 * max_headers + 8192
+
+
+def bounded_httptools(max_head_bytes: int) -> type[asyncio.Protocol]:
+    """An HttpToolsProtocol class (for `uvicorn.Config(http=...)`) with this head bound."""
+
+    class BoundedHttpToolsProtocol(HttpToolsProtocol):
+        _head_limit = max_head_bytes
+        _head_bytes = 0
+        _in_head = True  # from a message's end (or the connection's start) to its headers' end
+        _boundary = False  # the chunk being parsed ended a head or a message
+
+        def data_received(self, data: bytes) -> None:
+            self._boundary = False
+            super().data_received(data)
+            if self._in_head and not self._boundary and not self.transport.is_closing():
+                # A chunk that crossed no boundary lies wholly inside one head. (A head that
+                # starts mid-chunk goes uncounted for that chunk: the bound is loose by one
+                # read, never tight enough to refuse a head the app would accept.)
+                self._head_bytes += len(data)
+                if self._head_bytes > self._head_limit:
+                    self._refuse_head()
+
+        def on_headers_complete(self) -> None:
+            self._in_head, self._boundary = False, True
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._in_head, self._boundary, self._head_bytes = True, True, 0
+            super().on_message_complete()
+
+        def _refuse_head(self) -> None:
+            body = error_body(
+                431,
+                "request headers exceed the server.max_header_bytes limit",
+                "headers",
+                "headers_too_large",
+            )
+            self.transport.write(
+                b"".join(
+                    [
+                        STATUS_LINE[431],
+                        b"content-type: application/json\r\n",
+                        b"content-length: " + str(len(body)).encode() + b"\r\n",
+                        b"connection: close\r\n\r\n",
+                        body,
+                    ]
+                )
+            )
+            self.transport.close()
+
+    return BoundedHttpToolsProtocol

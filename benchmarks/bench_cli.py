@@ -127,8 +127,7 @@ def run_bench(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         total=args.programs,
     )
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=1) + "\n")
+    _write_report(report, output)
     print(format_table(report))
     print(f"\nwritten to {output}")
     if not args.no_plots:
@@ -136,6 +135,11 @@ def run_bench(args: argparse.Namespace) -> int:
         for path in written:
             print(f"plot: {path}")
     return 0
+
+
+def _write_report(report: dict[str, Any], output: Path) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=1) + "\n")
 
 
 def _run_live(scenario: Scenario, policies: list[str], args: argparse.Namespace) -> int:
@@ -152,8 +156,7 @@ def _run_live(scenario: Scenario, policies: list[str], args: argparse.Namespace)
         repeats=args.repeats,
         stream=args.live_stream,
     )
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=1) + "\n")
+    _write_report(report, output)
     print(format_table(report))
     for row in report["live_vs_des"]:
         print(
@@ -177,8 +180,7 @@ def _run_real(scenario: Scenario, policies: list[str], args: argparse.Namespace)
         engine_url=args.engine_url,
         stream=args.live_stream,
     )
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=1) + "\n")
+    _write_report(report, output)
     print(format_table(report))
     print(vllm_real.format_spread(report))
     print(f"\nwall {report['wall_s']} s (engine start {report['engine_start_s']} s)")

@@ -8,6 +8,7 @@ import itertools
 import json
 
 import pytest
+from bench_schema import RECORD_KEYS
 from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, simulate
 from thunder_mw.benchmarks.scenarios import POLICIES
@@ -24,22 +25,6 @@ TINY_SWE = dataclasses.replace(
 )
 
 SMALL = ClusterConfig(engines=2, kv_tokens=12_288, max_model_len=8192)
-METRICS = (
-    "steps_per_min",
-    "output_tokens_per_s",
-    "jct_mean_s",
-    "jct_p95_s",
-    "jct_p99_s",
-    "ttft_p99_s",
-    "ttft_max_s",
-    "prefix_hit_rate",
-    "recomputed_prefill_tokens",
-    "preemptions",
-    "paused_time_s",
-    "kv_imbalance",
-    "programs_completed",
-    "programs_failed",
-)
 
 
 def bench(*argv: str) -> int:
@@ -69,7 +54,7 @@ def test_bench_writes_one_record_per_policy_with_every_metric(tmp_path):
         "thunder-mw",
     ]
     for record in report["results"]:
-        assert set(METRICS) <= record.keys()
+        assert RECORD_KEYS <= record.keys()
         assert record["programs_completed"] == 8 and record["programs_failed"] == 0
         assert 0.0 <= record["prefix_hit_rate"] <= 1.0
         assert record["steps_per_min"] > 0

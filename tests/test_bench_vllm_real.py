@@ -7,27 +7,10 @@ import argparse
 import json
 
 import pytest
+from bench_schema import RECORD_KEYS
 from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
 from thunder_mw.benchmarks.vllm_real import ideal_prefill_tokens
 from thunder_mw.benchmarks.workloads import Call, ProgramSpec
-
-RECORD_KEYS = {
-    "policy",
-    "steps_per_min",
-    "output_tokens_per_s",
-    "jct_mean_s",
-    "jct_p95_s",
-    "jct_p99_s",
-    "ttft_p99_s",
-    "ttft_max_s",
-    "prefix_hit_rate",
-    "recomputed_prefill_tokens",
-    "preemptions",
-    "paused_time_s",
-    "kv_imbalance",
-    "programs_completed",
-    "programs_failed",
-}
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,9 @@ class LiveScheduler:
         self._waiters: dict[str, list[asyncio.Future[str]]] = {}
         self._timer: asyncio.Task[None] | None = None
         self.listeners: list[Callable[[Action], None]] = []
+        # Timers of other components (profile retention) ride on the scheduler's tick, so a
+        # gateway that goes quiet still lets go of what it only keeps for a while.
+        self.tick_listeners: list[Callable[[], None]] = []
         pool.listeners.append(self._on_probe)
 
     # ------------------------------------------------------------------ lifecycle
@@ -110,6 +113,8 @@ class LiveScheduler:
         while True:
             await asyncio.sleep(self.tick_interval_s)
             self._apply(self.core.on_tick(self.clock()))
+            for listener in self.tick_listeners:
+                listener()
 
     def _on_probe(self, backend: Backend, metrics: BackendMetrics | None) -> None:
         self._apply(

@@ -69,6 +69,7 @@ class Observability:
         scheduler.listeners.append(self.decisions.on_action)
         if self.profiles is not None:
             scheduler.listeners.append(self.profiles.on_action)
+            scheduler.tick_listeners.append(self.profiles.expire)
 
     async def start(self) -> None:
         if self.profiles is not None:

@@ -276,6 +276,10 @@ class ProfileStore:
             self._export(profile)
         self._evict(now)
 
+    def expire(self) -> None:
+        """Drops released profiles past `retention_s` (called on every scheduler tick)."""
+        self._evict(self.clock())
+
     # ------------------------------------------------------------------ queries
     def summaries(self) -> list[dict[str, Any]]:
         self._evict(self.clock())

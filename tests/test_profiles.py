@@ -153,6 +153,40 @@ def test_a_released_profile_stays_for_the_retention_then_goes():
     assert store.get("p") is None and len(store) == 0
 
 
+def test_expire_drops_released_profiles_past_retention_without_a_query():
+    clock = Clock()
+    store = ProfileStore(ProfileSettings(retention_s=60), clock)
+    call(store, "gone", at=0.0)
+    call(store, "live", at=0.0)
+    store.on_action(Released("gone", "expired", ()))
+    clock.now += 61
+    store.expire()
+    assert len(store) == 1  # only the live program's profile is left
+
+
+def test_a_quiet_gateway_lets_released_profiles_go_on_its_tick():
+    engine = FakeEngine()
+    with serving(engine) as es:
+        config = ThunderConfig(
+            backends=[{"name": "e0", "url": es.url}],
+            server={"tick_interval_s": 0.05},
+            observability={"profiles": {"retention_s": 0.1}},
+        )
+        app = create_app(config)
+        with serving(app) as server:
+            r = httpx.post(
+                f"{server.url}/v1/chat/completions", json={**CHAT, "program_id": "p"}, timeout=30
+            )
+            assert r.status_code == 200
+            r = httpx.post(f"{server.url}/programs/release", json={"program_id": "p"})
+            assert r.json()["released"] is True
+            store = app.core.observability.profiles
+            deadline = time.monotonic() + 10
+            while len(store) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(store) == 0  # nothing asked for /profiles in between
+
+
 def test_live_profiles_are_never_evicted_by_retention():
     clock = Clock()
     store = ProfileStore(ProfileSettings(retention_s=1), clock)

@@ -354,6 +354,22 @@ _PATHS: dict[str, Any] = {
 }
 
 
+def allowed_methods(path: str) -> bytes:
+    """The `Allow` header of a 405 on admin `path`: the methods its described routes take.
+    Templates match as the router does: an id is everything after its prefix."""
+    methods: set[str] = set()
+    for template, operations in _PATHS.items():
+        head, _, tail = template.partition("{program_id}")
+        if path == template or (
+            "{" in template
+            and path.startswith(head)
+            and path.endswith(tail)
+            and len(path) >= len(head) + len(tail)
+        ):
+            methods.update(m.upper() for m in operations)
+    return ", ".join(sorted(methods)).encode()
+
+
 def admin_openapi(version: str) -> dict[str, Any]:
     """The admin API's OpenAPI 3.0 document for gateway `version`."""
     return {

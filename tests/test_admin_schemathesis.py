@@ -19,6 +19,7 @@ from schemathesis.specs.openapi.checks import (
     ignored_auth,
     response_schema_conformance,
     status_code_conformance,
+    unsupported_method,
 )
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
@@ -81,5 +82,6 @@ def test_admin_api_answers_no_5xx_and_matches_its_description(case) -> None:
             content_type_conformance,
             response_schema_conformance,
             ignored_auth,
+            unsupported_method,
         ],
     )

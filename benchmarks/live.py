@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import yaml
 from thunder_mw.benchmarks.des import ClusterConfig
+from thunder_mw.benchmarks.engine_counters import read_counters
 from thunder_mw.benchmarks.replay import Replayer, ReplayResult
 from thunder_mw.benchmarks.workloads import ProgramSpec
 
@@ -119,19 +120,9 @@ class Gateway:
         return path.read_text(errors="replace")[-2000:] if path.exists() else ""
 
     def engine_totals(self) -> dict[str, float]:
-        """Prefix-cache and preemption counters summed over the gateway's engines."""
-        totals = {"hits": 0.0, "queries": 0.0, "preemptions": 0.0}
-        names = {
-            "vllm:prefix_cache_hits_total": "hits",
-            "vllm:prefix_cache_queries_total": "queries",
-            "vllm:num_preemptions_total": "preemptions",
-        }
-        for backend in httpx.get(f"{self.url}/health", timeout=5).json()["backends"]:
-            for line in httpx.get(f"{backend['url']}/metrics", timeout=5).text.splitlines():
-                name = line.split("{", 1)[0].split(" ", 1)[0]
-                if name in names:
-                    totals[names[name]] += float(line.rsplit(" ", 1)[1])
-        return totals
+        """Prefix-cache, preemption and token counters summed over the gateway's engines."""
+        backends = httpx.get(f"{self.url}/health", timeout=5).json()["backends"]
+        return read_counters([b["url"] for b in backends], timeout_s=5)
 
 
 def run_live(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,10 +78,12 @@ class Replayer:
         stream: bool = True,
         request_timeout_s: float = 600.0,
         vocab_size: int | None = None,
+        progress: Callable[[Replayer], None] | None = None,
     ) -> None:
         """`stream=False` measures no time to first token but spares the client (and the
         gateway) a chunk per token: for runs whose point is throughput on a busy machine.
-        `vocab_size`: send token ids (each workload id modulo it) instead of rendered text."""
+        `vocab_size`: send token ids (each workload id modulo it) instead of rendered text.
+        `progress` is called after every call and every finished program."""
         self.url = url.rstrip("/")
         self.stream = stream
         self.model = model
@@ -91,6 +94,9 @@ class Replayer:
         self._system: dict[str, str | list[int]] = {}
         self.records: list[ProgramRecord] = []
         self.done = 0
+        self.calls_done = 0
+        self.failed_calls = 0
+        self.progress = progress
 
     async def run(self, programs: list[ProgramSpec]) -> ReplayResult:
         connector = aiohttp.TCPConnector(limit=0)
@@ -129,9 +135,13 @@ class Replayer:
             )
             result = await self._call(session, spec.program_id, index, prompt, call.output_tokens)
             record.calls.append(result[0])
+            self.calls_done += 1
             if result[0].status != 200:
+                self.failed_calls += 1
                 record.failed = True
+                self._report()
                 break
+            self._report()
             prompt += result[1]
             waits = [self._sleep(call.tool_s)]
             waits += [self._program(session, sub, t0) for sub in call.subagents]
@@ -143,6 +153,11 @@ class Replayer:
             ) as r:
                 await r.read()
         self.done += 1
+        self._report()
+
+    def _report(self) -> None:
+        if self.progress is not None:
+            self.progress(self)
 
     async def _call(
         self,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from thunder_mw.benchmarks.engine_counters import parse_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_DIR = Path(os.environ.get("THUNDER_MW_VLLM_VENV", ROOT / ".cache" / "vllm-venv"))
@@ -98,15 +99,6 @@ class RealVllm:
     def log_tail(self, lines: int = 60) -> str:
         """The last `lines` lines of the engine log, for failure messages."""
         return _tail(self.log_path, lines)
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus exposition text to {sample name: value summed over label sets}."""
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
-    return samples
 
 
 def parse_ignored_fields(log_text: str) -> set[str]:

@@ -26,10 +26,11 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from thunder_mw.benchmarks.engine_counters import delta, parse_metrics, read_counters
 from thunder_mw.benchmarks.live import Gateway, live_metrics
 from thunder_mw.benchmarks.replay import Replayer, ReplayResult
 from thunder_mw.benchmarks.scenarios import POLICIES, Scenario
-from thunder_mw.benchmarks.vllm_cpu import SERVED_MODEL_NAME, free_port, parse_metrics, start_vllm
+from thunder_mw.benchmarks.vllm_cpu import SERVED_MODEL_NAME, free_port, start_vllm
 from thunder_mw.benchmarks.workloads import (
     PRESETS,
     LogNormal,
@@ -39,13 +40,6 @@ from thunder_mw.benchmarks.workloads import (
 )
 
 # The engine's counters read before and after each run (summed over label sets).
-COUNTERS = {
-    "queries": "vllm:prefix_cache_queries_total",
-    "hits": "vllm:prefix_cache_hits_total",
-    "preemptions": "vllm:num_preemptions_total",
-    "prompt_tokens": "vllm:prompt_tokens_total",
-    "generation_tokens": "vllm:generation_tokens_total",
-}
 SPREAD_KEYS = (
     "steps_per_min",
     "output_tokens_per_s",
@@ -100,12 +94,6 @@ def scenario_programs(scenario: Scenario, seed: int, count: int | None = None) -
     return generate(
         preset, count or scenario.concurrency, seed=seed, max_context_tokens=scenario.max_model_len
     )
-
-
-def engine_counters(url: str) -> dict[str, float]:
-    """The engine's prefix-cache, preemption and token counters, read from its /metrics."""
-    samples = parse_metrics(httpx.get(f"{url}/metrics", timeout=30).text)
-    return {key: samples.get(name, 0.0) for key, name in COUNTERS.items()}
 
 
 def reset_prefix_cache(url: str, attempts: int = 20) -> None:
@@ -179,7 +167,7 @@ def run_once(
     reset_prefix_cache(engine_url)
     config = gateway_config(engine_url, POLICIES[policy], free_port())
     with Gateway(config) as gateway:
-        before = engine_counters(engine_url)
+        before = read_counters([engine_url])
         # Tool times in the programs are already scaled to wall seconds.
         replayer = Replayer(
             gateway.url,
@@ -189,18 +177,18 @@ def run_once(
             vocab_size=vocab_size,
         )
         result: ReplayResult = asyncio.run(replayer.run(programs))
-        after = engine_counters(engine_url)
+        after = read_counters([engine_url])
         held = held_seconds(gateway.url)
-    delta = {key: after[key] - before[key] for key in COUNTERS}
+    counted = delta(before, after)
     record = {"policy": policy, **live_metrics(result, 1.0, before, after)}
     if not stream:  # a whole answer's arrival is no first token: leave TTFT unmeasured
         record.update(ttft_p99_s=None, ttft_max_s=None)
-    computed = delta["queries"] - delta["hits"]
+    computed = counted["queries"] - counted["hits"]
     record.update(
         recomputed_prefill_tokens=max(0, int(computed - ideal_prefill_tokens(programs))),
         paused_time_s=round(held, 2),
         kv_imbalance=0.0,  # one engine: nothing to balance
-        engine_counters={key: int(value) for key, value in delta.items()},
+        engine_counters={key: int(value) for key, value in counted.items()},
         # What the engine's answers said, to check its counters against.
         client_prompt_tokens=sum(c.prompt_tokens for p in result.programs for c in p.calls),
         tool_time_scale=tool_time_scale,

@@ -21,6 +21,7 @@ SUBCOMMANDS = (
     "plan",
     "conformance",
     "bench",
+    "replay",
     "sim-engine",
 )
 
@@ -57,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     from thunder_mw.benchmarks.bench_cli import add_bench_arguments
 
     add_bench_arguments(sub.add_parser("bench", help="run a benchmark scenario"))
+    from thunder_mw.benchmarks.replay_cli import add_replay_arguments
+
+    add_replay_arguments(
+        sub.add_parser("replay", help="drive agent programs through any OpenAI-compatible URL")
+    )
     sim = sub.add_parser("sim-engine", help="serve a simulated vLLM/SGLang engine")
     try:
         from thunder_mw.benchmarks.sim.server import add_sim_engine_arguments
@@ -90,6 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from thunder_mw.benchmarks.bench_cli import run_bench
 
         return run_bench(args)
+    if args.command == "replay":
+        from thunder_mw.benchmarks.replay_cli import run_replay
+
+        return run_replay(args)
     if args.command == "plan":
         from thunder_mw.middleware.plan_cli import run_plan
 

@@ -50,6 +50,7 @@ class Observed:
 
     live_programs_peak: int = 0
     profiles_peak: int = 0
+    owners_peak: int = 0
     statuses: dict[int, int] = field(default_factory=dict)
     expired: dict[str, Any] = field(default_factory=dict)
     metrics_text: str = ""
@@ -76,6 +77,8 @@ def _config(urls: list[str]) -> ThunderConfig:
         ],
         observability={"profiles": {"retention_s": RETENTION_S}, "decision_log": False},
         tools={"docker": {"enabled": False}},
+        # Every program is bound to its client's key: the bindings must expire with it.
+        agent_context={"program_owner": "header"},
     )
 
 
@@ -103,6 +106,7 @@ def _internals(gateway: ThunderGateway) -> dict[str, Any]:
         "profiles": len(profiles),
         "profiles_released": len(profiles._released),
         "decisions": len(core.observability.decisions.recent),
+        "owner_bindings": len(core.owners.owners) if core.owners is not None else -1,
     }
 
 
@@ -120,7 +124,9 @@ async def _program(client: httpx.AsyncClient, i: int, statuses: dict[int, int]) 
             "stream": call % 2 == 1,
             "program_id": _program_id(i),
         }
-        r = await client.post("/v1/chat/completions", json=body)
+        r = await client.post(
+            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer key-{i % 7}"}
+        )
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
 
 
@@ -144,6 +150,7 @@ async def _soak(urls: list[str]) -> Observed:
                 inside = _internals(gateway)
                 seen.live_programs_peak = max(seen.live_programs_peak, inside["table"])
                 seen.profiles_peak = max(seen.profiles_peak, inside["profiles"])
+                seen.owners_peak = max(seen.owners_peak, inside["owner_bindings"])
                 # Half an expiry period between waves: programs expire while others run.
                 clock.now += TTL_S / 2
                 await _tick(gateway)
@@ -192,6 +199,11 @@ def test_expired_programs_leave_no_entry_in_any_scheduler_index(soaked: Observed
     assert soaked.expired["heap_entries"] == dict.fromkeys(soaked.expired["heap_entries"], 0)
     assert soaked.expired["queue_fifo"] == 0
     assert soaked.expired["queued"] == 0
+
+
+def test_expired_programs_release_their_owner_bindings(soaked: Observed) -> None:
+    assert soaked.owners_peak >= 2 * PER_WAVE  # bound while live
+    assert soaked.expired["owner_bindings"] == 0
 
 
 def test_no_request_stays_held_for_an_expired_program(soaked: Observed) -> None:

@@ -13,7 +13,7 @@ from thunder_mw.middleware.docker_tools import DockerTools
 from thunder_mw.middleware.errors import send_error, send_json
 from thunder_mw.middleware.metrics import GatewayMetrics
 from thunder_mw.middleware.observability import is_observability_path
-from thunder_mw.middleware.openapi import OPENAPI_PATH, admin_openapi_json, allowed_methods
+from thunder_mw.middleware.openapi import OPENAPI_PATH, admin_openapi_json, send_method_not_allowed
 from thunder_mw.middleware.scheduling import Scheduler, ToolRefused
 from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.policies.program_table import Program
@@ -130,14 +130,7 @@ class AdminRoutes:
                 view["containers"] = containers
             await send_json(send, 200, _encode(view))
         else:
-            await send_error(
-                send,
-                405,
-                f"no route {method} {path}",
-                None,
-                "method_not_allowed",
-                [(b"allow", allowed_methods(path))],
-            )
+            await send_method_not_allowed(send, method, path)
 
     def _authorized(self, scope: Scope) -> bool:
         for name, value in scope["headers"]:

@@ -19,7 +19,7 @@ from thunder_mw.middleware.decisions import DecisionLog
 from thunder_mw.middleware.errors import send_error, send_json
 from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.middleware.metrics import GatewayMetrics
-from thunder_mw.middleware.openapi import allowed_methods
+from thunder_mw.middleware.openapi import send_method_not_allowed
 from thunder_mw.middleware.profiles import ProfileStore, Timing
 from thunder_mw.middleware.scheduler_metrics import SchedulerMetrics
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
@@ -91,14 +91,7 @@ class Observability:
     async def route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         if method != "GET":
-            await send_error(
-                send,
-                405,
-                f"no route {method} {path}",
-                None,
-                "method_not_allowed",
-                [(b"allow", allowed_methods(path))],
-            )
+            await send_method_not_allowed(send, method, path)
         elif path in ("/dashboard", "/dashboard/"):
             await send(
                 {

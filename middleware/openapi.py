@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+from thunder_mw.middleware.errors import send_error
+from thunder_mw.middleware.types import Send
 
 OPENAPI_PATH = "/openapi.json"
 
@@ -368,6 +370,17 @@ def allowed_methods(path: str) -> bytes:
         ):
             methods.update(m.upper() for m in operations)
     return ", ".join(sorted(methods)).encode()
+
+
+async def send_method_not_allowed(send: Send, method: str, path: str) -> None:
+    await send_error(
+        send,
+        405,
+        f"no route {method} {path}",
+        None,
+        "method_not_allowed",
+        [(b"allow", allowed_methods(path))],
+    )
 
 
 def admin_openapi(version: str) -> dict[str, Any]:

@@ -6,13 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-from asgi_servers import free_port, serving
+from asgi_servers import free_port, serving, wait_until_healthy
 from fake_engine import FakeEngine
 from thunder_mw.middleware.cli import main
 from thunder_mw.middleware.config_loader import ConfigError, load_config
@@ -97,13 +96,7 @@ def test_thunder_mw_config_serves_and_cli_flags_override_the_file(tmp_path):
         )  # fmt: skip
         try:
             url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.1)
+            wait_until_healthy(url)
             r = httpx.post(f"{url}/v1/chat/completions", json={"model": "m", "program_id": "p"})
             programs = httpx.get(f"{url}/programs", headers={"Authorization": "Bearer t0k"})
             assert r.status_code == 200

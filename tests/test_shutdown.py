@@ -10,7 +10,7 @@ import threading
 import time
 
 import httpx
-from asgi_servers import free_port, serving
+from asgi_servers import free_port, serving, wait_until_healthy
 from fake_engine import FakeEngine
 from held_requests import BIG
 
@@ -31,13 +31,7 @@ def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.1)
+            wait_until_healthy(url)
             results: dict[str, object] = {}
 
             def stream() -> None:

@@ -5,28 +5,18 @@ from __future__ import annotations
 import io
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import docker
 import httpx
-import pytest
 import tool_hooks
 from asgi_servers import ServerThread, serving
 from docker_fixtures import IMAGE, TEST_LABEL, exists
-from fake_engine import FakeEngine
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture
-def engine() -> Iterator[FakeEngine]:
-    fake = FakeEngine()
-    with serving(fake) as server:
-        fake.url = server.url
-        yield fake
 
 
 @contextmanager

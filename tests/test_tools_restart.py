@@ -12,20 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
-import pytest
 import yaml
-from asgi_servers import free_port, serving
+from asgi_servers import free_port
 from docker_fixtures import IMAGE, TEST_LABEL, exists
-from fake_engine import FakeEngine
 from test_tools_docker import step, wait_for
-
-
-@pytest.fixture
-def engine() -> Iterator[FakeEngine]:
-    fake = FakeEngine()
-    with serving(fake) as server:
-        fake.url = server.url
-        yield fake
 
 
 @contextmanager

@@ -167,8 +167,9 @@ def _screenshot_demo(config_path: str, programs: int, after_s: float, output: Pa
     import threading
 
     import uvicorn
+
+    from thunder_mw.cli.config_loader import load_config
     from thunder_mw.middleware.app import create_app
-    from thunder_mw.middleware.config_loader import load_config
 
     config = load_config(config_path, {"server": {"port": 0}})
     config.tools.docker.enabled = False  # the screenshot is about scheduling

@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from thunder_mw.benchmarks.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
-from thunder_mw.benchmarks.sim.tokenizer import RuleTokenizer
 from thunder_mw.benchmarks.workloads import ProgramSpec, growth_ids, system_ids
 from thunder_mw.policies.core import (
     Action,
@@ -37,6 +35,8 @@ from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
+from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
+from thunder_mw.sim.tokenizer import RuleTokenizer
 
 # What the live gateway's RequestInfo.prompt_chars would be: the JSON body's length. Text
 # runs ~4 characters per token; each message adds its JSON envelope, the body its own.

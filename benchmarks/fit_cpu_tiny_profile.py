@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from real_vllm import start_vllm  # noqa: E402
-from thunder_mw.benchmarks.sim.cost_model import StepCost  # noqa: E402
-from thunder_mw.benchmarks.sim.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+
+from thunder_mw.sim.cost_model import StepCost  # noqa: E402
+from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 
 # (concurrent requests, prompt tokens, output tokens)
 SCENARIOS = [

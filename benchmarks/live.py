@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import yaml
+
 from thunder_mw.benchmarks.des import ClusterConfig
 from thunder_mw.benchmarks.engine_counters import read_counters
 from thunder_mw.benchmarks.replay import Replayer, ReplayResult
@@ -83,7 +84,7 @@ class Gateway:
         path.write_text(yaml.safe_dump(self.config))
         log = open(Path(self._dir.name) / "gateway.log", "wb")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "thunder_mw.middleware.cli", "serve", "--config", str(path)],
+            [sys.executable, "-m", "thunder_mw.cli.main", "serve", "--config", str(path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

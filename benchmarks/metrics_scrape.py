@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import generate_latest
-from thunder_mw.middleware.backends import BackendPool
+
+from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.live_scheduler import LiveScheduler
-from thunder_mw.middleware.metrics import GatewayMetrics
-from thunder_mw.middleware.observability import Observability
+from thunder_mw.observability.metrics import GatewayMetrics
+from thunder_mw.observability.service import Observability
 from thunder_mw.policies.core import BackendMetrics, RequestInfo
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.agent_context import AgentContext

@@ -13,6 +13,7 @@ import asyncio
 
 import aiohttp
 from aiohttp import web
+
 from thunder_mw.benchmarks.fake_engine import new_event_loop
 
 _HOP_BY_HOP = frozenset(

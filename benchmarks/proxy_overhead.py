@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from thunder_mw.benchmarks import http_load
 from thunder_mw.benchmarks.fake_engine import STREAM_CHUNKS, new_event_loop
 
@@ -171,7 +172,7 @@ def _python_module(module: str, *args: str) -> list[str]:
 
 def _gateway_command(config_path: Path, port: int) -> list[str]:
     # Through the console script's entry point, so PATH does not matter.
-    entry = "import sys; from thunder_mw.middleware.cli import main; sys.exit(main())"
+    entry = "import sys; from thunder_mw.cli.main import main; sys.exit(main())"
     return [
         sys.executable,
         "-c",

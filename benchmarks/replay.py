@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
 from thunder_mw.benchmarks.workloads import ProgramSpec, growth_ids, system_ids
 
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"

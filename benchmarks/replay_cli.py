@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 import httpx
+
 from thunder_mw.benchmarks.engine_counters import delta, hit_rate, read_counters
 from thunder_mw.benchmarks.live import live_metrics
 from thunder_mw.benchmarks.replay import Replayer

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 import httpx
-from thunder_mw.benchmarks.sim.engine import Engine, EngineConfig, SamplingParams
-from thunder_mw.benchmarks.sim.tokenizer import RuleTokenizer
+
+from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams
+from thunder_mw.sim.tokenizer import RuleTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "sim-perf.json"
@@ -51,7 +52,7 @@ def http_requests_per_second(duration_s: float = 5.0, concurrency: int = 32) -> 
     """Short requests (8-token prompt, 1 output token) against `sim-engine` pinned to one core."""
     port = 18931
     code = (
-        "import argparse,sys;from thunder_mw.benchmarks.sim.server import *;"
+        "import argparse,sys;from thunder_mw.sim.server import *;"
         "p=argparse.ArgumentParser();add_sim_engine_arguments(p);"
         "sys.exit(run_sim_engine(p.parse_args()))"
     )

@@ -32,6 +32,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+
 from thunder_mw.benchmarks.live import Gateway, _free_port
 
 DEFAULT_OUTPUT = Path(__file__).parent / "results" / "soak.json"
@@ -51,7 +52,7 @@ def sim_engines(count: int) -> Iterator[list[tuple[str, int]]]:
             args = ["--port", str(port), "--seed", str(seed), "--model-name", MODEL]
             args += ["--time-scale", "1000", "--num-blocks", "4096", "--log-level", "warning"]
             proc = subprocess.Popen(
-                [sys.executable, "-m", "thunder_mw.middleware.cli", "sim-engine", *args],
+                [sys.executable, "-m", "thunder_mw.cli.main", "sim-engine", *args],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )

@@ -122,7 +122,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "thunder_mw.middleware.cli",
+            "thunder_mw.cli.main",
             "serve",
             "-c",
             str(tmp / "gateway.yaml"),

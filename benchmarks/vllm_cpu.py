@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
 from thunder_mw.benchmarks.engine_counters import parse_metrics
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
 from thunder_mw.benchmarks.engine_counters import delta, parse_metrics, read_counters
 from thunder_mw.benchmarks.live import Gateway, live_metrics
 from thunder_mw.benchmarks.replay import Replayer, ReplayResult

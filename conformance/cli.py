@@ -1,4 +1,4 @@
-"""`thunder-mw conformance`: its arguments and its entry point (wired in by middleware/cli.py)."""
+"""`thunder-mw conformance`: its arguments and its entry point (wired in by cli/main.py)."""
 
 from __future__ import annotations
 

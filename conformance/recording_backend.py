@@ -22,6 +22,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qs
 
 import uvicorn
+
 from thunder_mw.middleware.types import Receive, Scope, Send
 
 Flavor = Literal["vllm", "sglang"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
 from thunder_mw.conformance.recording_backend import Recorded
 from thunder_mw.conformance.runner import CheckResult
 

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 import httpx
+
 from thunder_mw.conformance.recording_backend import (
     BackendServer,
     Flavor,

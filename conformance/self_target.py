@@ -47,7 +47,7 @@ class ThunderMwProcess:
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "thunder_mw.middleware.cli",
+                "thunder_mw.cli.main",
                 "serve",
                 "--config",
                 str(self.config_path),

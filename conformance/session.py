@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
+
 from thunder_mw.conformance.recording_backend import MODEL, Recorded, RecordingBackend
 
 WithoutContext = Literal["forward", "reject"]

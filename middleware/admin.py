@@ -8,20 +8,22 @@ from urllib.parse import parse_qs
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from thunder_mw.middleware.backends import BackendPool
-from thunder_mw.middleware.docker_tools import DockerTools
+
+from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.errors import send_error, send_json
-from thunder_mw.middleware.metrics import GatewayMetrics
-from thunder_mw.middleware.observability import is_observability_path
 from thunder_mw.middleware.openapi import OPENAPI_PATH, admin_openapi_json, send_method_not_allowed
-from thunder_mw.middleware.scheduling import Scheduler, ToolRefused
+from thunder_mw.middleware.scheduling import Scheduler
 from thunder_mw.middleware.types import Receive, Scope, Send
+from thunder_mw.observability.metrics import GatewayMetrics
+from thunder_mw.observability.service import is_observability_path
 from thunder_mw.policies.program_table import Program
 from thunder_mw.schemas.context_parsing import ContextError, ContextParser
+from thunder_mw.tools.docker_tools import DockerTools
+from thunder_mw.tools.refusal import ToolRefused
 
 if TYPE_CHECKING:
-    from thunder_mw.middleware.observability import Observability
     from thunder_mw.middleware.program_ownership import ProgramOwnership
+    from thunder_mw.observability.service import Observability
 
 ADMIN_PREFIXES = ("/programs", "/metrics", "/health")
 _MAX_ADMIN_BODY = 64 * 1024

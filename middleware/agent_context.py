@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable
 
 import msgspec
+
 from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.request_body import RequestBody
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send

@@ -12,19 +12,19 @@ import time
 from collections.abc import Callable
 
 from thunder_mw import __version__
+from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.admin import AdminRoutes, is_admin_path
 from thunder_mw.middleware.agent_context import AgentContextMiddleware
-from thunder_mw.middleware.backends import BackendPool
-from thunder_mw.middleware.docker_tools import DockerTools
 from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.forwarder import Forwarder
 from thunder_mw.middleware.live_scheduler import LiveScheduler
-from thunder_mw.middleware.metrics import GatewayMetrics
-from thunder_mw.middleware.observability import Observability
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import SchedulingMiddleware
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
+from thunder_mw.observability.metrics import GatewayMetrics
+from thunder_mw.observability.service import Observability
 from thunder_mw.schemas.config import ThunderConfig
+from thunder_mw.tools.docker_tools import DockerTools
 
 log = logging.getLogger("thunder_mw")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+
 from thunder_mw.middleware.types import Send
 
 _TYPES = {

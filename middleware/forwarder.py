@@ -14,14 +14,15 @@ import logging
 from typing import Any
 
 import msgspec
-from thunder_mw.middleware.agent_context import CONTEXT_PATHS
-from thunder_mw.middleware.backends import Backend, BackendPool
-from thunder_mw.middleware.engine_client import (
+
+from thunder_mw.engines.client import (
     STREAM_ERRORS,
     UpstreamError,
     UpstreamResponse,
     as_upstream_error,
 )
+from thunder_mw.engines.pool import Backend, BackendPool
+from thunder_mw.middleware.agent_context import CONTEXT_PATHS
 from thunder_mw.middleware.errors import send_error, send_json
 from thunder_mw.middleware.request_body import RequestBody
 from thunder_mw.middleware.types import Receive, Scope, Send

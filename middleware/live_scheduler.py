@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from thunder_mw.middleware.backends import Backend, BackendPool
+from thunder_mw.engines.pool import Backend, BackendPool
 from thunder_mw.middleware.request_body import RequestBody
 from thunder_mw.middleware.scheduling import ClientGone, Rejected
 from thunder_mw.middleware.types import Receive
@@ -213,7 +213,7 @@ class LiveScheduler:
                 for fut in self._waiters.pop(action.program_id, ()):
                     if not fut.done():
                         fut.set_exception(Rejected(action.status, action.message, action.code))
-            # Decisions are counted and logged by a listener (middleware/decisions.py).
+            # Decisions are counted and logged by a listener (observability/decisions.py).
             for listener in self.listeners:
                 listener(action)
 

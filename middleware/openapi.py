@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
 from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.types import Send
 

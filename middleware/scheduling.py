@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from thunder_mw.middleware.backends import Backend
+from thunder_mw.engines.pool import Backend
 from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 from thunder_mw.policies.program_owners import Claim
 from thunder_mw.policies.program_table import Program, Usage
 from thunder_mw.schemas.agent_context import AgentContext
+from thunder_mw.tools.refusal import ToolRefused
 
 if TYPE_CHECKING:
     from thunder_mw.middleware.program_ownership import ProgramOwnership
@@ -31,14 +32,6 @@ class Rejected(Exception):
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
         self.headers = headers
-
-
-class ToolRefused(Exception):
-    """A request names containers its program may not own: answered with this error."""
-
-    def __init__(self, status: int, message: str, param: str, code: str) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
 
 
 class ToolGate(Protocol):

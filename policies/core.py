@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+
 from thunder_mw.policies.estimates import TokenEstimator, ToolTimeModel
 from thunder_mw.policies.lazy_heap import LazyHeap
 from thunder_mw.policies.program_table import Phase, Program, ProgramState, ProgramTable, Usage

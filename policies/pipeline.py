@@ -6,6 +6,7 @@ import importlib
 from typing import Any
 
 from pydantic import ValidationError
+
 from thunder_mw.policies.stages import BUILTIN_STAGES, DEFAULT_PIPELINE, PRESETS, Stage
 
 

@@ -10,6 +10,7 @@ import enum
 from collections.abc import Iterator
 
 import msgspec
+
 from thunder_mw.schemas.agent_context import AgentContext
 
 

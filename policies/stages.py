@@ -12,6 +12,7 @@ import math
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from thunder_mw.policies.program_table import Program, ProgramState, Usage
 
 if TYPE_CHECKING:

@@ -136,7 +136,7 @@ class AgentContextSettings(_Section):
 
 
 class SimEngineSettings(_Section):
-    """Parameters of an embedded simulated engine (benchmarks/sim)."""
+    """Parameters of an embedded simulated engine (sim/)."""
 
     flavor: Literal["vllm", "sglang"] = Field("vllm", description="API and metrics to speak.")
     num_blocks: int = Field(2048, gt=0, description="KV blocks.")
@@ -164,6 +164,12 @@ class CapacityPlanSettings(_Section):
     layers: int | None = Field(None, gt=0, description="Layers (else from the model).")
     kv_heads: int | None = Field(None, gt=0, description="KV heads (else from the model).")
     head_dim: int | None = Field(None, gt=0, description="Head dimension (else from the model).")
+    attention_heads: int | None = Field(
+        None, gt=0, description="Attention heads, with hidden_size for the head dimension."
+    )
+    hidden_size: int | None = Field(
+        None, gt=0, description="Hidden size (head dimension = this / attention heads)."
+    )
     kv_dtype: str = Field("auto", description="fp8, bf16, fp16, fp32 or auto (the model's).")
     tp: int = Field(1, gt=0, description="Tensor-parallel ranks of the engine.")
     hbm_gib: float | None = Field(None, gt=0, description="GPU memory per rank, GiB.")
@@ -177,6 +183,8 @@ class CapacityPlanSettings(_Section):
         None, gt=0, description="A fixed KV space per rank instead (vLLM's CPU build)."
     )
     block_size: int | None = Field(None, gt=0, description="Round down to whole KV blocks.")
+    offload_tokens: int = Field(0, ge=0, description="Host-memory/disk KV tier, tokens.")
+    offload_gib: float | None = Field(None, ge=0, description="Host-memory/disk KV tier, GiB.")
 
 
 class BackendSettings(_Section):

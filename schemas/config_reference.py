@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+
 from thunder_mw.schemas.config import ThunderConfig
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgspec
+
 from thunder_mw.schemas.agent_context import (
     AgentContext,
     DynamoAgentContext,

@@ -57,4 +57,4 @@ if [ "$status" -ne 0 ]; then
 fi
 
 # The conformance suite, as a user runs it, against thunder-mw itself.
-python3 -m thunder_mw.middleware.cli conformance --self --profile full
+python3 -m thunder_mw.cli.main conformance --self --profile full

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import httpx
 import uvicorn
+
 from thunder_mw.middleware.types import ASGIApp
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
+
 from thunder_mw.middleware.types import Receive, Scope, Send
 
 

@@ -15,6 +15,7 @@ from urllib.parse import urlencode
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+
 from thunder_mw import __version__
 from thunder_mw.middleware.app import ThunderGateway
 from thunder_mw.middleware.openapi import admin_openapi

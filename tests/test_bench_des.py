@@ -9,6 +9,7 @@ import json
 
 import pytest
 from bench_schema import RECORD_KEYS
+
 from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, simulate
 from thunder_mw.benchmarks.scenarios import POLICIES

@@ -6,6 +6,7 @@ live run sends every call through `thunder-mw serve` over HTTP, time-scaled."""
 from __future__ import annotations
 
 import pytest
+
 from thunder_mw.benchmarks.bench_cli import run_live_scenario
 from thunder_mw.benchmarks.scenarios import SCENARIOS
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from bench_schema import RECORD_KEYS
+
 from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
 from thunder_mw.benchmarks.vllm_real import ideal_prefill_tokens
 from thunder_mw.benchmarks.workloads import Call, ProgramSpec

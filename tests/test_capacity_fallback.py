@@ -8,8 +8,9 @@ import httpx
 import pytest
 from asgi_servers import serving
 from fake_engine import FakeEngine
+
+from thunder_mw.cli.config_loader import ConfigError, load_config
 from thunder_mw.middleware.app import create_app
-from thunder_mw.middleware.config_loader import ConfigError, load_config
 from thunder_mw.schemas.config import ThunderConfig
 
 # 2 x 4 layers x 2 KV heads x 64 head dim x 2 bytes (bf16) = 2,048 bytes per token.

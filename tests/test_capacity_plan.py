@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from thunder_mw.policies.capacity_plan import (
     GiB,
     KvShape,

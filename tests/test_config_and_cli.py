@@ -13,8 +13,9 @@ import pytest
 import yaml
 from asgi_servers import free_port, serving, wait_until_healthy
 from fake_engine import FakeEngine
-from thunder_mw.middleware.cli import main
-from thunder_mw.middleware.config_loader import ConfigError, load_config
+
+from thunder_mw.cli.config_loader import ConfigError, load_config
+from thunder_mw.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +91,7 @@ def test_thunder_mw_config_serves_and_cli_flags_override_the_file(tmp_path):
         port = free_port()
         path = write(tmp_path, f"server:\n  port: 1\nbackends:\n  - name: e\n    url: {es.url}\n")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "thunder_mw.middleware.cli", "--config", str(path),
+            [sys.executable, "-m", "thunder_mw.cli.main", "--config", str(path),
              "--port", str(port), "--log-level", "warning"],
             env={**os.environ, "THUNDER_MW_SERVER__ADMIN_TOKEN": "t0k"},
         )  # fmt: skip

@@ -8,6 +8,7 @@ import json
 import httpx
 import pytest
 from asgi_servers import serving
+
 from thunder_mw.conformance.compare import first_difference
 from thunder_mw.conformance.recording_backend import RecordingBackend
 from thunder_mw.conformance.session import parse_sse

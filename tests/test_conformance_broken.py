@@ -17,6 +17,7 @@ from conformance_broken_servers import (
     Flaws,
     MiniGateway,
 )
+
 from thunder_mw.conformance.runner import SuiteResult, run_conformance_suite
 
 MINI_GATEWAY_CHECKS = [

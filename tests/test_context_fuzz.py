@@ -7,6 +7,7 @@ import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from thunder_mw.middleware.agent_context import AgentContextMiddleware
 from thunder_mw.schemas.config import AgentContextSettings, Convention
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from thunder_mw.schemas.config import AgentContextSettings, Convention
 from thunder_mw.schemas.context_parsing import ContextError, ContextParser
 

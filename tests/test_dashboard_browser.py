@@ -14,6 +14,7 @@ import httpx
 import pytest
 from asgi_servers import serving
 from fake_engine import FakeEngine
+
 from thunder_mw.benchmarks.dashboard_demo import chromium, find_chromium
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from thunder_mw.middleware.docker_engine import DockerEngine
+
+from thunder_mw.tools.docker_engine import DockerEngine
 
 
 class _Recorder(ThreadingHTTPServer):

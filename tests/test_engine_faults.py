@@ -18,8 +18,9 @@ import pytest
 from asgi_servers import ServerThread, free_port, serving
 from fake_engine import FakeEngine
 from held_requests import BIG, start_hog, wait_for
+
+from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.app import ThunderGateway, create_app
-from thunder_mw.middleware.backends import BackendPool
 from thunder_mw.policies.core import RequestInfo, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import ProgramState, Usage

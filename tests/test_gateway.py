@@ -9,6 +9,7 @@ import httpx
 from asgi_servers import free_port, serving
 from fake_engine import FakeEngine
 from prometheus_client.parser import text_string_to_metric_families
+
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 from asgi_servers import serving
 from fastapi import FastAPI, Request
+
 from thunder_mw.middleware.app import ThunderMiddleware
 from thunder_mw.middleware.scheduling import report_usage
 from thunder_mw.schemas.config import ThunderConfig

@@ -13,10 +13,11 @@ from fake_engine import FakeEngine
 from held_requests import SMALL, start_hog
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
 from thunder_mw.middleware.app import create_app
-from thunder_mw.middleware.decisions import DecisionLog
-from thunder_mw.middleware.log_format import JsonFormatter
-from thunder_mw.middleware.metrics import GatewayMetrics
+from thunder_mw.observability.decisions import DecisionLog
+from thunder_mw.observability.log_format import JsonFormatter
+from thunder_mw.observability.metrics import GatewayMetrics
 from thunder_mw.policies.core import (
     BackendMetrics,
     Paused,

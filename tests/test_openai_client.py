@@ -7,6 +7,7 @@ import openai
 import pytest
 from asgi_servers import serving
 from fake_engine import FakeEngine
+
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
 

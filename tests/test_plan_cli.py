@@ -14,11 +14,12 @@ import pytest
 import yaml
 from asgi_servers import free_port, serving
 from real_vllm import MODEL_DIR, RealVllm, missing_prerequisites, start_vllm
-from thunder_mw.benchmarks.sim.server import create_sim_app
-from thunder_mw.middleware import cli
-from thunder_mw.middleware.config_loader import load_config
-from thunder_mw.middleware.plan_cli import add_plan_arguments, run_plan
+
+from thunder_mw.cli import main as cli
+from thunder_mw.cli.config_loader import load_config
+from thunder_mw.cli.plan import add_plan_arguments, run_plan
 from thunder_mw.schemas.config import SimEngineSettings
+from thunder_mw.sim.server import create_sim_app
 
 WORKED_EXAMPLE = (
     "--layers", "64", "--kv-heads", "8", "--head-dim", "128", "--kv-dtype", "bf16",

@@ -8,9 +8,10 @@ import httpx
 import pytest
 from asgi_servers import serving
 from fake_engine import FakeEngine
+
 from thunder_mw.benchmarks.workloads import load_trace
 from thunder_mw.middleware.app import create_app
-from thunder_mw.middleware.profiles import ProfileStore, Timing
+from thunder_mw.observability.profiles import ProfileStore, Timing
 from thunder_mw.policies.core import Released
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.agent_context import AgentContext

@@ -12,6 +12,7 @@ import openai
 import pytest
 from asgi_servers import serving
 from fake_engine import FakeEngine
+
 from thunder_mw.middleware.app import ThunderMiddleware, create_app
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import Rejected, SchedulingMiddleware

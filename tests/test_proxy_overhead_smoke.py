@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from thunder_mw.benchmarks import proxy_overhead
 
 ROW_KEYS = {

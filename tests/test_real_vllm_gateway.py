@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 from asgi_servers import serving
+
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
 

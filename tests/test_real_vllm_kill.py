@@ -19,6 +19,7 @@ import pytest
 from asgi_servers import ServerThread, serving
 from fake_engine import FakeEngine
 from real_vllm import RealVllm, missing_prerequisites, start_vllm
+
 from thunder_mw.middleware.app import ThunderGateway, create_app
 from thunder_mw.policies.program_table import ProgramState
 from thunder_mw.schemas.config import ThunderConfig

@@ -11,11 +11,12 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from asgi_servers import serving
+
 from thunder_mw.benchmarks.replay import Replayer
 from thunder_mw.benchmarks.replay_cli import ProgressBar
 from thunder_mw.benchmarks.workloads import generate, save_trace
+from thunder_mw.cli.main import main
 from thunder_mw.middleware.app import create_app
-from thunder_mw.middleware.cli import main
 from thunder_mw.schemas.config import ThunderConfig
 
 SIM = {"type": "sim", "sim": {"time_scale": 50.0, "profile": "instant"}}

@@ -20,10 +20,11 @@ from asgi_servers import free_port, serving
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
-from thunder_mw.middleware.app import ThunderMiddleware, create_app
-from thunder_mw.middleware.bounded_head import bounded_httptools
-from thunder_mw.schemas.config import ThunderConfig
 from uvicorn.server import ServerState
+
+from thunder_mw.cli.bounded_head import bounded_httptools
+from thunder_mw.middleware.app import ThunderMiddleware, create_app
+from thunder_mw.schemas.config import ThunderConfig
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

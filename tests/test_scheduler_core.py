@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from thunder_mw.policies.core import (
     BackendMetrics,
     Forward,

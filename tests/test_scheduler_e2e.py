@@ -7,6 +7,7 @@ import random
 
 import httpx
 from asgi_servers import serving
+
 from thunder_mw.middleware.app import create_app
 from thunder_mw.policies.core import Paused, Released, Resumed
 from thunder_mw.schemas.config import ThunderConfig

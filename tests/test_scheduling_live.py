@@ -10,6 +10,7 @@ import pytest
 from asgi_servers import serving
 from fake_engine import FakeEngine
 from held_requests import BIG, SMALL, start_hog, wait_for
+
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 from asgi_servers import free_port
-from thunder_mw.middleware.config_loader import load_config
-from thunder_mw.middleware.redaction import SecretRedactor, config_secrets
+
+from thunder_mw.cli.config_loader import load_config
+from thunder_mw.observability.redaction import SecretRedactor, config_secrets
 
 CLIENT_KEY = "sk-client-7f3a9c1e"
 ENGINE_KEY = "engine-key-b84d02aa"
@@ -71,7 +72,7 @@ def test_debug_logs_with_access_log_hold_no_secret(engine, tmp_path, log_format)
     port = free_port()
     config = write_config(tmp_path, engine.url, port, log_format)
     process = subprocess.Popen(
-        [sys.executable, "-m", "thunder_mw.middleware.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "thunder_mw.cli.main", "serve", "--config", str(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -94,7 +95,7 @@ def test_debug_logs_with_access_log_hold_no_secret(engine, tmp_path, log_format)
 def test_check_config_prints_secrets_masked(engine, tmp_path):
     config = write_config(tmp_path, engine.url, free_port(), "text")
     result = subprocess.run(
-        [sys.executable, "-m", "thunder_mw.middleware.cli", "check-config", str(config)],
+        [sys.executable, "-m", "thunder_mw.cli.main", "check-config", str(config)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -26,7 +26,7 @@ def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path
             "policies:\n  - admission: {buffer_tokens_per_program: 0}\n  - migration: {}\n"
         )
         proc = subprocess.Popen(
-            [sys.executable, "-m", "thunder_mw.middleware.cli", "serve", "--config", str(config)],
+            [sys.executable, "-m", "thunder_mw.cli.main", "serve", "--config", str(config)],
             env=os.environ.copy(),
         )
         url = f"http://127.0.0.1:{port}"

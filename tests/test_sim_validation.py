@@ -7,10 +7,11 @@ import asyncio
 
 import httpx
 from real_vllm import RealVllm, parse_metrics
-from thunder_mw.benchmarks.sim.embedded import EmbeddedEngine
-from thunder_mw.benchmarks.sim.tokenizer import FileTokenizer
-from thunder_mw.benchmarks.sim.validation import RunResult, build_script, run_script
+
+from thunder_mw.benchmarks.sim_validation import RunResult, build_script, run_script
 from thunder_mw.schemas.config import SimEngineSettings
+from thunder_mw.sim.embedded import EmbeddedEngine
+from thunder_mw.sim.tokenizer import FileTokenizer
 
 
 def _run_both(real: RealVllm) -> tuple[RunResult, RunResult]:

@@ -18,14 +18,15 @@ import httpx
 import pytest
 from asgi_servers import free_port, serving
 from fake_engine import FakeEngine
+
 from thunder_mw.middleware.app import ThunderGateway
-from thunder_mw.middleware.docker_tools import DockerTools
 from thunder_mw.policies.core import Released, RequestInfo, SchedulerCore
 from thunder_mw.policies.estimates import MAX_SESSION_TYPES
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import DockerToolSettings, ThunderConfig
+from thunder_mw.tools.docker_tools import DockerTools
 
 TTL_S = 60.0
 RETENTION_S = 30.0

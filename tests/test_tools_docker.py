@@ -13,6 +13,7 @@ import httpx
 import tool_hooks
 from asgi_servers import ServerThread, serving
 from docker_fixtures import IMAGE, TEST_LABEL, exists
+
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
 

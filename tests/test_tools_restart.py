@@ -21,7 +21,7 @@ from test_tools_docker import step, wait_for
 @contextmanager
 def gateway_process(config_path, port: int) -> Iterator[subprocess.Popen]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "thunder_mw.middleware.cli", "serve", "--config", str(config_path)],
+        [sys.executable, "-m", "thunder_mw.cli.main", "serve", "--config", str(config_path)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

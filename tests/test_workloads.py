@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from thunder_mw.benchmarks.workloads import (
     PRESETS,
     generate,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from thunder_mw.benchmarks.sim.engine import Engine, EngineConfig, SamplingParams, Status
+from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Status
 
 BS = 4
 

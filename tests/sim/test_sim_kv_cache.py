@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from thunder_mw.benchmarks.sim.engine import Engine, EngineConfig, SamplingParams
-from thunder_mw.benchmarks.sim.kv_cache import BlockPool, block_hashes
+from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams
+from thunder_mw.sim.kv_cache import BlockPool, block_hashes
 
 BS = 4
 

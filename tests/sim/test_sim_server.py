@@ -9,8 +9,9 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from thunder_mw.benchmarks.sim.embedded import EmbeddedEngine
+
 from thunder_mw.schemas.config import SimEngineSettings
+from thunder_mw.sim.embedded import EmbeddedEngine
 
 REFERENCE = Path(__file__).with_name("vllm_0.32_metrics.txt")
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 
-from thunder_mw.middleware.errors import error_body
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from thunder_mw.middleware.errors import error_body
 
 
 def raw_head_limit(max_header_bytes: int, max_headers: int) -> int:

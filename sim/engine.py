@@ -23,8 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .cost_model import StepCost, get_profile
-from .kv_cache import ROOT_HASH, BlockHash, BlockPool
+from thunder_mw.sim.cost_model import StepCost, get_profile
+from thunder_mw.sim.kv_cache import ROOT_HASH, BlockHash, BlockPool
 
 
 class Status(enum.Enum):

@@ -24,7 +24,7 @@ class JsonFormatter(logging.Formatter):
         if isinstance(fields, dict):
             out.update(fields)
         if record.exc_info or record.exc_text:
-            # exc_text first: a filter (middleware/redaction.py) may have masked it.
+            # exc_text first: a filter (observability/redaction.py) may have masked it.
             out["exception"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, default=str)
 

@@ -13,16 +13,17 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-from thunder_mw.middleware.backends import BackendPool
-from thunder_mw.middleware.dashboard import Dashboard
-from thunder_mw.middleware.decisions import DecisionLog
+
+from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.errors import send_error, send_json
 from thunder_mw.middleware.live_scheduler import LiveScheduler
-from thunder_mw.middleware.metrics import GatewayMetrics
 from thunder_mw.middleware.openapi import send_method_not_allowed
-from thunder_mw.middleware.profiles import ProfileStore, Timing
-from thunder_mw.middleware.scheduler_metrics import SchedulerMetrics
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
+from thunder_mw.observability.dashboard import Dashboard
+from thunder_mw.observability.decisions import DecisionLog
+from thunder_mw.observability.metrics import GatewayMetrics
+from thunder_mw.observability.profiles import ProfileStore, Timing
+from thunder_mw.observability.scheduler_metrics import SchedulerMetrics
 from thunder_mw.schemas.config import ObservabilitySettings
 
 PATHS = ("/profiles", "/dashboard")

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
+
 from thunder_mw import __version__
-from thunder_mw.middleware.config_loader import ConfigError, load_config
+from thunder_mw.cli.config_loader import ConfigError, load_config
 
 log = logging.getLogger("thunder_mw")
 SUBCOMMANDS = (
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file and print it normalised")
     check.add_argument("path")
     sub.add_parser("config-reference", help="print the config reference as a markdown table")
-    from thunder_mw.middleware.plan_cli import add_plan_arguments
+    from thunder_mw.cli.plan import add_plan_arguments
 
     add_plan_arguments(sub.add_parser("plan", help="KV capacity plan: how many programs fit"))
     from thunder_mw.conformance.cli import add_conformance_arguments
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim = sub.add_parser("sim-engine", help="serve a simulated vLLM/SGLang engine")
     try:
-        from thunder_mw.benchmarks.sim.server import add_sim_engine_arguments
+        from thunder_mw.sim.server import add_sim_engine_arguments
     except ImportError:  # the simulator is optional at import time
         pass
     else:
@@ -101,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_replay(args)
     if args.command == "plan":
-        from thunder_mw.middleware.plan_cli import run_plan
+        from thunder_mw.cli.plan import run_plan
 
         return run_plan(args)
     if args.command == "config-reference":
@@ -110,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(config_reference())
         return 0
     if args.command == "sim-engine":
-        from thunder_mw.benchmarks.sim.server import run_sim_engine
+        from thunder_mw.sim.server import run_sim_engine
 
         return run_sim_engine(args)
     parser.print_help()
@@ -149,10 +150,10 @@ def serve(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return 2
-    from thunder_mw.middleware.bounded_head import bounded_httptools, raw_head_limit
-    from thunder_mw.middleware.log_format import configure_logging
-    from thunder_mw.middleware.redaction import config_secrets
-    from thunder_mw.middleware.redaction import install as install_redaction
+    from thunder_mw.cli.bounded_head import bounded_httptools, raw_head_limit
+    from thunder_mw.observability.log_format import configure_logging
+    from thunder_mw.observability.redaction import config_secrets
+    from thunder_mw.observability.redaction import install as install_redaction
 
     level = config.server.log_level
     configure_logging(level, config.observability.log_format)

@@ -17,11 +17,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from ...schemas.config import SimEngineSettings
-from . import metrics
-from .cost_model import get_profile
-from .engine import Engine, EngineConfig, SamplingParams, Sequence
-from .tokenizer import Tokenizer, load_tokenizer
+from thunder_mw.schemas.config import SimEngineSettings
+from thunder_mw.sim import metrics
+from thunder_mw.sim.cost_model import get_profile
+from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
+from thunder_mw.sim.tokenizer import Tokenizer, load_tokenizer
 
 _json_encode = msgspec.json.Encoder().encode
 _json_decode = msgspec.json.Decoder().decode

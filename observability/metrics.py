@@ -8,7 +8,8 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from thunder_mw.middleware.backends import BackendPool
+
+from thunder_mw.engines.pool import BackendPool
 from thunder_mw.policies.program_table import Phase, Program, ProgramState
 
 # `_created` series double the scrape for nothing an operator reads.

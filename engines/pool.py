@@ -17,15 +17,14 @@ from typing import Any
 import httpx
 import msgspec
 from httpx_aiohttp import AiohttpTransport
-from thunder_mw.middleware.engine_client import EngineClient
-from thunder_mw.middleware.plan_cli import planned_capacity
+
+from thunder_mw.engines.capacity import metrics_capacity, planned_capacity, server_info_capacity
+from thunder_mw.engines.client import EngineClient
 from thunder_mw.policies.core import BackendMetrics
 from thunder_mw.schemas.config import BackendSettings, ServerSettings
 
 log = logging.getLogger("thunder_mw.backends")
 
-_CACHE_CONFIG = re.compile(rb"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
-_LABEL = re.compile(rb'(\w+)="([^"]*)"')
 # The live signals the scheduler reads, by engine flavour: (field, metric names in preference).
 _SIGNALS = {
     "vllm": {
@@ -144,9 +143,7 @@ class BackendPool:
                 url = settings.url
             backend = Backend(settings, url, self.labels[i])
             if settings.plan is not None:
-                backend.planned_capacity = await asyncio.to_thread(
-                    planned_capacity, settings.plan.model_dump()
-                )
+                backend.planned_capacity = await asyncio.to_thread(planned_capacity, settings.plan)
             backend.client = self._client(url)
             backend.engine = EngineClient(
                 url,
@@ -180,7 +177,7 @@ class BackendPool:
     async def _start_embedded(self, settings: BackendSettings, index: int) -> str:
         # Imported here: only demo configs need the simulator, and policies/middleware must
         # not depend on benchmarks/ otherwise.
-        from thunder_mw.benchmarks.sim.embedded import EmbeddedEngine
+        from thunder_mw.sim.embedded import EmbeddedEngine
 
         engine = EmbeddedEngine(settings.sim)
         url = await engine.start()
@@ -286,22 +283,10 @@ class BackendPool:
         if backend.flavor == "sglang":
             r = await backend.client.get("/server_info", timeout=timeout)
             if r.status_code == 200:
-                value = msgspec.json.decode(r.content).get("max_total_num_tokens")
-                backend.discovered_capacity = int(value) if value else None
+                backend.discovered_capacity = server_info_capacity(r.content)
         r = await backend.client.get("/metrics", timeout=timeout)
         if r.status_code != 200:
             return None
         if backend.flavor != "sglang":
-            backend.discovered_capacity = _vllm_capacity(r.content)
+            backend.discovered_capacity = metrics_capacity(r.content)
         return parse_signals(backend.flavor, r.content)
-
-
-def _vllm_capacity(text: bytes) -> int | None:
-    match = _CACHE_CONFIG.search(text)
-    if not match:
-        return None
-    labels = dict(_LABEL.findall(match.group(1)))
-    blocks, size = labels.get(b"num_gpu_blocks"), labels.get(b"block_size")
-    if not blocks or not size or not blocks.isdigit() or not size.isdigit():
-        return None
-    return int(blocks) * int(size)

@@ -8,8 +8,8 @@ import socket
 
 import uvicorn
 
-from ...schemas.config import SimEngineSettings
-from .server import create_sim_app
+from thunder_mw.schemas.config import SimEngineSettings
+from thunder_mw.sim.server import create_sim_app
 
 
 class EmbeddedEngine:

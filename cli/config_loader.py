@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
-from thunder_mw.middleware.plan_cli import planned_capacity
+
+from thunder_mw.engines.capacity import planned_capacity
 from thunder_mw.policies.capacity_plan import PlanError
 from thunder_mw.policies.pipeline import PipelineError, build_pipeline
 from thunder_mw.schemas.config import ThunderConfig
@@ -46,8 +47,8 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Th
     for i, backend in enumerate(config.backends):
         if backend.plan is not None:
             try:
-                planned_capacity(backend.plan.model_dump())
-            except (PlanError, SystemExit) as exc:
+                planned_capacity(backend.plan)
+            except PlanError as exc:
                 plan_problems.append(_locate(f"backends[{i}].plan: {exc}", root))
     if plan_problems:
         raise ConfigError(str(path), plan_problems)

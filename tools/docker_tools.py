@@ -16,7 +16,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from thunder_mw.middleware.docker_engine import (
+from thunder_mw.policies.core import Action, ReclaimTools, Released
+from thunder_mw.policies.tool_selector import BUILTIN_HOOKS, Selector, reclaim_steps, retry_delay_s
+from thunder_mw.schemas.agent_context import AgentContext
+from thunder_mw.schemas.config import DockerToolSettings, SandboxTemplate
+from thunder_mw.tools.docker_engine import (
     ContainerGone,
     ContainerInfo,
     CustomHook,
@@ -24,12 +28,8 @@ from thunder_mw.middleware.docker_engine import (
     EngineDown,
     load_hook,
 )
-from thunder_mw.middleware.scheduling import ToolRefused
-from thunder_mw.middleware.tool_journal import Entry, ToolJournal
-from thunder_mw.policies.core import Action, ReclaimTools, Released
-from thunder_mw.policies.tool_selector import BUILTIN_HOOKS, Selector, reclaim_steps, retry_delay_s
-from thunder_mw.schemas.agent_context import AgentContext
-from thunder_mw.schemas.config import DockerToolSettings, SandboxTemplate
+from thunder_mw.tools.journal import Entry, ToolJournal
+from thunder_mw.tools.refusal import ToolRefused
 
 log = logging.getLogger("thunder_mw.tools")
 

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from .server import SimService
+    from thunder_mw.sim.server import SimService
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

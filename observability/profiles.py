@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+
 from thunder_mw.policies.core import Action, Released
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.agent_context import AgentContext

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter
+
 from thunder_mw.policies.core import Action, Paused, ReclaimTools, Reject, Released, Resumed
 
 log = logging.getLogger("thunder_mw.decisions")

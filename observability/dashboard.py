@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from thunder_mw.middleware.decisions import DecisionLog
-from thunder_mw.middleware.scheduler_metrics import hit_rate
+
+from thunder_mw.observability.decisions import DecisionLog
+from thunder_mw.observability.scheduler_metrics import hit_rate
 from thunder_mw.policies.core import SchedulerCore
 from thunder_mw.policies.program_table import Phase, Program, ProgramState
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import docker
 import docker.errors
 import requests.exceptions
+
 from thunder_mw.schemas.config import SandboxTemplate
 
 T = TypeVar("T")

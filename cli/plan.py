@@ -12,14 +12,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
-import httpx
 import msgspec
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
+
+from thunder_mw.engines.capacity import (
+    EngineCapacity,
+    ModelFacts,
+    model_facts,
+    plan_inputs,
+    read_engine_capacity,
+)
 from thunder_mw.policies.capacity_plan import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     KV_DTYPE_BYTES,
@@ -30,49 +35,17 @@ from thunder_mw.policies.capacity_plan import (
     PlanError,
     ReplicaMemory,
     Workload,
-    capacity_tokens,
-    check_grouping,
-    derive_head_dim,
     differs,
-    kv_bytes_per_token,
-    normalise_dtype,
     plan_capacity,
     relative_difference,
 )
+from thunder_mw.schemas.config import CapacityPlanSettings
 
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT = 0, 1, 2
-_SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Emitted admission watermarks unless told otherwise (the admission stage's own defaults).
 DEFAULT_HIGH_WATERMARK = 0.95
 DEFAULT_LOW_WATERMARK = 0.80
 DEFAULT_BUFFER_TOKENS = 128
-
-
-@dataclass
-class ModelFacts:
-    """What a model folder says about KV size; None where it is silent."""
-
-    source: str
-    num_layers: int | None = None
-    num_attention_heads: int | None = None
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
-    hidden_size: int | None = None
-    dtype: str | None = None
-    weights_bytes: int | None = None
-    notes: list[str] = field(default_factory=list)
-
-
-@dataclass
-class EngineCapacity:
-    """The capacity one live engine reports, or why it could not be read."""
-
-    url: str
-    flavor: str | None = None
-    tokens: int | None = None
-    num_blocks: int | None = None
-    block_size: int | None = None
-    error: str | None = None
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -144,8 +117,12 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Computes and prints the plan; compares it with each --engine. Returns the exit status."""
     out = out or sys.stdout
     try:
-        facts = read_model(Path(args.model)) if args.model else ModelFacts(source="flags")
-        shape, memory, workload, notes = _inputs(args, facts)
+        settings = plan_settings(args)
+        facts = model_facts(settings)
+        shape, memory, notes = plan_inputs(settings, facts)
+        workload = Workload(
+            context_mean=args.context_mean, context_p95=args.context_p95, programs=args.programs
+        )
         replicas = args.replicas or max(1, len(args.engine))
         plan = plan_capacity(shape, memory, workload, replicas)
         if not 0 < args.low_watermark <= args.high_watermark <= 1:
@@ -164,211 +141,20 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return EXIT_MISMATCH if mismatch else EXIT_OK
 
 
-# ---------------------------------------------------------------------- model folder
-def planned_capacity(options: dict[str, Any]) -> int:
-    """Capacity in tokens for a backend's YAML `plan:` section: the same options as the
-    `thunder-mw plan` flags (model, kv_dtype, tp, hbm_gib, weights_gib, kv_space_gib, ...)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_plan_arguments(parser)
-    argv: list[str] = []
-    for key, value in options.items():
-        if value is not None:
-            argv += [f"--{key.replace('_', '-')}", str(value)]
-    args = parser.parse_args(argv)
-    facts = read_model(Path(args.model)) if args.model else ModelFacts(source="flags")
-    shape, memory, _, _ = _inputs(args, facts)
-    return capacity_tokens(shape, memory)
-
-
-def read_model(path: Path) -> ModelFacts:
-    """KV-relevant fields of a Hugging Face config.json, and the weights' size beside it."""
-    config_path = path / "config.json" if path.is_dir() else path
-    folder = config_path.parent
-    if not config_path.is_file():
-        raise PlanError(f"no config.json at {config_path}")
+def plan_settings(args: argparse.Namespace) -> CapacityPlanSettings:
+    """The flags as the YAML `plan:` section, so the command and the config share one planner."""
+    given = {
+        name: getattr(args, name)
+        for name in CapacityPlanSettings.model_fields
+        if getattr(args, name, None) is not None
+    }
     try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PlanError(f"{config_path} is not readable JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise PlanError(f"{config_path} is not a JSON object")
-    facts = ModelFacts(source=str(config_path))
-    text = config
-    # Multimodal configs (Llama 4, Gemma 3, ...) keep the language model's fields apart.
-    if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
-        text = {**config, **config["text_config"]}
-        facts.notes.append("fields read from text_config")
-    if "kv_lora_rank" in text:
-        raise PlanError(
-            f"{config_path} uses multi-head latent attention (kv_lora_rank): its KV is not "
-            "2 x KV heads x head dim per layer, so this plan does not apply"
-        )
-    facts.num_layers = _int_field(text, config_path, "num_hidden_layers", "n_layer")
-    facts.num_attention_heads = _int_field(text, config_path, "num_attention_heads", "n_head")
-    facts.num_kv_heads = _int_field(text, config_path, "num_key_value_heads")
-    if facts.num_kv_heads is None and facts.num_attention_heads is not None:
-        facts.num_kv_heads = facts.num_attention_heads
-        facts.notes.append("no num_key_value_heads: multi-head attention assumed")
-    facts.head_dim = _int_field(text, config_path, "head_dim")
-    facts.hidden_size = _int_field(text, config_path, "hidden_size", "n_embd")
-    dtype = text.get("torch_dtype") or text.get("dtype")
-    facts.dtype = str(dtype) if dtype else None
-    facts.weights_bytes = _weights_bytes(folder)
-    return facts
-
-
-def _int_field(config: dict[str, Any], path: Path, *names: str) -> int | None:
-    for name in names:
-        value = config.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise PlanError(f"{path}: {name} must be an integer, not {value!r}")
-        return value
-    return None
-
-
-def _weights_bytes(folder: Path) -> int | None:
-    """The safetensors index's total_size (exact tensor bytes), else the shards' file sizes."""
-    index = folder / _SAFETENSORS_INDEX
-    if index.is_file():
-        try:
-            total = json.loads(index.read_text())["metadata"]["total_size"]
-            return int(total)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    shards = sorted(folder.glob("*.safetensors"))
-    return sum(s.stat().st_size for s in shards) if shards else None
-
-
-def _inputs(
-    args: argparse.Namespace, facts: ModelFacts
-) -> tuple[KvShape, ReplicaMemory, Workload, list[str]]:
-    notes = list(facts.notes)
-    layers = args.layers if args.layers is not None else facts.num_layers
-    heads = args.attention_heads if args.attention_heads is not None else facts.num_attention_heads
-    kv_heads = args.kv_heads if args.kv_heads is not None else facts.num_kv_heads
-    if layers is None:
-        raise PlanError("num_hidden_layers is unknown: pass --layers or --model")
-    if kv_heads is None:
-        raise PlanError("num_key_value_heads is unknown: pass --kv-heads or --model")
-    if heads is not None:
-        check_grouping(heads, kv_heads)
-    head_dim = _head_dim(args, facts, heads)
-    kv_dtype = _kv_dtype(args.kv_dtype, facts.dtype, notes)
-    shape = KvShape(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim, kv_dtype=kv_dtype)
-
-    kv_space = _gib(args.kv_space_gib, "--kv-space-gib")
-    weights = _gib(args.weights_gib, "--weights-gib")
-    if weights is None:
-        weights = facts.weights_bytes
-    if kv_space is None and weights is None:
-        raise PlanError(
-            "the weights' size is unknown: pass --weights-gib or a --model folder "
-            "holding safetensors files"
-        )
-    offload = args.offload_tokens
-    if args.offload_gib is not None:
-        offload_bytes = _gib(args.offload_gib, "--offload-gib") or 0
-        offload += offload_bytes // kv_bytes_per_token(shape, args.tp)
-    memory = ReplicaMemory(
-        tp=args.tp,
-        hbm_bytes_per_gpu=_gib(args.hbm_gib, "--hbm-gib"),
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        weights_bytes=weights or 0,
-        kv_space_bytes_per_rank=kv_space,
-        block_size=args.block_size,
-        offload_tokens=offload,
-    )
-    workload = Workload(
-        context_mean=args.context_mean, context_p95=args.context_p95, programs=args.programs
-    )
-    return shape, memory, workload, notes
-
-
-def _head_dim(args: argparse.Namespace, facts: ModelFacts, heads: int | None) -> int:
-    if args.head_dim is not None:
-        return int(args.head_dim)
-    hidden = args.hidden_size
-    if hidden is None and args.attention_heads is None and facts.head_dim is not None:
-        return facts.head_dim
-    hidden = hidden if hidden is not None else facts.hidden_size
-    if hidden is None or heads is None:
-        raise PlanError(
-            "head_dim is unknown: pass --head-dim, or --hidden-size and --attention-heads"
-        )
-    return derive_head_dim(hidden, heads)
-
-
-def _kv_dtype(flag: str, model_dtype: str | None, notes: list[str]) -> str:
-    if flag != "auto":
-        return normalise_dtype(flag)
-    if model_dtype is None:
-        notes.append("KV dtype unknown: bf16 assumed (pass --kv-dtype)")
-        return "bf16"
-    return normalise_dtype(model_dtype)
-
-
-def _gib(value: float | None, flag: str) -> int | None:
-    if value is None:
-        return None
-    if value < 0:
-        raise PlanError(f"{flag} must not be negative, not {value}")
-    return round(value * GiB)
-
-
-# ---------------------------------------------------------------------- live engines
-def read_engine_capacity(url: str, timeout_s: float = 10.0) -> EngineCapacity:
-    """The KV capacity an engine reports: vLLM's cache_config_info on /metrics, else SGLang's
-    max_total_num_tokens on /server_info (or its /metrics gauge)."""
-    url = url.rstrip("/")
-    result = EngineCapacity(url=url)
-    try:
-        with httpx.Client(base_url=url, timeout=timeout_s, trust_env=False) as client:
-            metrics = client.get("/metrics")
-            if metrics.status_code == 200 and _from_metrics(metrics.text, result):
-                return result
-            # /get_server_info: the name SGLang releases before /server_info used.
-            for path in ("/server_info", "/get_server_info"):
-                info = client.get(path)
-                if info.status_code == 200 and _from_server_info(info.json(), result):
-                    return result
-    except (httpx.HTTPError, ValueError, OSError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
-        return result
-    result.error = "reports no KV capacity (no vllm:cache_config_info, no max_total_num_tokens)"
-    return result
-
-
-def _from_server_info(info: Any, result: EngineCapacity) -> bool:
-    tokens = info.get("max_total_num_tokens") if isinstance(info, dict) else None
-    if not tokens:
-        return False
-    result.flavor, result.tokens = "sglang", int(tokens)
-    page = info.get("page_size")
-    result.block_size = int(page) if page else None
-    return True
-
-
-def _from_metrics(text: str, result: EngineCapacity) -> bool:
-    try:
-        families = list(text_string_to_metric_families(text))
-    except ValueError:
-        return False
-    for family in families:
-        for sample in family.samples:
-            if sample.name.startswith("vllm:cache_config_info"):
-                blocks = sample.labels.get("num_gpu_blocks")
-                size = sample.labels.get("block_size")
-                if blocks and size and blocks != "None":
-                    result.flavor = "vllm"
-                    result.num_blocks, result.block_size = int(blocks), int(size)
-                    result.tokens = int(blocks) * int(size)
-                    return True
-            if sample.name == "sglang:max_total_num_tokens" and sample.value > 0:
-                result.flavor, result.tokens = "sglang", int(sample.value)
-                return True
-    return False
+        return CapacityPlanSettings.model_validate(given)
+    except ValidationError as exc:
+        problems = [
+            f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}" for err in exc.errors()
+        ]
+        raise PlanError("; ".join(problems)) from None
 
 
 # ---------------------------------------------------------------------- output

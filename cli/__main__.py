@@ -1,0 +1,7 @@
+"""`python -m thunder_mw.cli`: the `thunder-mw` command without its console script."""
+
+import sys
+
+from thunder_mw.cli.main import main
+
+sys.exit(main())

@@ -1,7 +1,7 @@
 """AgentContextMiddleware: reads the body once, normalises the agent context, strips it.
 
 Pure ASGI so the hot path pays for nothing it does not use. Downstream layers find the
-context in `scope["state"]["agent_context"]` and the body in `scope["state"]["thunder_body"]`.
+context, the decoded body and the server's own `receive` on the request's CallState.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import msgspec
 
+from thunder_mw.middleware.call_state import RequestBody, call_state
 from thunder_mw.middleware.errors import send_error
-from thunder_mw.middleware.request_body import RequestBody
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import AgentContextSettings
@@ -158,13 +158,13 @@ class AgentContextMiddleware:
             headers.append((b"content-length", str(len(payload)).encode()))
         else:
             headers = [(n, v) for n, v in scope["headers"] if n not in strip]
+        call = call_state(scope)
+        call.context = ctx
+        call.body = body
+        call.receive = receive  # the server's own, to notice a client leaving
+        # A copy of the scope shares the state dict, so outer layers see the same CallState.
         scope = dict(scope)
         scope["headers"] = headers
-        # The same per-request dict the outer layers hold, so they see what is set here.
-        state = scope.setdefault("state", {})
-        state["agent_context"] = ctx
-        state["thunder_body"] = body
-        state["thunder_receive"] = receive  # the server's own, to notice a client leaving
 
         async def replay() -> Message:
             if not body.consumed:

@@ -15,6 +15,7 @@ from thunder_mw import __version__
 from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.admin import AdminRoutes, is_admin_path
 from thunder_mw.middleware.agent_context import AgentContextMiddleware
+from thunder_mw.middleware.call_state import STATE_KEY, CallState
 from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.forwarder import Forwarder
 from thunder_mw.middleware.live_scheduler import LiveScheduler
@@ -128,29 +129,28 @@ class _Core:
         if is_admin_path(path):
             await self.admin(scope, receive, send)
             return
-        state = scope.setdefault("state", {})
-        state["thunder_arrived_at"] = time.perf_counter()
-        status = 0
+        call = CallState(time.perf_counter())
+        state = scope.get("state")
+        if state is None:
+            state = scope["state"] = {}
+        state[STATE_KEY] = call
 
         async def watching_send(message: Message) -> None:
             # The one wrapper of `send` on the hot path: records the status for metrics and
-            # lets the scheduler account a call before its last byte goes out.
-            nonlocal status
+            # the time to first token, and ends the call before its last byte goes out.
             if message["type"] == "http.response.start":
-                status = state["thunder_status"] = message["status"]
+                call.status = message["status"]
             else:
-                if "thunder_first_body_at" not in state and message.get("body"):
-                    state["thunder_first_body_at"] = time.perf_counter()  # time to first token
+                if call.first_body_at is None and message.get("body"):
+                    call.first_body_at = time.perf_counter()
                 if not message.get("more_body", False):
-                    last_body = state.get("thunder_on_last_body")
-                    if last_body is not None:
-                        last_body(status)
+                    call.end(answered=True)
             await send(message)
 
         try:
             await self.pipeline(scope, receive, watching_send)
         finally:
-            self.metrics.count_request(path, status)
+            self.metrics.count_request(path, call.status)
 
     def _head_refused(self, scope: Scope) -> tuple[str, str] | None:
         """431 for a request head past the configured bounds (uvicorn's httptools parser
@@ -220,9 +220,9 @@ class ThunderGateway:
 class ThunderMiddleware:
     """Gateway mode: mounts agent-context parsing and scheduling on any ASGI app.
 
-    The wrapped app forwards by itself, to the backend named in
-    `scope["state"]["thunder_backend"]` (its URL is `thunder_backend_url`); it may call
-    `thunder_mw.middleware.scheduling.report_usage(scope, ...)` so tokens are accounted.
+    The wrapped app forwards by itself, to `call_state(scope).backend_url` (the engine the
+    scheduler chose; `.context` is the agent context); it may call
+    `thunder_mw.middleware.call_state.report_usage(scope, ...)` so tokens are accounted.
     """
 
     def __init__(self, app: ASGIApp, config: ThunderConfig) -> None:
@@ -255,9 +255,10 @@ class _WithBackendUrl:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = scope.get("state")
-        if state is not None and "thunder_backend" in state:
-            backend = self.owner.core.pool.get(state["thunder_backend"])
-            state["thunder_backend_url"] = backend.url if backend else None
+        call: CallState | None = state.get(STATE_KEY) if state is not None else None
+        if call is not None and call.backend is not None:
+            backend = self.owner.core.pool.get(call.backend)
+            call.backend_url = backend.url if backend else None
         await self.app(scope, receive, send)
 
 

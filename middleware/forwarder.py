@@ -23,8 +23,8 @@ from thunder_mw.engines.client import (
 )
 from thunder_mw.engines.pool import Backend, BackendPool
 from thunder_mw.middleware.agent_context import CONTEXT_PATHS
+from thunder_mw.middleware.call_state import CallState, RequestBody, call_state
 from thunder_mw.middleware.errors import send_error, send_json
-from thunder_mw.middleware.request_body import RequestBody
 from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.config import ServerSettings
@@ -111,8 +111,8 @@ class Forwarder:
 
     # ------------------------------------------------------------------ inference
     async def _inference(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state = scope.setdefault("state", {})
-        body: RequestBody | None = state.get("thunder_body")
+        call = call_state(scope)
+        body = call.body
         if body is None:  # mounted without AgentContextMiddleware: decode here
             raw = await _read_all(receive, self.server.max_body_bytes)
             if raw is None:
@@ -131,7 +131,7 @@ class Forwarder:
                     send, 400, "request body must be a JSON object", "body", "invalid_body"
                 )
                 return
-            body = RequestBody(data, raw)
+            body = call.body = RequestBody(data, raw)
         body.consumed = True
         data = body.data
         stream = data.get("stream") is True
@@ -149,7 +149,7 @@ class Forwarder:
                 hide_usage = True
         payload = body.encoded()
 
-        backend = self._backend_for(state)
+        backend = self.pool.get(call.backend) if call.backend else self.pool.any_healthy()
         if backend is None:
             await send_error(send, 503, "no healthy backend is available", None, "no_backend")
             return
@@ -176,28 +176,22 @@ class Forwarder:
         # to cancel the engine's work when their client leaves.
         arming = asyncio.get_running_loop().call_later(_WATCH_AFTER_S, arm)
         try:
-            await self._send_upstream(scope, send, state, backend, payload, stream, hide_usage)
+            await self._send_upstream(scope, send, call, backend, payload, stream, hide_usage)
         except asyncio.CancelledError:
             if not disconnected or task is None:
                 raise
             task.uncancel()
-            state["thunder_outcome"] = "client_disconnected"
+            call.outcome = "client_disconnected"
         finally:
             arming.cancel()
             if watcher is not None:
                 watcher.cancel()
 
-    def _backend_for(self, state: dict[str, Any]) -> Backend | None:
-        label = state.get("thunder_backend")
-        if label is not None:
-            return self.pool.get(label)
-        return self.pool.any_healthy()
-
     async def _send_upstream(
         self,
         scope: Scope,
         send: Send,
-        state: dict[str, Any],
+        call: CallState,
         backend: Backend,
         payload: bytes,
         stream: bool,
@@ -215,10 +209,10 @@ class Forwarder:
                 break
             except UpstreamError as exc:
                 self.pool.record_failure(backend, str(exc))
-                reroute = state.get("thunder_reroute") if exc.before_any_byte else None
-                alternative = reroute(backend.label) if reroute and attempt == 0 else None
+                retry = exc.before_any_byte and attempt == 0
+                alternative = call.reroute(backend.label) if retry else None
                 if alternative is None:
-                    state["thunder_outcome"] = "upstream_failed"
+                    call.outcome = "upstream_failed"
                     await _send_upstream_error(send, backend, exc)
                     return
                 log.info(
@@ -227,13 +221,13 @@ class Forwarder:
                     alternative.label,
                 )
                 backend = alternative
-                state["thunder_backend"] = backend.label
+                call.backend = backend.label
         assert response is not None
         try:
             if response.content_type == "text/event-stream":
-                await self._relay_events(send, state, backend, response, hide_usage)
+                await self._relay_events(send, call, backend, response, hide_usage)
             else:
-                await self._relay_whole(send, state, response)
+                await self._relay_whole(send, call, response)
         finally:
             response.close()
 
@@ -257,21 +251,19 @@ class Forwarder:
     def _response_headers(response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
         return [(n.lower(), v) for n, v in response.headers if n.lower() not in _DROP_RESPONSE]
 
-    async def _relay_whole(
-        self, send: Send, state: dict[str, Any], response: UpstreamResponse
-    ) -> None:
+    async def _relay_whole(self, send: Send, call: CallState, response: UpstreamResponse) -> None:
         """A JSON answer is read whole before it is sent: if the engine dies halfway, the
         client gets a well-formed 502 instead of half a body."""
         try:
             content = await response.read()
         except UpstreamError as exc:
-            state["thunder_outcome"] = "upstream_failed"
+            call.outcome = "upstream_failed"
             status, code = (504, "upstream_timeout") if exc.timeout else (502, "upstream_error")
             await send_error(send, status, str(exc), None, code)
             return
         if response.status < 400:
             with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-                state["thunder_usage"] = _usage_of(_decode_envelope(content))
+                call.usage = _usage_of(_decode_envelope(content))
         headers = self._response_headers(response)
         headers.append((b"content-length", str(len(content)).encode()))
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
@@ -280,7 +272,7 @@ class Forwarder:
     async def _relay_events(
         self,
         send: Send,
-        state: dict[str, Any],
+        call: CallState,
         backend: Backend,
         response: UpstreamResponse,
         hide_usage: bool,
@@ -291,7 +283,7 @@ class Forwarder:
             chunk = await response.first_chunk()
         except UpstreamError as exc:
             self.pool.record_failure(backend, str(exc))
-            state["thunder_outcome"] = "upstream_failed"
+            call.outcome = "upstream_failed"
             await _send_upstream_error(send, backend, exc)
             return
         await send(
@@ -310,7 +302,7 @@ class Forwarder:
                 if cut >= 0:
                     ready, pending = pending[: cut + 2], pending[cut + 2 :]
                     if b'"usage"' in ready:
-                        ready = self._take_usage(ready, state, hide_usage)
+                        ready = self._take_usage(ready, call, hide_usage)
                     if ready:
                         await send({"type": "http.response.body", "body": ready, "more_body": True})
                 try:
@@ -319,7 +311,7 @@ class Forwarder:
                     break
         except STREAM_ERRORS as raw:
             exc = as_upstream_error(raw, "engine failed mid-stream")
-            state["thunder_outcome"] = "upstream_failed"
+            call.outcome = "upstream_failed"
             self.pool.suspect(backend)  # dead, or did only this call fail?
             error = _encode(
                 {
@@ -342,7 +334,7 @@ class Forwarder:
         await send({"type": "http.response.body", "body": pending, "more_body": False})
 
     @staticmethod
-    def _take_usage(ready: bytes, state: dict[str, Any], hide_usage: bool) -> bytes:
+    def _take_usage(ready: bytes, call: CallState, hide_usage: bool) -> bytes:
         """Capture usage from complete SSE events; drop the usage-only chunk we asked for."""
         kept: list[bytes] = []
         for event in ready.split(b"\n\n")[:-1]:
@@ -353,7 +345,7 @@ class Forwarder:
                     envelope = _decode_envelope(event[6:])
                     usage = _usage_of(envelope)
                     if usage is not None:
-                        state["thunder_usage"] = usage
+                        call.usage = usage
                         if hide_usage and envelope.response is None and not envelope.choices:
                             continue
             kept.append(event + b"\n\n")
@@ -405,7 +397,7 @@ class Forwarder:
             )
             return
         try:
-            await self._relay_whole(send, {}, response)
+            await self._relay_whole(send, CallState(), response)
         finally:
             response.close()
 

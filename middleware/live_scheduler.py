@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from thunder_mw.engines.pool import Backend, BackendPool
-from thunder_mw.middleware.request_body import RequestBody
+from thunder_mw.middleware.call_state import CallState, Outcome, RequestBody
 from thunder_mw.middleware.scheduling import ClientGone, Rejected
 from thunder_mw.middleware.types import Receive
 from thunder_mw.policies.core import (
@@ -30,8 +30,7 @@ from thunder_mw.policies.core import (
     SchedulerCore,
 )
 from thunder_mw.policies.pipeline import build_pipeline
-from thunder_mw.policies.program_table import Program, Usage
-from thunder_mw.schemas.agent_context import AgentContext
+from thunder_mw.policies.program_table import Program
 
 log = logging.getLogger("thunder_mw.scheduler")
 RETRY_AFTER_S = b"5"
@@ -128,10 +127,10 @@ class LiveScheduler:
         )
 
     # ------------------------------------------------------------------ the Scheduler protocol
-    async def admit(self, ctx: AgentContext, state: dict[str, Any]) -> str:
-        decision, actions = self.core.on_request(
-            ctx, request_info(state.get("thunder_body")), self.clock()
-        )
+    async def admit(self, call: CallState) -> str:
+        ctx = call.context
+        assert ctx is not None
+        decision, actions = self.core.on_request(ctx, request_info(call.body), self.clock())
         self._apply(actions)
         if isinstance(decision, Forward):
             return decision.backend
@@ -153,9 +152,9 @@ class LiveScheduler:
             )
         held_at = self.clock()
         try:
-            return await self._hold(ctx.program_id, state.get("thunder_receive"))
+            return await self._hold(ctx.program_id, call.receive)
         finally:
-            state["thunder_held_s"] = self.clock() - held_at
+            call.held_s = self.clock() - held_at
 
     async def _hold(self, program_id: str, receive: Receive | None) -> str:
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -177,11 +176,15 @@ class LiveScheduler:
             if gone is not None:
                 gone.cancel()
 
-    def finish(self, ctx: AgentContext, backend: str, usage: Usage | None, outcome: str) -> None:
-        self._apply(self.core.on_finished(ctx.program_id, usage, outcome == "ok", self.clock()))
+    # ------------------------------------------------------------------ the Admission protocol
+    def finish(self, call: CallState, outcome: Outcome) -> None:
+        assert call.context is not None
+        program_id = call.context.program_id
+        self._apply(self.core.on_finished(program_id, call.usage, outcome == "ok", self.clock()))
 
-    def reroute(self, ctx: AgentContext, failed_backend: str) -> Backend | None:
-        target = self.core.reroute(ctx.program_id, failed_backend, self.clock())
+    def reroute(self, call: CallState, failed_backend: str) -> Backend | None:
+        assert call.context is not None
+        target = self.core.reroute(call.context.program_id, failed_backend, self.clock())
         return self.pool.get(target) if target else None
 
     def release(self, program_id: str) -> bool:

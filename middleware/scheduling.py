@@ -1,19 +1,21 @@
 """SchedulingMiddleware: asks the scheduler where (and when) a program's request may run.
 
-The scheduler decides; this layer only waits for the decision, records it in
-`scope["state"]["thunder_backend"]`, and reports how the call ended (usage, failure,
-client gone) so a program can never stay REASONING or keep capacity it no longer uses.
+The scheduler decides; this layer only waits for the decision, records it on the request's
+CallState (the backend, and the scheduler as the call's `Admission`), and makes sure the
+scheduler hears how the call ended (usage, failure, client gone) so a program can never
+stay REASONING or keep capacity it no longer uses.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from thunder_mw.engines.pool import Backend
+from thunder_mw.middleware.call_state import STATE_KEY, CallState, Outcome
 from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 from thunder_mw.policies.program_owners import Claim
-from thunder_mw.policies.program_table import Program, Usage
+from thunder_mw.policies.program_table import Program
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.tools.refusal import ToolRefused
 
@@ -48,17 +50,16 @@ class ClientGone(Exception):
 
 
 class Scheduler(Protocol):
-    """What the middleware needs of a scheduler (live or pass-through)."""
+    """What the middleware needs of a scheduler (live or pass-through); it is also the
+    `Admission` of every call it admits."""
 
-    async def admit(self, ctx: AgentContext, state: dict[str, Any]) -> str:
-        """Wait until the program may run; return the backend label. Raises Rejected."""
+    async def admit(self, call: CallState) -> str:
+        """Wait until the call's program may run; return the backend label. Raises Rejected."""
         ...
 
-    def finish(
-        self, ctx: AgentContext, backend: str, usage: Usage | None, outcome: str
-    ) -> None: ...
+    def finish(self, call: CallState, outcome: Outcome) -> None: ...
 
-    def reroute(self, ctx: AgentContext, failed_backend: str) -> Backend | None: ...
+    def reroute(self, call: CallState, failed_backend: str) -> Backend | None: ...
 
     def release(self, program_id: str) -> bool: ...
 
@@ -82,11 +83,11 @@ class SchedulingMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = scope.get("state")
-        ctx: AgentContext | None = state.get("agent_context") if state else None
-        if ctx is None or scope["type"] != "http":
+        call: CallState | None = state.get(STATE_KEY) if state else None
+        ctx = call.context if call is not None else None
+        if ctx is None or call is None or scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        assert state is not None
         # Ownership first: another key must not attach containers to, or queue behind, a
         # program that is not its own.
         bound = False
@@ -99,7 +100,7 @@ class SchedulingMiddleware:
         try:
             if self.tools is not None and ctx.docker_ids:
                 await self.tools.adopt(ctx)
-            backend = await self.scheduler.admit(ctx, state)
+            call.backend = await self.scheduler.admit(call)
         except ToolRefused as exc:
             self._unbind_if_never_ran(ctx, bound)
             await send_error(send, exc.status, exc.message, exc.param, exc.code)
@@ -111,41 +112,14 @@ class SchedulingMiddleware:
         except ClientGone:
             self._unbind_if_never_ran(ctx, bound)
             return
-        state["thunder_backend"] = backend
-        state["thunder_reroute"] = lambda failed: self.scheduler.reroute(ctx, failed)
-        finished = False
-
-        def finish(outcome: str) -> None:
-            nonlocal finished
-            if not finished:
-                finished = True
-                self.scheduler.finish(
-                    ctx, state.get("thunder_backend", backend), state.get("thunder_usage"), outcome
-                )
-
-        def on_last_body(status: int) -> None:
-            # Account the call BEFORE its last byte goes out: the agent's next request may
-            # arrive the moment it has the answer, and must find the program ACTING.
-            finish(state.get("thunder_outcome") or ("ok" if 0 < status < 400 else "failed"))
-
-        state["thunder_on_last_body"] = on_last_body
+        call.admission = self.scheduler
         try:
             await self.app(scope, receive, send)
         finally:
-            finish(state.get("thunder_outcome") or "failed")
+            call.end()  # a no-op where the answer's last byte already ended it
 
     def _unbind_if_never_ran(self, ctx: AgentContext, bound: bool) -> None:
         # A first request that never got a program leaves no owner behind: no released
         # program would ever free the id again.
         if bound and self.owners is not None and self.scheduler.program(ctx.program_id) is None:
             self.owners.forget(ctx.program_id)
-
-
-def report_usage(
-    scope: Scope, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
-) -> None:
-    """For apps mounted under ThunderMiddleware that do their own forwarding: tell the
-    scheduler what the call used (else only the step, not its tokens, is accounted)."""
-    scope.setdefault("state", {})["thunder_usage"] = Usage(
-        prompt_tokens, completion_tokens, cached_tokens
-    )

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
 import msgspec
 
 from thunder_mw.engines.pool import BackendPool
+from thunder_mw.middleware.call_state import STATE_KEY, CallState
 from thunder_mw.middleware.errors import send_error, send_json
 from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.middleware.openapi import send_method_not_allowed
@@ -144,15 +144,19 @@ class _HandedToEngine:
         self.owner = owner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state: dict[str, Any] = scope.get("state") or {}
-        forwarded = time.perf_counter()
-        held = state.get("thunder_held_s", 0.0)
-        arrived = state.get("thunder_arrived_at", forwarded)
+        state = scope.get("state")
+        call: CallState | None = state.get(STATE_KEY) if state is not None else None
+        if call is None:
+            await self.app(scope, receive, send)
+            return
+        forwarded = call.forwarded_at = time.perf_counter()
+        held = call.held_s or 0.0
+        arrived = call.arrived_at
         metrics = self.owner.scheduler_metrics
         metrics.proxy_overhead.observe(max(0.0, forwarded - arrived - held))
-        if "thunder_held_s" in state:
+        if call.held_s is not None:
             metrics.queue_wait.observe(held)
-        ctx = state.get("agent_context")
+        ctx = call.context
         profiles = self.owner.profiles
         if ctx is None or profiles is None:
             await self.app(scope, receive, send)
@@ -161,8 +165,6 @@ class _HandedToEngine:
         try:
             await self.app(scope, receive, send)
         finally:
-            body = state.get("thunder_body")
-            stream = bool(body is not None and body.data.get("stream"))
             profiles.record(
                 ctx,
                 Timing(
@@ -170,11 +172,11 @@ class _HandedToEngine:
                     arrived_at=arrived,
                     queue_s=held,
                     forwarded_at=forwarded,
-                    first_body_at=state.get("thunder_first_body_at"),
+                    first_body_at=call.first_body_at,
                     ended_at=time.perf_counter(),
-                    status=state.get("thunder_status", 0),
-                    stream=stream,
+                    status=call.status,
+                    stream=call.stream,
                 ),
-                state.get("thunder_backend"),
-                state.get("thunder_usage"),
+                call.backend,
+                call.usage,
             )

@@ -7,7 +7,7 @@ from asgi_servers import serving
 from fastapi import FastAPI, Request
 
 from thunder_mw.middleware.app import ThunderMiddleware
-from thunder_mw.middleware.scheduling import report_usage
+from thunder_mw.middleware.call_state import call_state, report_usage
 from thunder_mw.schemas.config import ThunderConfig
 
 
@@ -18,17 +18,18 @@ def make_gateway(engine_url: str) -> tuple[FastAPI, list[dict]]:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> dict:
         body = await request.json()
-        state = request.scope["state"]
+        call = call_state(request.scope)
+        assert call.context is not None and call.backend_url is not None
         seen.append(
             {
                 "body": body,
-                "backend": state.get("thunder_backend"),
-                "backend_url": state.get("thunder_backend_url"),
-                "program": state["agent_context"].program_id,
+                "backend": call.backend,
+                "backend_url": call.backend_url,
+                "program": call.context.program_id,
                 "content_length": request.headers.get("content-length"),
             }
         )
-        async with httpx.AsyncClient(base_url=state["thunder_backend_url"]) as client:
+        async with httpx.AsyncClient(base_url=call.backend_url) as client:
             answer = (await client.post("/v1/chat/completions", json=body)).json()
         usage = answer["usage"]
         report_usage(request.scope, usage["prompt_tokens"], usage["completion_tokens"])

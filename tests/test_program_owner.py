@@ -14,6 +14,7 @@ from asgi_servers import serving
 from fake_engine import FakeEngine
 
 from thunder_mw.middleware.app import ThunderMiddleware, create_app
+from thunder_mw.middleware.call_state import STATE_KEY, CallState
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import Rejected, SchedulingMiddleware
 from thunder_mw.schemas.agent_context import AgentContext
@@ -174,7 +175,7 @@ def test_a_custom_owner_header_is_honoured(engine):
 class _RefusingScheduler:
     """Admission says no (queue full) and creates no program."""
 
-    async def admit(self, ctx: AgentContext, state: dict[str, Any]) -> str:
+    async def admit(self, call: CallState) -> str:
         raise Rejected(429, "queue full", "queue_full")
 
     def program(self, program_id: str) -> None:
@@ -190,10 +191,12 @@ def _call(mw: SchedulingMiddleware, key: bytes) -> int:
     async def receive() -> dict[str, Any]:
         return {"type": "http.disconnect"}
 
+    call = CallState()
+    call.context = AgentContext(program_id="agent-1", source=None)
     scope = {
         "type": "http",
         "headers": [(b"authorization", key)],
-        "state": {"agent_context": AgentContext(program_id="agent-1", source=None)},
+        "state": {STATE_KEY: call},
     }
     asyncio.run(mw(scope, receive, send))
     return sent[0]["status"]

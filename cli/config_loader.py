@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,13 @@ class ConfigError(Exception):
         super().__init__(f"{path}: " + "; ".join(problems))
         self.path = path
         self.problems = problems
+
+    def report(self) -> int:
+        """Prints the problems to stderr, one a line; returns the commands' exit status 2."""
+        print(f"{self.path}: invalid configuration", file=sys.stderr)
+        for problem in self.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ThunderConfig:

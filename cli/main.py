@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
-
-import uvicorn
 
 from thunder_mw import __version__
 from thunder_mw.cli.config_loader import ConfigError, load_config
@@ -86,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(args_list)
     if args.command == "serve":
+        from thunder_mw.cli.serve import serve
+
         return serve(args)
     if args.command == "check-config":
         return check_config(args.path)
@@ -122,10 +121,7 @@ def check_config(path: str) -> int:
     try:
         config = load_config(path)
     except ConfigError as exc:
-        print(f"{exc.path}: invalid configuration", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  {problem}", file=sys.stderr)
-        return 2
+        return exc.report()
     sys.stdout.write(_yaml_dump(config.model_dump(mode="json")))
     return 0
 
@@ -134,73 +130,6 @@ def _yaml_dump(data: Any) -> str:
     import yaml
 
     return yaml.safe_dump(data, sort_keys=False)
-
-
-def serve(args: argparse.Namespace) -> int:
-    from thunder_mw.middleware.app import create_app
-
-    overrides: dict[str, Any] = {}
-    for key in ("host", "port", "log_level"):
-        if getattr(args, key, None) is not None:
-            overrides.setdefault("server", {})[key] = getattr(args, key)
-    try:
-        config = load_config(args.config, overrides)
-    except ConfigError as exc:
-        print(f"{exc.path}: invalid configuration", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  {problem}", file=sys.stderr)
-        return 2
-    from thunder_mw.cli.bounded_head import bounded_httptools, raw_head_limit
-    from thunder_mw.observability.log_format import configure_logging
-    from thunder_mw.observability.redaction import config_secrets
-    from thunder_mw.observability.redaction import install as install_redaction
-
-    level = config.server.log_level
-    configure_logging(level, config.observability.log_format)
-    app = create_app(config)
-    server_config = uvicorn.Config(
-        app,
-        host=config.server.host,
-        port=config.server.port,
-        log_level=level,
-        loop="uvloop",
-        http=bounded_httptools(
-            raw_head_limit(config.server.max_header_bytes, config.server.max_headers)
-        ),
-        lifespan="on",
-        access_log=config.observability.access_log,
-        # JSON logs: uvicorn's own loggers go through the same root handler.
-        **({"log_config": None} if config.observability.log_format == "json" else {}),
-        proxy_headers=False,
-        server_header=False,
-        timeout_graceful_shutdown=30,
-    )
-    # uvicorn.Config has just installed its loggers' handlers: every handler gets the filter.
-    install_redaction(config_secrets(config))
-    server = _GatewayServer(app, server_config)
-    server.run()
-    return 0 if server.started else 1
-
-
-class _GatewayServer(uvicorn.Server):
-    """uvicorn, plus: on SIGTERM/SIGINT held requests are answered with 503 at once, while
-    streams already running get uvicorn's graceful-shutdown deadline to finish."""
-
-    def __init__(self, app: Any, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self._gateway = app
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        loop = self._loop
-        if loop is not None and not self.should_exit:
-            loop.call_soon_threadsafe(self._gateway.core.scheduler.drain)
-        super().handle_exit(sig, frame)
-
-    async def serve(self, sockets: Any = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
-
-    _loop: asyncio.AbstractEventLoop | None = None
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The docs stay true: the configuration reference is what the config models say, and every
-relative link in README.md and docs/ points at a file (and heading) that exists."""
+relative link in README.md, CHANGELOG.md, benchmarks/README.md and docs/ points at a file
+(and heading) that exists."""
 
 import os
 import re
@@ -16,6 +17,7 @@ REFERENCE = ROOT / "docs" / "configuration.md"
 START, END = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
 PAGES = [
     ROOT / "README.md",
+    ROOT / "CHANGELOG.md",
     ROOT / "benchmarks" / "README.md",
     *sorted((ROOT / "docs").glob("*.md")),
 ]

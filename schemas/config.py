@@ -1,4 +1,4 @@
-"""The configuration tree: field names are the YAML keys; descriptions feed the README."""
+"""The configuration tree: field names are the YAML keys; descriptions feed the config docs."""
 
 from __future__ import annotations
 

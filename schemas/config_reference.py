@@ -1,4 +1,4 @@
-"""Renders the config reference (README) from the same Field descriptions check-config validates."""
+"""Renders docs/configuration.md's key table from the Field descriptions check-config uses."""
 
 from __future__ import annotations
 

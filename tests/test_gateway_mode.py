@@ -7,7 +7,7 @@ from asgi_servers import serving
 from fastapi import FastAPI, Request
 
 from thunder_mw.middleware.app import ThunderMiddleware
-from thunder_mw.middleware.call_state import call_state, report_usage
+from thunder_mw import call_state, report_usage
 from thunder_mw.schemas.config import ThunderConfig
 
 

@@ -29,6 +29,7 @@ from thunder_mw.policies.core import BackendMetrics, RequestInfo
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention, ObservabilitySettings, ThunderConfig
+from thunder_mw.schemas.views import encode
 
 OUTPUT = Path(__file__).resolve().parent / "results" / "metrics-scrape.json"
 TARGET_MS = 50.0
@@ -88,7 +89,8 @@ def main() -> int:
     metrics, observability, scheduler = fleet(args.programs, args.seed)
     body = generate_latest(metrics.registry)
     scrape = timed_ms(lambda: generate_latest(metrics.registry), args.runs)
-    snapshot = timed_ms(observability.dashboard.snapshot, max(5, args.runs // 5))
+    # As GET /dashboard/state answers it: built and encoded.
+    snapshot = timed_ms(lambda: encode(observability.dashboard.snapshot()), max(5, args.runs // 5))
     states: dict[str, int] = {}
     for p in scheduler.programs():
         key = f"{p.state.value}/{p.phase.value}"

@@ -149,7 +149,7 @@ class AdminRoutes:
 
     async def _health(self, send: Send) -> None:
         backends = [b.describe() for b in self.pool.backends]
-        healthy = sum(1 for b in backends if b["healthy"])
+        healthy = sum(1 for b in backends if b.healthy)
         body = {
             "status": "ok" if healthy else "degraded",
             "version": self.version,

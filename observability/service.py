@@ -106,7 +106,7 @@ class Observability:
             )
             await send({"type": "http.response.body", "body": self.dashboard.html})
         elif path == "/dashboard/state":
-            await send_json(send, 200, self.dashboard.snapshot())
+            await send_json(send, 200, _encode(self.dashboard.snapshot()))
         elif path == "/profiles":
             if self.profiles is None:
                 await _profiles_off(send)

@@ -1,8 +1,7 @@
 """Wires the gateway's observability together: decision log, scheduler metrics, profiles,
 dashboard, and the one thin layer that timestamps a call as it is handed to the engine.
 
-Routes (behind the admin guard, see AdminRoutes): GET /profiles, GET /profiles/{id},
-GET /dashboard (the page), GET /dashboard/state (what it polls).
+Their routes (/profiles, /dashboard) are the admin API's (middleware/admin.py).
 """
 
 from __future__ import annotations
@@ -12,12 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
 from thunder_mw.engines.pool import BackendPool
-from thunder_mw.middleware.errors import send_error, send_json
 from thunder_mw.middleware.live_scheduler import LiveScheduler
-from thunder_mw.middleware.openapi import send_method_not_allowed
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 from thunder_mw.observability.dashboard import Dashboard
 from thunder_mw.observability.decisions import DecisionLog
@@ -25,23 +20,6 @@ from thunder_mw.observability.metrics import GatewayMetrics
 from thunder_mw.observability.profiles import ProfileStore, Timing
 from thunder_mw.observability.scheduler_metrics import SchedulerMetrics
 from thunder_mw.schemas.config import ObservabilitySettings
-
-PATHS = ("/profiles", "/dashboard")
-_encode = msgspec.json.Encoder().encode
-_HTML_HEADERS = [
-    (b"content-type", b"text/html; charset=utf-8"),
-    (b"cache-control", b"no-store"),
-    # The page needs nothing from anywhere else; say so, so nothing else can be injected.
-    (
-        b"content-security-policy",
-        b"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-        b"connect-src 'self'; img-src 'self' data:",
-    ),
-]
-
-
-def is_observability_path(path: str) -> bool:
-    return path in PATHS or path.startswith(("/profiles/", "/dashboard/"))
 
 
 class Observability:
@@ -87,52 +65,6 @@ class Observability:
     def handing_to_engine(self, app: ASGIApp) -> ASGIApp:
         """Wraps the innermost app (forwarder or the user's app), inside the scheduler."""
         return _HandedToEngine(app, self)
-
-    # ------------------------------------------------------------------ routes
-    async def route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path, method = scope["path"], scope["method"]
-        if method != "GET":
-            await send_method_not_allowed(send, method, path)
-        elif path in ("/dashboard", "/dashboard/"):
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        *_HTML_HEADERS,
-                        (b"content-length", str(len(self.dashboard.html)).encode()),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": self.dashboard.html})
-        elif path == "/dashboard/state":
-            await send_json(send, 200, _encode(self.dashboard.snapshot()))
-        elif path == "/profiles":
-            if self.profiles is None:
-                await _profiles_off(send)
-                return
-            summaries = self.profiles.summaries()
-            await send_json(send, 200, _encode({"profiles": summaries, "count": len(summaries)}))
-        elif path.startswith("/profiles/"):
-            if self.profiles is None:
-                await _profiles_off(send)
-                return
-            program_id = path[len("/profiles/") :]
-            view = self.profiles.get(program_id)
-            if view is None:
-                await send_error(
-                    send, 404, f"no profile of {program_id!r}", "program_id", "profile_not_found"
-                )
-                return
-            await send_json(send, 200, _encode(view))
-        else:
-            await send_error(send, 404, f"no route {method} {path}", None, "route_not_found")
-
-
-async def _profiles_off(send: Send) -> None:
-    await send_error(
-        send, 404, "profiles are off (observability.profiles.enabled)", None, "profiles_disabled"
-    )
 
 
 class _HandedToEngine:

@@ -51,7 +51,9 @@ def fleet(programs: int, seed: int) -> tuple[GatewayMetrics, Observability, Live
     scheduler = LiveScheduler(pool, config.policies)
     metrics = GatewayMetrics()
     metrics.watch(scheduler.programs, pool)
-    observability = Observability(ObservabilitySettings(), scheduler, pool, metrics)
+    observability = Observability(ObservabilitySettings(), scheduler.core, pool, metrics)
+    scheduler.listeners.append(observability.on_action)
+    scheduler.tick_listeners.append(observability.on_tick)
     core = scheduler.core
     now = 0.0
     for label in core.backends:

@@ -29,6 +29,7 @@ from thunder_mw.policies.core import BackendMetrics, RequestInfo
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention, ObservabilitySettings, ThunderConfig
+from thunder_mw.schemas.views import encode
 
 OUTPUT = Path(__file__).resolve().parent / "results" / "metrics-scrape.json"
 TARGET_MS = 50.0
@@ -50,7 +51,9 @@ def fleet(programs: int, seed: int) -> tuple[GatewayMetrics, Observability, Live
     scheduler = LiveScheduler(pool, config.policies)
     metrics = GatewayMetrics()
     metrics.watch(scheduler.programs, pool)
-    observability = Observability(ObservabilitySettings(), scheduler, pool, metrics)
+    observability = Observability(ObservabilitySettings(), scheduler.core, pool, metrics)
+    scheduler.listeners.append(observability.on_action)
+    scheduler.tick_listeners.append(observability.on_tick)
     core = scheduler.core
     now = 0.0
     for label in core.backends:
@@ -88,7 +91,8 @@ def main() -> int:
     metrics, observability, scheduler = fleet(args.programs, args.seed)
     body = generate_latest(metrics.registry)
     scrape = timed_ms(lambda: generate_latest(metrics.registry), args.runs)
-    snapshot = timed_ms(observability.dashboard.snapshot, max(5, args.runs // 5))
+    # As GET /dashboard/state answers it: built and encoded.
+    snapshot = timed_ms(lambda: encode(observability.dashboard.snapshot()), max(5, args.runs // 5))
     states: dict[str, int] = {}
     for p in scheduler.programs():
         key = f"{p.state.value}/{p.phase.value}"

@@ -22,6 +22,7 @@ from thunder_mw.engines.capacity import metrics_capacity, planned_capacity, serv
 from thunder_mw.engines.client import EngineClient
 from thunder_mw.policies.core import BackendMetrics
 from thunder_mw.schemas.config import BackendSettings, ServerSettings
+from thunder_mw.schemas.views import BackendView
 
 log = logging.getLogger("thunder_mw.backends")
 
@@ -99,22 +100,22 @@ class Backend:
         capacity planned from the model and hardware."""
         return self.settings.capacity_tokens or self.discovered_capacity or self.planned_capacity
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.label,
-            "url": self.url,
-            "type": self.settings.type,
-            "healthy": self.healthy,
-            "capacity_tokens": self.capacity_tokens,
-            "capacity_source": "config"
+    def describe(self) -> BackendView:
+        return BackendView(
+            name=self.label,
+            url=self.url,
+            type=self.settings.type,
+            healthy=self.healthy,
+            capacity_tokens=self.capacity_tokens,
+            capacity_source="config"
             if self.settings.capacity_tokens
             else "engine"
             if self.discovered_capacity
             else "plan"
             if self.planned_capacity
             else None,
-            "last_error": self.last_error,
-        }
+            last_error=self.last_error,
+        )
 
 
 class BackendPool:

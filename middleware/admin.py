@@ -1,23 +1,45 @@
-"""The admin API: health, programs, release (ThunderAgent-compatible) and Prometheus metrics."""
+"""The admin API (health, programs, release, sandboxes, profiles, dashboard, Prometheus
+metrics) as a Starlette router of small endpoints, built from the operation table in
+middleware/openapi.py; errors keep the gateway's OpenAI-style JSON shape."""
 
 from __future__ import annotations
 
 import hmac
+import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import msgspec
+from msgspec import UNSET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Match, Route
 
 from thunder_mw.engines.pool import BackendPool
-from thunder_mw.middleware.errors import send_error, send_json
-from thunder_mw.middleware.openapi import OPENAPI_PATH, admin_openapi_json, send_method_not_allowed
+from thunder_mw.middleware.errors import error_body, send_error
+from thunder_mw.middleware.openapi import OPERATIONS, admin_openapi_json
 from thunder_mw.middleware.scheduling import Scheduler
-from thunder_mw.middleware.types import Receive, Scope, Send
+from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 from thunder_mw.observability.metrics import GatewayMetrics
-from thunder_mw.observability.service import is_observability_path
 from thunder_mw.policies.program_table import Program
 from thunder_mw.schemas.context_parsing import ContextError, ContextParser
+from thunder_mw.schemas.views import (
+    HealthView,
+    PendingProgram,
+    ProfileList,
+    ProfileView,
+    ProgramDetail,
+    ProgramList,
+    ProgramView,
+    Released,
+    ToolsView,
+    encode,
+)
 from thunder_mw.tools.docker_tools import DockerTools
 from thunder_mw.tools.refusal import ToolRefused
 
@@ -25,29 +47,127 @@ if TYPE_CHECKING:
     from thunder_mw.middleware.program_ownership import ProgramOwnership
     from thunder_mw.observability.service import Observability
 
-ADMIN_PREFIXES = ("/programs", "/metrics", "/health")
 _MAX_ADMIN_BODY = 64 * 1024
-_SANDBOXES = "/sandboxes"
-_encode = msgspec.json.Encoder().encode
+_JSON = "application/json"
 _decode = msgspec.json.Decoder().decode
+_HTML_HEADERS = {
+    "cache-control": "no-store",
+    # The page needs nothing from anywhere else; say so, so nothing else can be injected.
+    "content-security-policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
+}
+
+
+def _admin_paths() -> tuple[frozenset[str], tuple[str, ...]]:
+    """The paths the admin API owns: each described path without an id, and the whole tree
+    under a root that has routes below it (`/programs/...`), so an unknown subpath gets the
+    admin API's 404 instead of being forwarded to an engine."""
+    exact, trees = set(), set()
+    for op in OPERATIONS:
+        root = "/" + op.path.split("/")[1]
+        if "{" not in op.path:
+            exact.add(op.path)
+        if op.path != root:
+            trees.add(root + "/")
+    return frozenset(exact), tuple(sorted(trees))
+
+
+_EXACT, _TREES = _admin_paths()
 
 
 def is_admin_path(path: str) -> bool:
-    return (
-        path in ("/health", "/metrics", "/programs", OPENAPI_PATH)
-        or path.startswith("/programs/")
-        or is_observability_path(path)
-    )
+    return path in _EXACT or path.startswith(_TREES)
 
 
-def program_view(program: Program, now: float) -> dict[str, Any]:
-    view = msgspec.to_builtins(program)
-    view["age_s"] = round(now - program.created_at, 3)
-    view["idle_s"] = round(now - program.last_active_at, 3)
-    return view
+def _json(view: Any, status: int = 200) -> Response:
+    return Response(encode(view), status, media_type=_JSON)
+
+
+def _error(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    body = error_body(status, message, param, code)
+    return Response(body, status, headers=headers, media_type=_JSON)
+
+
+_VIEW_FIELDS = tuple(f for f in ProgramView.__struct_fields__ if f not in ("age_s", "idle_s"))
+
+
+def _public_fields(program: Program, now: float) -> dict[str, Any]:
+    """The program's fields that ProgramView lists (and no others), with its age and idle
+    time in seconds instead of the core's monotonic-clock stamps."""
+    fields = {name: getattr(program, name) for name in _VIEW_FIELDS}
+    fields["state"] = program.state.value
+    fields["phase"] = program.phase.value
+    fields["age_s"] = round(now - program.created_at, 3)
+    fields["idle_s"] = round(now - program.last_active_at, 3)
+    return fields
+
+
+def program_view(program: Program, now: float) -> ProgramView:
+    return ProgramView(**_public_fields(program, now))
+
+
+class _Route(Route):
+    """A Route as the admin API describes it: an id is any decoded text (newlines included,
+    up to the very end of the path), and GET does not imply HEAD (no HEAD operation is
+    described, so HEAD is a 405 like any other undescribed method)."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], method: str) -> None:
+        super().__init__(path, endpoint, methods=[method])
+        self.methods = {method}
+        self.path_regex = re.compile(self.path_regex.pattern.removesuffix("$") + r"\Z", re.S)
+
+
+class AdminTokenGuard:
+    """Answers 401 unless the request carries `server.admin_token`; runs before routing, so
+    a client without the token learns nothing about which routes exist."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str,
+        public: frozenset[tuple[str, str]],
+        query_token_paths: frozenset[str],
+    ) -> None:
+        self.app = app
+        self._token = f"Bearer {token}".encode()
+        self._public = public
+        self._query_token_paths = query_token_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["method"], scope["path"]) in self._public or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        await send_error(
+            send,
+            401,
+            "admin routes need `Authorization: Bearer <server.admin_token>`",
+            "authorization",
+            "unauthorized",
+            [(b"www-authenticate", b"Bearer")],
+        )
+
+    def _authorized(self, scope: Scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                return hmac.compare_digest(value, self._token)
+        if scope["path"] in self._query_token_paths:
+            # A browser's address bar cannot send a header: the page alone takes ?token=,
+            # removes it from the address bar and sends it as a header on every poll.
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            for token in query.get("token", ())[:1]:
+                return hmac.compare_digest(f"Bearer {token}".encode(), self._token)
+        return False
 
 
 class AdminRoutes:
+    """The admin API as one ASGI app; app.py hands it every request `is_admin_path` claims."""
+
     def __init__(
         self,
         scheduler: Scheduler,
@@ -58,185 +178,111 @@ class AdminRoutes:
         clock: Any,
         version: str,
         tools: DockerTools | None = None,
-        observability: Observability | None = None,
+        *,
+        observability: Observability,
         owners: ProgramOwnership | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.pool = pool
         self.metrics = metrics
         self.parser = parser
-        self._token = f"Bearer {admin_token}".encode() if admin_token else None
         self.clock = clock
         self.version = version
         self.tools = tools
         self.observability = observability
         self.owners = owners
+        # With a token set, only token holders get past the guard, and they may act on any
+        # program; without one, `program_owner: header` decides (see _not_owner).
+        self._owners_decide = owners is not None and admin_token is None
         self._openapi = admin_openapi_json(version)
+        middleware = []
+        if admin_token:
+            middleware.append(
+                Middleware(
+                    AdminTokenGuard,
+                    token=admin_token,
+                    public=frozenset((op.method, op.path) for op in OPERATIONS if op.public),
+                    query_token_paths=frozenset(op.path for op in OPERATIONS if op.dashboard_token),
+                )
+            )
+        self.routes = [_Route(op.path, getattr(self, op.endpoint), op.method) for op in OPERATIONS]
+        self.app = Starlette(
+            routes=self.routes,
+            middleware=middleware,
+            exception_handlers={HTTPException: self._no_route, ClientDisconnect: _client_gone},
+        )
+        # `/dashboard/` is a route of its own; no other path is redirected to a slashed twin.
+        self.app.router.redirect_slashes = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path, method = scope["path"], scope["method"]
-        if path == "/health" and method == "GET":
-            await self._health(send)
-            return
-        if self._token is not None and not self._authorized(scope):
-            await send_error(
-                send,
-                401,
-                "admin routes need `Authorization: Bearer <server.admin_token>`",
-                "authorization",
-                "unauthorized",
-                [(b"www-authenticate", b"Bearer")],
-            )
-            return
-        if self.observability is not None and is_observability_path(path):
-            await self.observability.route(scope, receive, send)
-            return
-        if path == "/metrics" and method == "GET":
-            body = generate_latest(self.metrics.registry)
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        (b"content-type", CONTENT_TYPE_LATEST.encode()),
-                        (b"content-length", str(len(body)).encode()),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
-        elif path == OPENAPI_PATH and method == "GET":
-            await send_json(send, 200, self._openapi)
-        elif path == "/programs" and method == "GET":
-            now = self.clock()
-            views = [program_view(p, now) for p in self.scheduler.programs()]
-            await send_json(send, 200, _encode({"programs": views, "count": len(views)}))
-        elif path == "/programs/release" and method == "POST":
-            await self._release(scope, receive, send)
-        elif path.startswith("/programs/") and path.endswith(_SANDBOXES) and method == "POST":
-            await self._sandbox(path[len("/programs/") : -len(_SANDBOXES)], scope, receive, send)
-        elif path.startswith("/programs/") and method == "GET":
-            program_id = path[len("/programs/") :]
-            program = self.scheduler.program(program_id)
-            containers = self.tools.containers_of(program_id) if self.tools else []
-            if program is None and not containers:
-                await send_error(
-                    send, 404, f"no live program {program_id!r}", "program_id", "program_not_found"
-                )
-                return
-            if program is None:
-                # Handed sandboxes before its first request: its containers are all there is.
-                view: dict[str, Any] = {"program_id": program_id, "state": None}
-            else:
-                view = program_view(program, self.clock())
-            if self.tools is not None:
-                view["containers"] = containers
-            await send_json(send, 200, _encode(view))
-        else:
-            await send_method_not_allowed(send, method, path)
+        await self.app(scope, receive, send)
 
-    def _authorized(self, scope: Scope) -> bool:
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                assert self._token is not None
-                return hmac.compare_digest(value, self._token)
-        if scope["path"] in ("/dashboard", "/dashboard/") and self._token is not None:
-            # A browser's address bar cannot send a header: the page alone takes ?token=,
-            # removes it from the address bar and sends it as a header on every poll.
-            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-            for token in query.get("token", ())[:1]:
-                return hmac.compare_digest(f"Bearer {token}".encode(), self._token)
-        return False
+    async def _no_route(self, request: Request, exc: Exception) -> Response:
+        """Starlette's 404 and 405, in the gateway's error shape. A 405's `Allow` lists what
+        every route matching the path takes (Starlette's names only the first such route's:
+        PUT /programs/release would say POST, though GET answers there too)."""
+        scope = request.scope
+        message = f"no route {scope['method']} {scope['path']}"
+        if isinstance(exc, HTTPException) and exc.status_code == 405:
+            allowed = {
+                method
+                for route in self.routes
+                if route.matches(scope)[0] is not Match.NONE
+                for method in route.methods or ()
+            }
+            headers = {"allow": ", ".join(sorted(allowed))}
+            return _error(405, message, None, "method_not_allowed", headers)
+        return _error(404, message, None, "route_not_found")
 
-    async def _health(self, send: Send) -> None:
+    # ------------------------------------------------------------------ endpoints
+    async def health(self, request: Request) -> Response:
         backends = [b.describe() for b in self.pool.backends]
-        healthy = sum(1 for b in backends if b["healthy"])
-        body = {
-            "status": "ok" if healthy else "degraded",
-            "version": self.version,
-            "backends": backends,
-            "programs": len(self.scheduler.programs()),
-        }
-        if self.tools is not None:
-            body["tools"] = {"docker": self.tools.status()}
-        await send_json(send, 200, _encode(body))
-
-    async def _json_body(self, receive: Receive, send: Send) -> dict[str, Any] | None:
-        """The request's JSON object, or None after answering why there is none."""
-        raw = b""
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return None
-            raw += message.get("body", b"")
-            if len(raw) > _MAX_ADMIN_BODY:
-                await send_error(send, 413, "body too large", "body", "body_too_large")
-                return None
-            if not message.get("more_body", False):
-                break
-        try:
-            data = _decode(raw)
-        except (msgspec.DecodeError, RecursionError):
-            # RecursionError: nested deeper than the decoder goes, still under the size limit.
-            await send_error(send, 400, "body is not valid JSON", "body", "invalid_json")
-            return None
-        if not isinstance(data, dict):
-            await send_error(send, 400, "body must be a JSON object", "body", "invalid_body")
-            return None
-        return data
-
-    async def _sandbox(self, raw_id: str, scope: Scope, receive: Receive, send: Send) -> None:
-        data = await self._json_body(receive, send)
-        if data is None:
-            return
-        try:
-            program_id = self.parser.check_id(raw_id, "program_id")
-        except ContextError as exc:
-            await send_error(send, 400, exc.message, exc.param, exc.code)
-            return
-        if await self._not_owner(program_id, scope, send):
-            return
-        template = data.get("template")
-        if not isinstance(template, str):
-            await send_error(
-                send, 400, "`template` must name a sandbox template", "template", "invalid_template"
+        return _json(
+            HealthView(
+                status="ok" if any(b.healthy for b in backends) else "degraded",
+                version=self.version,
+                backends=backends,
+                programs=len(self.scheduler.programs()),
+                tools=UNSET if self.tools is None else ToolsView(docker=self.tools.status()),
             )
-            return
-        if self.tools is None:
-            # Off by configuration, not failing: a 4xx like `profiles_disabled`, so clients
-            # do not retry and monitors do not page.
-            await send_error(
-                send, 404, "the Docker tool manager is off", "template", "tools_disabled"
-            )
-            return
-        try:
-            answer = await self.tools.hand_out(program_id, template)
-        except ToolRefused as exc:
-            await send_error(send, exc.status, exc.message, exc.param, exc.code)
-            return
-        await send_json(send, 201, _encode(answer))
+        )
 
-    async def _not_owner(self, program_id: str, scope: Scope, send: Send) -> bool:
-        """`program_owner: header` without an admin token: only a program's owner may act on
-        it (with a token set, only token holders get here, and they may act on any)."""
-        if self.owners is None or self._token is not None:
-            return False
-        refusal = self.owners.check(program_id, scope["headers"])
-        if refusal is None:
-            return False
-        await send_error(send, refusal.status, refusal.message, refusal.param, refusal.code)
-        return True
+    async def prometheus(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def _release(self, scope: Scope, receive: Receive, send: Send) -> None:
-        data = await self._json_body(receive, send)
-        if data is None:
-            return
+    async def openapi(self, request: Request) -> Response:
+        return Response(self._openapi, media_type=_JSON)
+
+    async def programs(self, request: Request) -> Response:
+        now = self.clock()
+        views = [program_view(p, now) for p in self.scheduler.programs()]
+        return _json(ProgramList(programs=views, count=len(views)))
+
+    async def program(self, request: Request) -> Response:
+        program_id = request.path_params["program_id"]
+        program = self.scheduler.program(program_id)
+        containers = self.tools.containers_of(program_id) if self.tools else []
+        if program is None and not containers:
+            return _error(404, f"no live program {program_id!r}", "program_id", "program_not_found")
+        if program is None:
+            # Handed sandboxes before its first request: its containers are all there is.
+            return _json(PendingProgram(program_id=program_id, containers=containers))
+        fields = _public_fields(program, self.clock())
+        return _json(
+            ProgramDetail(**fields, containers=UNSET if self.tools is None else containers)
+        )
+
+    async def release(self, request: Request) -> Response:
+        data = await _json_object(request)
+        if isinstance(data, Response):
+            return data
         try:
             program_id = self.parser.check_id(data.get("program_id"), "program_id")
         except ContextError as exc:
-            await send_error(send, 400, exc.message, exc.param, exc.code)
-            return
-        if await self._not_owner(program_id, scope, send):
-            return
+            return _error(400, exc.message, exc.param, exc.code)
+        refused = self._not_owner(program_id, request)
+        if refused is not None:
+            return refused
         released = self.scheduler.release(program_id)
         if not released and self.tools is not None:
             # Not scheduled yet, but it was handed sandboxes: those go.
@@ -244,4 +290,94 @@ class AdminRoutes:
             if released:
                 # (A scheduled program's release is counted from its Released decision.)
                 self.metrics.programs_released.labels("release").inc()
-        await send_json(send, 200, _encode({"program_id": program_id, "released": released}))
+        return _json(Released(program_id=program_id, released=released))
+
+    async def sandbox(self, request: Request) -> Response:
+        data = await _json_object(request)
+        if isinstance(data, Response):
+            return data
+        try:
+            program_id = self.parser.check_id(request.path_params["program_id"], "program_id")
+        except ContextError as exc:
+            return _error(400, exc.message, exc.param, exc.code)
+        refused = self._not_owner(program_id, request)
+        if refused is not None:
+            return refused
+        template = data.get("template")
+        if not isinstance(template, str):
+            return _error(
+                400, "`template` must name a sandbox template", "template", "invalid_template"
+            )
+        if self.tools is None:
+            # Off by configuration, not failing: a 4xx like `profiles_disabled`, so clients
+            # do not retry and monitors do not page.
+            return _error(404, "the Docker tool manager is off", "template", "tools_disabled")
+        try:
+            answer = await self.tools.hand_out(program_id, template)
+        except ToolRefused as exc:
+            return _error(exc.status, exc.message, exc.param, exc.code)
+        return _json(answer, 201)
+
+    async def profiles(self, request: Request) -> Response:
+        store = self.observability.profiles
+        if store is None:
+            return _profiles_off()
+        summaries = store.summaries()
+        return _json(msgspec.convert({"profiles": summaries, "count": len(summaries)}, ProfileList))
+
+    async def profile(self, request: Request) -> Response:
+        store = self.observability.profiles
+        if store is None:
+            return _profiles_off()
+        program_id = request.path_params["program_id"]
+        view = store.get(program_id)
+        if view is None:
+            return _error(404, f"no profile of {program_id!r}", "program_id", "profile_not_found")
+        return _json(msgspec.convert(view, ProfileView))
+
+    async def dashboard(self, request: Request) -> Response:
+        page = self.observability.dashboard.html
+        return Response(page, headers=_HTML_HEADERS, media_type="text/html; charset=utf-8")
+
+    async def dashboard_state(self, request: Request) -> Response:
+        return _json(self.observability.dashboard.snapshot())
+
+    # ------------------------------------------------------------------ helpers
+    def _not_owner(self, program_id: str, request: Request) -> Response | None:
+        """`program_owner: header` without an admin token: only a program's owner may act on
+        it (with a token set, only token holders get here, and they may act on any)."""
+        if not self._owners_decide:
+            return None
+        assert self.owners is not None
+        refusal = self.owners.check(program_id, request.scope["headers"])
+        if refusal is None:
+            return None
+        return _error(refusal.status, refusal.message, refusal.param, refusal.code)
+
+
+async def _json_object(request: Request) -> dict[str, Any] | Response:
+    """The request's JSON object, or the error answer saying why there is none."""
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > _MAX_ADMIN_BODY:
+            return _error(413, "body too large", "body", "body_too_large")
+    try:
+        data = _decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        # RecursionError: nested deeper than the decoder goes, still under the size limit.
+        return _error(400, "body is not valid JSON", "body", "invalid_json")
+    if not isinstance(data, dict):
+        return _error(400, "body must be a JSON object", "body", "invalid_body")
+    return data
+
+
+def _profiles_off() -> Response:
+    return _error(
+        404, "profiles are off (observability.profiles.enabled)", None, "profiles_disabled"
+    )
+
+
+async def _client_gone(request: Request, exc: Exception) -> None:
+    """The client left before its body arrived: nobody is there to answer."""
+    return None

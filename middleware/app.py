@@ -16,6 +16,7 @@ from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.admin import AdminRoutes, is_admin_path
 from thunder_mw.middleware.agent_context import AgentContextMiddleware
 from thunder_mw.middleware.call_state import STATE_KEY, CallState
+from thunder_mw.middleware.call_timing import CallTiming
 from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.forwarder import Forwarder
 from thunder_mw.middleware.live_scheduler import LiveScheduler
@@ -53,15 +54,17 @@ class _Core:
         self.forwarder = Forwarder(self.pool, config.server)
         self.tools = _docker_tools(config, self.scheduler, self.metrics, clock)
         self.observability = Observability(
-            config.observability, self.scheduler, self.pool, self.metrics, clock
+            config.observability, self.scheduler.core, self.pool, self.metrics, clock
         )
+        self.scheduler.listeners.append(self.observability.on_action)
+        self.scheduler.tick_listeners.append(self.observability.on_tick)
         self.owners = _program_ownership(config, self.scheduler)
         self.max_header_bytes = config.server.max_header_bytes
         self.max_headers = config.server.max_headers
         standalone = inner is None
         self.pipeline: ASGIApp = AgentContextMiddleware(
             SchedulingMiddleware(
-                self.observability.handing_to_engine(self.forwarder if standalone else inner),
+                CallTiming(self.forwarder if standalone else inner, self.observability),
                 self.scheduler,
                 self.tools,
                 self.owners,

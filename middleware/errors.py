@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import msgspec
-
 from thunder_mw.middleware.types import Send
+from thunder_mw.schemas.views import ErrorBody, ErrorDetail, encode
 
 _TYPES = {
     400: "invalid_request_error",
@@ -24,18 +23,8 @@ _TYPES = {
 def error_body(
     status: int, message: str, param: str | None = None, code: str | None = None
 ) -> bytes:
-    return msgspec.json.encode(
-        {
-            "error": {
-                "message": message,
-                "type": _TYPES.get(
-                    status, "server_error" if status >= 500 else "invalid_request_error"
-                ),
-                "param": param,
-                "code": code,
-            }
-        }
-    )
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return encode(ErrorBody(error=ErrorDetail(message=message, type=kind, param=param, code=code)))
 
 
 async def send_json(

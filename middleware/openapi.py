@@ -1,393 +1,248 @@
-"""The admin API described in OpenAPI 3 (served at GET /openapi.json), so operators' clients
-and fuzzers (schemathesis in the tests) know every admin route, parameter, body and error."""
+"""The admin API as one table of operations, from which both its Starlette router
+(middleware/admin.py) and its OpenAPI 3.1 description (GET /openapi.json) are built, so
+operators' clients and fuzzers (schemathesis in the tests) see exactly the routes served.
+
+Schemas come from the msgspec structs the routes encode (schemas/views.py), through
+`msgspec.json.schema_components`; this module only says which route answers which struct.
+"""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from thunder_mw.middleware.errors import send_error
-from thunder_mw.middleware.types import Send
+from thunder_mw.schemas.views import (
+    ID_RULES,
+    DashboardState,
+    ErrorBody,
+    HealthView,
+    PendingProgram,
+    ProfileList,
+    ProfileView,
+    ProgramDetail,
+    ProgramList,
+    Released,
+    ReleaseRequest,
+    SandboxRequest,
+    SandboxView,
+)
 
 OPENAPI_PATH = "/openapi.json"
-
 _JSON = "application/json"
+_REF = "#/components/schemas/{name}"
+_HTML = "text/html; charset=utf-8"
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
+@dataclass(frozen=True)
+class Operation:
+    """One admin route: where it is, which AdminApi method answers it, what it answers."""
+
+    path: str  # a Starlette path; `{program_id:path}`: an id may hold slashes
+    method: str
+    endpoint: str  # the name of the AdminApi method that answers it
+    operation_id: str
+    summary: str
+    answers: tuple[Any, ...]  # the types its success body may be (several: any of them)
+    status: int = 200
+    media: str = _JSON
+    body: type | None = None  # the JSON body it accepts
+    errors: tuple[int, ...] = ()  # besides 401, which every guarded route may answer
+    public: bool = False  # needs no admin token
+    dashboard_token: bool = False  # `?token=` stands in for the header
+
+    @property
+    def openapi_path(self) -> str:
+        return re.sub(r"\{(\w+):\w+\}", r"{\1}", self.path)
 
 
-def _obj(required: list[str], **properties: Any) -> dict[str, Any]:
-    return {"type": "object", "required": required, "properties": properties}
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {**schema, "nullable": True}
-
-
-_STR = {"type": "string"}
-_INT = {"type": "integer"}
-_NUM = {"type": "number"}
-_BOOL = {"type": "boolean"}
-_NSTR = _nullable(_STR)
-_NINT = _nullable(_INT)
-_NNUM = _nullable(_NUM)
-
-_ID_RULES = (
-    "Non-empty, not only whitespace, no control characters, at most "
-    "`agent_context.max_id_length` characters (256 by default)."
+_DASHBOARD_PAGE = (
+    "The live dashboard page (`?token=` stands in for the header here, since a browser's "
+    "address bar cannot send one)."
 )
 
-_SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "description": "OpenAI-style error: `param` names the offending field where there is one.",
-        **_obj(
-            ["error"],
-            error=_obj(
-                ["message", "type", "param", "code"],
-                message=_STR,
-                type=_STR,
-                param=_NSTR,
-                code=_NSTR,
-            ),
-        ),
-    },
-    "Backend": _obj(
-        ["name", "url", "type", "healthy", "capacity_tokens", "capacity_source", "last_error"],
-        name=_STR,
-        url=_NSTR,
-        type=_STR,
-        healthy=_BOOL,
-        capacity_tokens=_NINT,
-        capacity_source=_nullable({"type": "string", "enum": ["config", "engine", "plan"]}),
-        last_error=_NSTR,
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "/health",
+        "GET",
+        "health",
+        "health",
+        "Gateway and backend health (never needs the admin token).",
+        (HealthView,),
+        public=True,
     ),
-    "Health": _obj(
-        ["status", "version", "backends", "programs"],
-        status={"type": "string", "enum": ["ok", "degraded"]},
-        version=_STR,
-        backends={"type": "array", "items": _ref("Backend")},
-        programs=_INT,
-        tools={
-            "type": "object",
-            "description": "Present when the Docker tool manager is configured.",
-            "properties": {"docker": {"type": "object"}},
-        },
+    Operation(
+        "/metrics",
+        "GET",
+        "prometheus",
+        "metrics",
+        "Prometheus metrics.",
+        (str,),
+        media="text/plain; version=0.0.4",
     ),
-    "Program": {
-        "description": "A program as the scheduler holds it, with its age and idle time.",
-        **_obj(
-            ["program_id", "state", "phase", "steps", "in_flight", "age_s", "idle_s"],
-            program_id=_STR,
-            source=_NSTR,
-            parent_program_id=_NSTR,
-            session_id=_NSTR,
-            session_type=_NSTR,
-            ephemeral=_BOOL,
-            priority=_INT,
-            state={"type": "string", "enum": ["active", "paused", "terminated"]},
-            phase={"type": "string", "enum": ["reasoning", "acting"]},
-            backend=_NSTR,
-            context_tokens=_INT,
-            reserved_tokens=_INT,
-            steps=_INT,
-            in_flight=_INT,
-            waiting=_INT,
-            pauses=_INT,
-            migrations=_INT,
-            prompt_tokens=_INT,
-            completion_tokens=_INT,
-            cached_tokens=_INT,
-            docker_ids={"type": "array", "items": _STR},
-            age_s=_NUM,
-            idle_s=_NUM,
-        ),
-    },
-    "ProgramList": _obj(
-        ["programs", "count"],
-        programs={"type": "array", "items": _ref("Program")},
-        count=_INT,
+    Operation(OPENAPI_PATH, "GET", "openapi", "openapi", "This description.", (dict[str, Any],)),
+    Operation("/programs", "GET", "programs", "listPrograms", "Live programs.", (ProgramList,)),
+    # Before /programs/{program_id}: the router tries routes in this order.
+    Operation(
+        "/programs/release",
+        "POST",
+        "release",
+        "releaseProgram",
+        "End a program: held requests answered, containers reclaimed.",
+        (Released,),
+        body=ReleaseRequest,
+        errors=(400, 403, 413),
     ),
-    "Container": _obj(["id", "name", "state"], id=_STR, name=_STR, state=_STR, template=_STR),
-    "ProgramDetail": {
-        "description": "A live program; or, for one handed sandboxes before its first "
-        "request, only its id, `state: null` and its containers. `containers` is present "
-        "when the Docker tool manager is configured.",
-        **_obj(
-            ["program_id", "state"],
-            program_id=_STR,
-            state=_nullable({"type": "string", "enum": ["active", "paused", "terminated"]}),
-            containers={"type": "array", "items": _ref("Container")},
-        ),
-    },
-    "ReleaseRequest": {
-        "description": "ThunderAgent-compatible: ends the program and reclaims its containers.",
-        **_obj(["program_id"], program_id={**_STR, "minLength": 1, "description": _ID_RULES}),
-    },
-    "Released": _obj(["program_id", "released"], program_id=_STR, released=_BOOL),
-    "SandboxRequest": _obj(
-        ["template"],
-        template={**_STR, "description": "A name under `tools.docker.templates`."},
+    Operation(
+        "/programs/{program_id:path}/sandboxes",
+        "POST",
+        "sandbox",
+        "handOutSandbox",
+        "Hand the program a started sandbox from a template (warm pool first).",
+        (SandboxView,),
+        status=201,
+        body=SandboxRequest,
+        errors=(400, 403, 404, 413, 503),
     ),
-    "Sandbox": _obj(
-        ["program_id", "container_id", "name", "template", "warm", "ready_s"],
-        program_id=_STR,
-        container_id=_STR,
-        name=_STR,
-        template=_STR,
-        warm=_BOOL,
-        ready_s=_NUM,
+    Operation(
+        "/programs/{program_id:path}",
+        "GET",
+        "program",
+        "getProgram",
+        "One live program (or one holding sandboxes before its first request).",
+        (ProgramDetail, PendingProgram),
+        errors=(404,),
     ),
-    "ProfileSummary": _obj(
-        ["program_id", "steps_total", "steps_kept", "queue_s", "tool_s"],
-        program_id=_STR,
-        session_type=_NSTR,
-        parent_program_id=_NSTR,
-        created_at=_NUM,
-        released_at=_NNUM,
-        release_reason=_NSTR,
-        steps_total=_INT,
-        steps_kept=_INT,
-        queue_s=_NUM,
-        tool_s=_NUM,
-        prompt_tokens=_INT,
-        cached_tokens=_INT,
-        completion_tokens=_INT,
+    Operation(
+        "/profiles",
+        "GET",
+        "profiles",
+        "listProfiles",
+        "Per-program profile summaries (404 when profiles are off).",
+        (ProfileList,),
+        errors=(404,),
     ),
-    "Step": _obj(
-        ["step", "started_at", "backend", "stream", "status", "queue_s", "total_s"],
-        step=_INT,
-        started_at=_NUM,
-        backend=_NSTR,
-        stream=_BOOL,
-        status=_INT,
-        queue_s=_NUM,
-        total_s=_NUM,
-        ttft_s=_NNUM,
-        decode_s=_NNUM,
-        tool_s=_NNUM,
-        prompt_tokens=_NINT,
-        cached_tokens=_NINT,
-        completion_tokens=_NINT,
+    Operation(
+        "/profiles/{program_id:path}",
+        "GET",
+        "profile",
+        "getProfile",
+        "One program's profile, step by step.",
+        (ProfileView,),
+        errors=(404,),
     ),
-    "Profile": {
-        "allOf": [
-            _ref("ProfileSummary"),
-            _obj(["steps"], steps={"type": "array", "items": _ref("Step")}),
-        ]
-    },
-    "ProfileList": _obj(
-        ["profiles", "count"],
-        profiles={"type": "array", "items": _ref("ProfileSummary")},
-        count=_INT,
+    Operation(
+        "/dashboard",
+        "GET",
+        "dashboard",
+        "dashboard",
+        _DASHBOARD_PAGE,
+        (str,),
+        media=_HTML,
+        dashboard_token=True,
     ),
-    "DashboardState": _obj(
-        ["now", "backends", "counts", "counters", "history", "queue", "top", "decisions"],
-        now=_NUM,
-        backends={"type": "array", "items": {"type": "object"}},
-        counts={"type": "object", "additionalProperties": _INT},
-        counters={"type": "object", "additionalProperties": _INT},
-        history={"type": "array", "items": {"type": "array", "items": _NUM}},
-        queue={"type": "array", "items": {"type": "object"}},
-        top={"type": "array", "items": {"type": "object"}},
-        decisions={
-            "type": "array",
-            "items": _obj(
-                ["at", "decision", "program_id", "backend", "reason"],
-                at=_NUM,
-                decision=_STR,
-                program_id=_STR,
-                backend=_NSTR,
-                reason=_STR,
-            ),
-        },
+    Operation(
+        "/dashboard/",
+        "GET",
+        "dashboard",
+        "dashboardSlash",
+        _DASHBOARD_PAGE,
+        (str,),
+        media=_HTML,
+        dashboard_token=True,
     ),
-}
+    Operation(
+        "/dashboard/state",
+        "GET",
+        "dashboard_state",
+        "dashboardState",
+        "What the dashboard polls: backends, programs by state, queue, decisions.",
+        (DashboardState,),
+    ),
+)
 
-
-def _error(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {_JSON: {"schema": _ref("Error")}}}
-
-
-_RESPONSES: dict[str, Any] = {
-    "BadRequest": _error("The body or an id is invalid; `param` names which."),
-    "Unauthorized": {
-        **_error("`server.admin_token` is set and the request did not carry it."),
-        "headers": {"WWW-Authenticate": {"schema": _STR}},
-    },
-    "NotFound": _error(
+# Shared error answers, by status: (component name, description).
+_ERRORS: dict[int, tuple[str, str]] = {
+    400: ("BadRequest", "The body or an id is invalid; `param` names which."),
+    401: ("Unauthorized", "`server.admin_token` is set and the request did not carry it."),
+    403: (
+        "OwnedElsewhere",
+        "`agent_context.program_owner: header`: the program belongs to another client.",
+    ),
+    404: (
+        "NotFound",
         "No such program, profile, template or route, or the feature is off (`code` says: "
-        "`profiles_disabled`, `tools_disabled`)."
+        "`profiles_disabled`, `tools_disabled`).",
     ),
-    "TooLarge": _error("The body is over 64 KiB."),
+    413: ("TooLarge", "The body is over 64 KiB."),
+    503: ("EngineDown", "The Docker engine is down: the sandbox could not be started."),
 }
 
 
-def _ok(description: str, schema: dict[str, Any], media: str = _JSON) -> dict[str, Any]:
-    return {"description": description, "content": {media: {"schema": schema}}}
+def _components() -> tuple[dict[str, Any], dict[tuple[int, int], dict[str, Any]]]:
+    """The schema components, and each operation's answer/body schema by (table row, slot)."""
+    wanted: list[tuple[tuple[int, int], Any]] = [((-1, 0), ErrorBody)]
+    for row, op in enumerate(OPERATIONS):
+        wanted.extend(((row, slot), answer) for slot, answer in enumerate(op.answers))
+        if op.body is not None:
+            wanted.append(((row, -1), op.body))
+    schemas, components = msgspec.json.schema_components([t for _, t in wanted], ref_template=_REF)
+    return components, {key: schema for (key, _), schema in zip(wanted, schemas, strict=True)}
 
 
-def _answers(ok: dict[str, Any], *errors: str, status: str = "200") -> dict[str, Any]:
-    """`ok` under `status`, 401 (admin token) and the named shared error responses."""
-    named = {"400": "BadRequest", "401": "Unauthorized", "404": "NotFound", "413": "TooLarge"}
-    answers = {status: ok, "401": {"$ref": "#/components/responses/Unauthorized"}}
-    for code in errors:
-        answers[code] = {"$ref": f"#/components/responses/{named[code]}"}
-    return answers
+def _content(media: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {media: {"schema": schema}}
 
 
-_OWNED_ELSEWHERE = _error(
-    "`agent_context.program_owner: header`: the program belongs to another client."
-)
+def _error_ref(status: int) -> dict[str, str]:
+    return {"$ref": f"#/components/responses/{_ERRORS[status][0]}"}
 
-_PROGRAM_ID = {
-    "name": "program_id",
-    "in": "path",
-    "required": True,
-    "description": _ID_RULES,
-    "schema": {**_STR, "minLength": 1},
-}
 
-_DASHBOARD = {
-    "operationId": "dashboard",
-    "summary": "The live dashboard page (`?token=` stands in for the header here, since a "
-    "browser's address bar cannot send one).",
-    "security": [{"adminToken": []}, {"dashboardToken": []}],
-    "responses": _answers(_ok("The page.", _STR, "text/html; charset=utf-8")),
-}
-
-_PATHS: dict[str, Any] = {
-    "/health": {
-        "get": {
-            "operationId": "health",
-            "summary": "Gateway and backend health (never needs the admin token).",
-            "security": [],
-            "responses": {"200": _ok("Health.", _ref("Health"))},
-        }
-    },
-    "/metrics": {
-        "get": {
-            "operationId": "metrics",
-            "summary": "Prometheus metrics.",
-            "responses": _answers(
-                _ok("Prometheus text exposition.", _STR, "text/plain; version=0.0.4")
-            ),
-        }
-    },
-    OPENAPI_PATH: {
-        "get": {
-            "operationId": "openapi",
-            "summary": "This description.",
-            "responses": _answers(_ok("OpenAPI 3 document.", {"type": "object"})),
-        }
-    },
-    "/programs": {
-        "get": {
-            "operationId": "listPrograms",
-            "summary": "Live programs.",
-            "responses": _answers(_ok("Programs.", _ref("ProgramList"))),
-        }
-    },
-    "/programs/{program_id}": {
-        "get": {
-            "operationId": "getProgram",
-            "summary": "One live program (or one holding sandboxes before its first request).",
-            "parameters": [_PROGRAM_ID],
-            "responses": _answers(_ok("The program.", _ref("ProgramDetail")), "404"),
-        }
-    },
-    "/programs/release": {
-        "post": {
-            "operationId": "releaseProgram",
-            "summary": "End a program: held requests answered, containers reclaimed.",
-            "requestBody": {
+def _operation(row: int, op: Operation, schemas: dict[tuple[int, int], Any]) -> dict[str, Any]:
+    answers = [schemas[row, slot] for slot in range(len(op.answers))]
+    ok = answers[0] if len(answers) == 1 else {"anyOf": answers}
+    responses: dict[str, Any] = {
+        str(op.status): {"description": op.summary, "content": _content(op.media, ok)}
+    }
+    for status in () if op.public else (401, *op.errors):
+        responses[str(status)] = _error_ref(status)
+    described: dict[str, Any] = {"operationId": op.operation_id, "summary": op.summary}
+    if op.public:
+        described["security"] = []
+    elif op.dashboard_token:
+        described["security"] = [{"adminToken": []}, {"dashboardToken": []}]
+    if "{program_id" in op.path:
+        described["parameters"] = [
+            {
+                "name": "program_id",
+                "in": "path",
                 "required": True,
-                "content": {_JSON: {"schema": _ref("ReleaseRequest")}},
-            },
-            "responses": {
-                **_answers(
-                    _ok("Whether a live program was released.", _ref("Released")), "400", "413"
-                ),
-                "403": _OWNED_ELSEWHERE,
-            },
-        }
-    },
-    "/programs/{program_id}/sandboxes": {
-        "post": {
-            "operationId": "handOutSandbox",
-            "summary": "Hand the program a started sandbox from a template (warm pool first).",
-            "parameters": [_PROGRAM_ID],
-            "requestBody": {
-                "required": True,
-                "content": {_JSON: {"schema": _ref("SandboxRequest")}},
-            },
-            "responses": {
-                **_answers(_ok("The sandbox.", _ref("Sandbox")), "400", "404", "413", status="201"),
-                "403": _OWNED_ELSEWHERE,
-                "503": _error("The Docker engine is down: the sandbox could not be started."),
-            },
-        }
-    },
-    "/profiles": {
-        "get": {
-            "operationId": "listProfiles",
-            "summary": "Per-program profile summaries (404 when profiles are off).",
-            "responses": _answers(_ok("Profiles.", _ref("ProfileList")), "404"),
-        }
-    },
-    "/profiles/{program_id}": {
-        "get": {
-            "operationId": "getProfile",
-            "summary": "One program's profile, step by step.",
-            "parameters": [{**_PROGRAM_ID, "description": "A program id."}],
-            "responses": _answers(_ok("The profile.", _ref("Profile")), "404"),
-        }
-    },
-    "/dashboard": {"get": _DASHBOARD},
-    "/dashboard/": {"get": {**_DASHBOARD, "operationId": "dashboardSlash"}},
-    "/dashboard/state": {
-        "get": {
-            "operationId": "dashboardState",
-            "summary": "What the dashboard polls: backends, programs by state, queue, decisions.",
-            "responses": _answers(_ok("Snapshot.", _ref("DashboardState"))),
-        }
-    },
-}
-
-
-def allowed_methods(path: str) -> bytes:
-    """The `Allow` header of a 405 on admin `path`: the methods its described routes take.
-    Templates match as the router does: an id is everything after its prefix."""
-    methods: set[str] = set()
-    for template, operations in _PATHS.items():
-        head, _, tail = template.partition("{program_id}")
-        if path == template or (
-            "{" in template
-            and path.startswith(head)
-            and path.endswith(tail)
-            and len(path) >= len(head) + len(tail)
-        ):
-            methods.update(m.upper() for m in operations)
-    return ", ".join(sorted(methods)).encode()
-
-
-async def send_method_not_allowed(send: Send, method: str, path: str) -> None:
-    await send_error(
-        send,
-        405,
-        f"no route {method} {path}",
-        None,
-        "method_not_allowed",
-        [(b"allow", allowed_methods(path))],
-    )
+                "description": ID_RULES,
+                "schema": {"type": "string", "minLength": 1},
+            }
+        ]
+    if op.body is not None:
+        described["requestBody"] = {"required": True, "content": _content(_JSON, schemas[row, -1])}
+    described["responses"] = responses
+    return described
 
 
 def admin_openapi(version: str) -> dict[str, Any]:
-    """The admin API's OpenAPI 3.0 document for gateway `version`."""
+    """The admin API's OpenAPI 3.1 document for gateway `version`."""
+    components, schemas = _components()
+    paths: dict[str, dict[str, Any]] = {}
+    for row, op in enumerate(OPERATIONS):
+        paths.setdefault(op.openapi_path, {})[op.method.lower()] = _operation(row, op, schemas)
+    error = schemas[-1, 0]
+    responses = {
+        name: {"description": description, "content": _content(_JSON, error)}
+        for name, description in _ERRORS.values()
+    }
+    responses["Unauthorized"]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
     return {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {
             "title": "thunder-mw admin API",
             "version": version,
@@ -395,12 +250,12 @@ def admin_openapi(version: str) -> dict[str, Any]:
             "metrics of a thunder-mw gateway. Every route but /health needs "
             "`Authorization: Bearer <server.admin_token>` when that token is set. Errors are "
             "OpenAI-style JSON naming the offending field; an unknown method on an admin path "
-            "is a 405 of the same shape.",
+            "is a 405 of the same shape, with an `Allow` header.",
         },
-        "paths": _PATHS,
+        "paths": paths,
         "components": {
-            "schemas": _SCHEMAS,
-            "responses": _RESPONSES,
+            "schemas": components,
+            "responses": responses,
             "securitySchemes": {
                 "adminToken": {"type": "http", "scheme": "bearer"},
                 "dashboardToken": {"type": "apiKey", "in": "query", "name": "token"},

@@ -15,14 +15,18 @@ import heapq
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import msgspec
 
 from thunder_mw.observability.decisions import DecisionLog
 from thunder_mw.observability.scheduler_metrics import hit_rate
 from thunder_mw.policies.core import SchedulerCore
 from thunder_mw.policies.program_table import Phase, Program, ProgramState
+from thunder_mw.schemas.views import (
+    BackendView,
+    DashboardBackend,
+    DashboardState,
+    QueuedProgram,
+    TopProgram,
+)
 
 QUEUE_ROWS = 50
 TOP_ROWS = 10
@@ -50,7 +54,7 @@ class Dashboard:
         self,
         core: SchedulerCore,
         decisions: DecisionLog,
-        health: Callable[[], dict[str, dict[str, Any]]],
+        health: Callable[[], dict[str, BackendView]],
         clock: Callable[[], float],
         history_s: int,
         sample_interval_s: float = 1.0,
@@ -96,31 +100,31 @@ class Dashboard:
             (round(self.wall(), 3), c["reasoning"], c["acting"], c["paused"], c["queued"])
         )
 
-    def snapshot(self) -> bytes:
+    def snapshot(self) -> DashboardState:
         core, now = self.core, self.clock()
         programs = core.programs()
         health = self.health()
         backends = []
         for b in core.backends.values():
             m = b.metrics
-            described = health.get(b.label, {})
+            described = health.get(b.label)
             backends.append(
-                {
-                    "backend": b.label,
-                    "url": described.get("url"),
-                    "healthy": b.healthy,
-                    "capacity_tokens": b.capacity,
-                    "effective_capacity_tokens": None
+                DashboardBackend(
+                    backend=b.label,
+                    url=described.url if described is not None else None,
+                    healthy=b.healthy,
+                    capacity_tokens=b.capacity,
+                    effective_capacity_tokens=None
                     if b.capacity is None
                     else int(b.capacity * b.scale),
-                    "reserved_tokens": b.reserved,
-                    "programs": core.table.programs_on(b.label),
-                    "engine_kv_usage": m.kv_usage,
-                    "engine_running": m.running,
-                    "engine_waiting": m.waiting,
-                    "engine_prefix_hit_rate": hit_rate(m.prefix_hits_total, m.prefix_queries_total),
-                    "engine_preemptions": m.preemptions_total,
-                }
+                    reserved_tokens=b.reserved,
+                    programs=core.table.programs_on(b.label),
+                    engine_kv_usage=m.kv_usage,
+                    engine_running=m.running,
+                    engine_waiting=m.waiting,
+                    engine_prefix_hit_rate=hit_rate(m.prefix_hits_total, m.prefix_queries_total),
+                    engine_preemptions=m.preemptions_total,
+                )
             )
         queued = heapq.nsmallest(
             QUEUE_ROWS,
@@ -132,37 +136,36 @@ class Dashboard:
         )
         recent = list(self.decisions.recent)[-DECISION_ROWS:]
         recent.reverse()
-        body = {
-            "now": self.wall(),
-            "backends": backends,
-            "counts": {**_counts(programs), "total": len(programs)},
-            "counters": dict(core.counters),
-            "history": list(self.history),
-            "queue": [
-                {
-                    "program_id": p.program_id,
-                    "waited_s": round(now - (p.queued_at or now), 3),
-                    "home": p.backend,
-                    "context_tokens": p.context_tokens,
-                    "pauses": p.pauses,
-                    "waiting": p.waiting,
-                }
+        return DashboardState(
+            now=self.wall(),
+            backends=backends,
+            counts={**_counts(programs), "total": len(programs)},
+            counters=dict(core.counters),
+            history=list(self.history),
+            queue=[
+                QueuedProgram(
+                    program_id=p.program_id,
+                    waited_s=round(now - (p.queued_at or now), 3),
+                    home=p.backend,
+                    context_tokens=p.context_tokens,
+                    pauses=p.pauses,
+                    waiting=p.waiting,
+                )
                 for p in queued
             ],
-            "top": [
-                {
-                    "program_id": p.program_id,
-                    "state": p.state.value,
-                    "phase": p.phase.value,
-                    "backend": p.backend,
-                    "tokens": p.prompt_tokens + p.completion_tokens,
-                    "context_tokens": p.context_tokens,
-                    "steps": p.steps,
-                    "pauses": p.pauses,
-                    "migrations": p.migrations,
-                }
+            top=[
+                TopProgram(
+                    program_id=p.program_id,
+                    state=p.state.value,
+                    phase=p.phase.value,
+                    backend=p.backend,
+                    tokens=p.prompt_tokens + p.completion_tokens,
+                    context_tokens=p.context_tokens,
+                    steps=p.steps,
+                    pauses=p.pauses,
+                    migrations=p.migrations,
+                )
                 for p in top
             ],
-            "decisions": msgspec.to_builtins(recent),
-        }
-        return msgspec.json.encode(body)
+            decisions=recent,
+        )

@@ -13,22 +13,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 from prometheus_client import CollectorRegistry, Counter
 
 from thunder_mw.policies.core import Action, Paused, ReclaimTools, Reject, Released, Resumed
+from thunder_mw.schemas.views import Decision
 
 log = logging.getLogger("thunder_mw.decisions")
-
-
-class Decision(msgspec.Struct, frozen=True):
-    """One decision as operators read it."""
-
-    at: float  # wall clock, seconds since the epoch
-    decision: str  # admit | resume | force-resume | migrate | pause | pause-marked | release | ...
-    program_id: str
-    backend: str | None
-    reason: str
 
 
 class DecisionLog:

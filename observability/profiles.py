@@ -25,24 +25,9 @@ from thunder_mw.policies.core import Action, Released
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import ProfileSettings
+from thunder_mw.schemas.views import StepProfile
 
 log = logging.getLogger("thunder_mw.profiles")
-
-
-class StepProfile(msgspec.Struct):
-    step: int  # 0-based index among the program's recorded calls
-    started_at: float  # wall clock (epoch seconds) when the request arrived
-    backend: str | None
-    stream: bool
-    status: int
-    queue_s: float  # held: its program paused or not yet admitted
-    total_s: float  # forwarded → last byte
-    ttft_s: float | None = None  # streaming: forwarded → first body chunk
-    decode_s: float | None = None  # streaming: first → last body chunk
-    tool_s: float | None = None  # its answer → the program's next request
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    completion_tokens: int | None = None
 
 
 class Timing(msgspec.Struct, frozen=True):

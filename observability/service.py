@@ -1,8 +1,9 @@
-"""Wires the gateway's observability together: decision log, scheduler metrics, profiles,
-dashboard, and the one thin layer that timestamps a call as it is handed to the engine.
+"""Wires the gateway's observability components together: decision log, scheduler metrics,
+profiles and the dashboard, over the scheduler core they watch.
 
-Routes (behind the admin guard, see AdminRoutes): GET /profiles, GET /profiles/{id},
-GET /dashboard (the page), GET /dashboard/state (what it polls).
+Their HTTP routes belong to the admin API (middleware/admin.py), and the layer that times a
+call as it is handed to the engine is middleware/call_timing.py: this package answers no
+request itself. The app registers `on_action` and `on_tick` with the live scheduler.
 """
 
 from __future__ import annotations
@@ -11,44 +12,21 @@ import asyncio
 import time
 from collections.abc import Callable
 
-import msgspec
-
 from thunder_mw.engines.pool import BackendPool
-from thunder_mw.middleware.call_state import STATE_KEY, CallState
-from thunder_mw.middleware.errors import send_error, send_json
-from thunder_mw.middleware.live_scheduler import LiveScheduler
-from thunder_mw.middleware.openapi import send_method_not_allowed
-from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 from thunder_mw.observability.dashboard import Dashboard
 from thunder_mw.observability.decisions import DecisionLog
 from thunder_mw.observability.metrics import GatewayMetrics
-from thunder_mw.observability.profiles import ProfileStore, Timing
+from thunder_mw.observability.profiles import ProfileStore
 from thunder_mw.observability.scheduler_metrics import SchedulerMetrics
+from thunder_mw.policies.core import Action, SchedulerCore
 from thunder_mw.schemas.config import ObservabilitySettings
-
-PATHS = ("/profiles", "/dashboard")
-_encode = msgspec.json.Encoder().encode
-_HTML_HEADERS = [
-    (b"content-type", b"text/html; charset=utf-8"),
-    (b"cache-control", b"no-store"),
-    # The page needs nothing from anywhere else; say so, so nothing else can be injected.
-    (
-        b"content-security-policy",
-        b"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-        b"connect-src 'self'; img-src 'self' data:",
-    ),
-]
-
-
-def is_observability_path(path: str) -> bool:
-    return path in PATHS or path.startswith(("/profiles/", "/dashboard/"))
 
 
 class Observability:
     def __init__(
         self,
         settings: ObservabilitySettings,
-        scheduler: LiveScheduler,
+        core: SchedulerCore,
         pool: BackendPool,
         metrics: GatewayMetrics,
         clock: Callable[[], float] = time.monotonic,
@@ -57,21 +35,28 @@ class Observability:
         self.decisions = DecisionLog(
             metrics.registry, metrics.programs_released, log_decisions=settings.decision_log
         )
-        self.scheduler_metrics = SchedulerMetrics(metrics.registry, scheduler.core)
+        self.scheduler_metrics = SchedulerMetrics(metrics.registry, core)
         self.profiles = (
             ProfileStore(settings.profiles, clock) if settings.profiles.enabled else None
         )
         self.dashboard = Dashboard(
-            scheduler.core,
+            core,
             self.decisions,
             lambda: {b.label: b.describe() for b in pool.backends},
             clock,
             settings.dashboard_history_s,
         )
-        scheduler.listeners.append(self.decisions.on_action)
+
+    def on_action(self, action: Action) -> None:
+        """Each action the scheduler carried out: logged and counted, and ends profiles."""
+        self.decisions.on_action(action)
         if self.profiles is not None:
-            scheduler.listeners.append(self.profiles.on_action)
-            scheduler.tick_listeners.append(self.profiles.expire)
+            self.profiles.on_action(action)
+
+    def on_tick(self) -> None:
+        """The scheduler's tick: released profiles past their retention go."""
+        if self.profiles is not None:
+            self.profiles.expire()
 
     async def start(self) -> None:
         if self.profiles is not None:
@@ -83,100 +68,3 @@ class Observability:
         export = self.profiles.stop() if self.profiles is not None else None
         if export is not None:
             await asyncio.to_thread(export.close)
-
-    def handing_to_engine(self, app: ASGIApp) -> ASGIApp:
-        """Wraps the innermost app (forwarder or the user's app), inside the scheduler."""
-        return _HandedToEngine(app, self)
-
-    # ------------------------------------------------------------------ routes
-    async def route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path, method = scope["path"], scope["method"]
-        if method != "GET":
-            await send_method_not_allowed(send, method, path)
-        elif path in ("/dashboard", "/dashboard/"):
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        *_HTML_HEADERS,
-                        (b"content-length", str(len(self.dashboard.html)).encode()),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": self.dashboard.html})
-        elif path == "/dashboard/state":
-            await send_json(send, 200, self.dashboard.snapshot())
-        elif path == "/profiles":
-            if self.profiles is None:
-                await _profiles_off(send)
-                return
-            summaries = self.profiles.summaries()
-            await send_json(send, 200, _encode({"profiles": summaries, "count": len(summaries)}))
-        elif path.startswith("/profiles/"):
-            if self.profiles is None:
-                await _profiles_off(send)
-                return
-            program_id = path[len("/profiles/") :]
-            view = self.profiles.get(program_id)
-            if view is None:
-                await send_error(
-                    send, 404, f"no profile of {program_id!r}", "program_id", "profile_not_found"
-                )
-                return
-            await send_json(send, 200, _encode(view))
-        else:
-            await send_error(send, 404, f"no route {method} {path}", None, "route_not_found")
-
-
-async def _profiles_off(send: Send) -> None:
-    await send_error(
-        send, 404, "profiles are off (observability.profiles.enabled)", None, "profiles_disabled"
-    )
-
-
-class _HandedToEngine:
-    """Stamps when a scheduled call reaches the engine client; records its profile and the
-    gateway's overhead when it ends. App.http's send wrapper stamps the first body chunk."""
-
-    def __init__(self, app: ASGIApp, owner: Observability) -> None:
-        self.app = app
-        self.owner = owner
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state = scope.get("state")
-        call: CallState | None = state.get(STATE_KEY) if state is not None else None
-        if call is None:
-            await self.app(scope, receive, send)
-            return
-        forwarded = call.forwarded_at = time.perf_counter()
-        held = call.held_s or 0.0
-        arrived = call.arrived_at
-        metrics = self.owner.scheduler_metrics
-        metrics.proxy_overhead.observe(max(0.0, forwarded - arrived - held))
-        if call.held_s is not None:
-            metrics.queue_wait.observe(held)
-        ctx = call.context
-        profiles = self.owner.profiles
-        if ctx is None or profiles is None:
-            await self.app(scope, receive, send)
-            return
-        profiles.opened(ctx)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            profiles.record(
-                ctx,
-                Timing(
-                    started_at=time.time() - (time.perf_counter() - arrived),
-                    arrived_at=arrived,
-                    queue_s=held,
-                    forwarded_at=forwarded,
-                    first_body_at=call.first_body_at,
-                    ended_at=time.perf_counter(),
-                    status=call.status,
-                    stream=call.stream,
-                ),
-                call.backend,
-                call.usage,
-            )

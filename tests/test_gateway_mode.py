@@ -6,8 +6,8 @@ import httpx
 from asgi_servers import serving
 from fastapi import FastAPI, Request
 
-from thunder_mw.middleware.app import ThunderMiddleware
 from thunder_mw import call_state, report_usage
+from thunder_mw.middleware.app import ThunderMiddleware
 from thunder_mw.schemas.config import ThunderConfig
 
 

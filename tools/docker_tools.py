@@ -20,6 +20,7 @@ from thunder_mw.policies.core import Action, ReclaimTools, Released
 from thunder_mw.policies.tool_selector import BUILTIN_HOOKS, Selector, reclaim_steps, retry_delay_s
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import DockerToolSettings, SandboxTemplate
+from thunder_mw.schemas.views import ContainerView, SandboxView
 from thunder_mw.tools.docker_engine import (
     ContainerGone,
     ContainerInfo,
@@ -368,7 +369,7 @@ class DockerTools:
         self.last_error = f"{type(exc).__name__}: {exc}"
 
     # ------------------------------------------------------------------ warm pool
-    async def hand_out(self, program_id: str, template_name: str) -> dict[str, Any]:
+    async def hand_out(self, program_id: str, template_name: str) -> SandboxView:
         """A started sandbox for `program_id`: from the warm pool, else started now."""
         if not self.enabled:
             raise ToolRefused(404, "the Docker tool manager is off", "template", "tools_disabled")
@@ -402,14 +403,14 @@ class DockerTools:
         log.info(
             "sandbox %s -> program %s (%s)", entry.name, program_id, "warm" if warm else "cold"
         )
-        return {
-            "program_id": program_id,
-            "container_id": entry.key,
-            "name": entry.name,
-            "template": template.name,
-            "warm": warm,
-            "ready_s": round(self.clock() - started, 4),
-        }
+        return SandboxView(
+            program_id=program_id,
+            container_id=entry.key,
+            name=entry.name,
+            template=template.name,
+            warm=warm,
+            ready_s=round(self.clock() - started, 4),
+        )
 
     async def _create(self, template: SandboxTemplate, program_id: str | None) -> Entry:
         prefix = self.settings.selector_name_prefix or "thunder-mw-"
@@ -488,7 +489,7 @@ class DockerTools:
                     del self._by_program[e.program_id]
 
     # ------------------------------------------------------------------ visibility
-    def containers_of(self, program_id: str) -> list[dict[str, Any]]:
+    def containers_of(self, program_id: str) -> list[ContainerView]:
         return [_view(self._entries[k]) for k in sorted(self._by_program.get(program_id, ()))]
 
     def counts(self) -> dict[str, int]:
@@ -515,14 +516,14 @@ class DockerTools:
         }
 
 
-def _view(e: Entry) -> dict[str, Any]:
-    view: dict[str, Any] = {"id": e.key, "name": e.name, "state": e.state}
+def _view(e: Entry) -> ContainerView:
+    view = ContainerView(id=e.key, name=e.name, state=e.state)
     if e.template:
-        view["template"] = e.template
+        view.template = e.template
     if e.state == "reclaiming":
-        view["reason"] = e.reason
-        view["attempts"] = e.attempts
-        view["last_error"] = e.last_error
+        view.reason = e.reason
+        view.attempts = e.attempts
+        view.last_error = e.last_error
     return view
 
 

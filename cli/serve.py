@@ -8,6 +8,7 @@ import gc
 from typing import Any
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 from thunder_mw.cli.config_loader import ConfigError, load_config
 
@@ -46,7 +47,7 @@ def serve(args: argparse.Namespace) -> int:
         lifespan="on",
         access_log=config.observability.access_log,
         # JSON logs: uvicorn's own loggers go through the same root handler.
-        **({"log_config": None} if config.observability.log_format == "json" else {}),
+        log_config=None if config.observability.log_format == "json" else LOGGING_CONFIG,
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=30,

@@ -27,7 +27,7 @@ from thunder_mw.schemas.views import BackendView
 log = logging.getLogger("thunder_mw.backends")
 
 # The live signals the scheduler reads, by engine flavour: (field, metric names in preference).
-_SIGNALS = {
+_SIGNALS: dict[str, dict[str, tuple[bytes, ...]]] = {
     "vllm": {
         "kv_usage": (b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc"),
         "running": (b"vllm:num_requests_running",),

@@ -209,7 +209,11 @@ class AdminRoutes:
         self.app = Starlette(
             routes=self.routes,
             middleware=middleware,
-            exception_handlers={HTTPException: self._no_route, ClientDisconnect: _client_gone},
+            exception_handlers={
+                HTTPException: self._no_route,
+                # Starlette sends nothing when a handler returns None; its type says otherwise.
+                ClientDisconnect: _client_gone,  # type: ignore[dict-item]
+            },
         )
         # `/dashboard/` is a route of its own; no other path is redirected to a slashed twin.
         self.app.router.redirect_slashes = False

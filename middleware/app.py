@@ -62,9 +62,10 @@ class _Core:
         self.max_header_bytes = config.server.max_header_bytes
         self.max_headers = config.server.max_headers
         standalone = inner is None
-        self.pipeline: ASGIApp = AgentContextMiddleware(
+        innermost: ASGIApp = self.forwarder if inner is None else inner
+        self.context_layer = AgentContextMiddleware(
             SchedulingMiddleware(
-                CallTiming(self.forwarder if standalone else inner, self.observability),
+                CallTiming(innermost, self.observability),
                 self.scheduler,
                 self.tools,
                 self.owners,
@@ -74,11 +75,12 @@ class _Core:
             encode_eagerly=not standalone,
             on_missing_context=self.metrics.without_context.inc,
         )
+        self.pipeline: ASGIApp = self.context_layer
         self.admin = AdminRoutes(
             self.scheduler,
             self.pool,
             self.metrics,
-            self.pipeline.parser,  # type: ignore[attr-defined]
+            self.context_layer.parser,
             config.server.admin_token.get_secret_value() if config.server.admin_token else None,
             clock,
             __version__,

@@ -310,16 +310,16 @@ class Forwarder:
                 except StopAsyncIteration:
                     break
         except STREAM_ERRORS as raw:
-            exc = as_upstream_error(raw, "engine failed mid-stream")
+            failure = as_upstream_error(raw, "engine failed mid-stream")
             call.outcome = "upstream_failed"
             self.pool.suspect(backend)  # dead, or did only this call fail?
             error = _encode(
                 {
                     "error": {
-                        "message": str(exc),
+                        "message": str(failure),
                         "type": "upstream_error",
                         "param": None,
-                        "code": "upstream_timeout" if exc.timeout else "upstream_error",
+                        "code": "upstream_timeout" if failure.timeout else "upstream_error",
                     }
                 }
             )

@@ -164,7 +164,7 @@ class LiveScheduler:
         try:
             if gone is None:
                 return await fut
-            await asyncio.wait({fut, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((fut, gone), return_when=asyncio.FIRST_COMPLETED)
             if fut.done():
                 return fut.result()
             # The client left while held: it leaves the queue now, not when it would run.

@@ -25,7 +25,9 @@ class JsonFormatter(logging.Formatter):
             out.update(fields)
         if record.exc_info or record.exc_text:
             # exc_text first: a filter (observability/redaction.py) may have masked it.
-            out["exception"] = record.exc_text or self.formatException(record.exc_info)
+            out["exception"] = record.exc_text or (
+                self.formatException(record.exc_info) if record.exc_info else None
+            )
         return json.dumps(out, default=str)
 
 

@@ -13,7 +13,7 @@ from thunder_mw.engines.pool import BackendPool
 from thunder_mw.policies.program_table import Phase, Program, ProgramState
 
 # `_created` series double the scrape for nothing an operator reads.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 KNOWN_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models"})
 

@@ -228,8 +228,8 @@ class SchedulerCore:
             program.request_tokens = request_tokens
             self._reserve(program, max(request_tokens, program.reserved_tokens))
             self._reindex(program)
-            self._changed(program.backend, now)
             assert program.backend is not None
+            self._changed(program.backend, now)
             return Forward(program.program_id, program.backend), self._take()
         if program.state is ProgramState.ACTIVE:
             self._unplace(program, now)  # its backend is down: wait to be placed elsewhere

@@ -48,4 +48,4 @@ def reclaim_steps(hooks: Sequence[str], remove_images: bool) -> tuple[list[str],
 
 def retry_delay_s(attempts: int, max_interval_s: float) -> float:
     """Exponential backoff for a failing reclaim: 0.5 s, 1 s, 2 s ... up to the cap."""
-    return min(max_interval_s, 0.5 * 2 ** max(0, attempts - 1))
+    return min(max_interval_s, 0.5 * 2.0 ** max(0, attempts - 1))

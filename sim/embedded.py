@@ -5,11 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections.abc import Generator
 
 import uvicorn
 
 from thunder_mw.schemas.config import SimEngineSettings
 from thunder_mw.sim.server import create_sim_app
+
+
+class _SignalFreeServer(uvicorn.Server):
+    """The host process owns signals: an embedded server must not take SIGTERM/SIGINT from
+    it (the host's shutdown stops this server through its lifespan)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
 
 
 class EmbeddedEngine:
@@ -32,9 +42,7 @@ class EmbeddedEngine:
         sock.bind((self.host, 0))
         port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on")
-        server = uvicorn.Server(config)
-        # The host process owns signals; an embedded server must not install handlers.
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        server = _SignalFreeServer(config)
         self._server = server
         self._task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
         while not server.started:

@@ -230,5 +230,5 @@ def render(service: SimService) -> bytes:
     """The /metrics body for the service's flavour, computed from the engine at scrape time."""
     registry = CollectorRegistry(auto_describe=False)
     collector = _VllmCollector(service) if service.flavor == "vllm" else _SglangCollector(service)
-    registry.register(collector)  # type: ignore[arg-type]
+    registry.register(collector)
     return generate_latest(registry)

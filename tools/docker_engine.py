@@ -102,7 +102,8 @@ class DockerEngine:
             else docker.from_env(**kwargs)
         )
         client.api.trust_env = False
-        client.api._version = client.api._retrieve_server_version()
+        # The SDK has no public way to re-ask the version once the session is fixed.
+        client.api._version = client.api._retrieve_server_version()  # type: ignore[attr-defined]
         return client
 
     @_classified
@@ -113,7 +114,9 @@ class DockerEngine:
     @_classified
     def inspect(self, ref: str) -> ContainerInfo:
         c = self.client.containers.get(ref)
-        return ContainerInfo(c.id, c.name, dict(c.labels or {}), c.attrs.get("Image", ""))
+        return ContainerInfo(
+            c.id or "", c.name or "", dict(c.labels or {}), c.attrs.get("Image", "")
+        )
 
     @_classified
     def create(self, template: SandboxTemplate, name: str, labels: dict[str, str]) -> ContainerInfo:

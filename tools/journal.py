@@ -125,7 +125,8 @@ class ToolJournal:
 
     async def open(self) -> list[Entry]:
         self._file = await self._run(_JournalFile, self.path)
-        return await self._run(self._file.load)
+        entries: list[Entry] = await self._run(self._file.load)
+        return entries
 
     async def put(self, *entries: Entry) -> None:
         assert self._file is not None

@@ -45,6 +45,7 @@ fi
 
 python3 -m ruff check .
 python3 -m ruff format --check .
+bash scripts/typecheck.sh
 
 status=0
 python3 -m pytest "$@" || status=$?

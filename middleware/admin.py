@@ -23,6 +23,7 @@ from starlette.routing import Match, Route
 from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.errors import error_body, send_error
 from thunder_mw.middleware.openapi import OPERATIONS, admin_openapi_json
+from thunder_mw.middleware.request_body import BodyError, ClientLeft, decode_object, read_body
 from thunder_mw.middleware.scheduling import Scheduler
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 from thunder_mw.observability.metrics import GatewayMetrics
@@ -361,19 +362,12 @@ class AdminRoutes:
 
 async def _json_object(request: Request) -> dict[str, Any] | Response:
     """The request's JSON object, or the error answer saying why there is none."""
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > _MAX_ADMIN_BODY:
-            return _error(413, "body too large", "body", "body_too_large")
     try:
-        data = _decode(raw)
-    except (msgspec.DecodeError, RecursionError):
-        # RecursionError: nested deeper than the decoder goes, still under the size limit.
-        return _error(400, "body is not valid JSON", "body", "invalid_json")
-    if not isinstance(data, dict):
-        return _error(400, "body must be a JSON object", "body", "invalid_body")
-    return data
+        return decode_object(await read_body(request.scope, request.receive, _MAX_ADMIN_BODY))
+    except BodyError as exc:
+        return _error(exc.status, exc.message, exc.param, exc.code)
+    except ClientLeft:
+        raise ClientDisconnect() from None
 
 
 def _profiles_off() -> Response:

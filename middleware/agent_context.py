@@ -13,6 +13,7 @@ import msgspec
 
 from thunder_mw.middleware.call_state import RequestBody, call_state
 from thunder_mw.middleware.errors import send_error
+from thunder_mw.middleware.request_body import BodyError, ClientLeft, decode_object, read_body
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import AgentContextSettings
@@ -58,14 +59,18 @@ class AgentContextMiddleware:
         ):
             await self.app(scope, receive, send)
             return
-        raw = await self._read_body(scope, receive, send)
-        if raw is None:
-            return
         try:
-            ctx, body = self._parse(scope, raw)
-        except ContextError as exc:
+            raw = await read_body(scope, receive, self.max_body_bytes)
+            data = decode_object(raw)
+            ctx, changed = self.parser.parse(data, scope["headers"])
+        except (BodyError, ContextError) as exc:
             await send_error(send, exc.status, exc.message, exc.param, exc.code)
             return
+        except ClientLeft:
+            return
+        body = RequestBody(data, raw)
+        if changed:
+            body.changed()
         if ctx is None:
             if self.on_missing_context is not None:
                 self.on_missing_context()
@@ -83,63 +88,6 @@ class AgentContextMiddleware:
             if mode == "ephemeral":
                 ctx = AgentContext(program_id=self.new_program_id(), source=None, ephemeral=True)
         await self._call_downstream(scope, receive, send, ctx, body)
-
-    async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
-        limit = self.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                if not value.isdigit():
-                    await send_error(send, 400, "invalid Content-Length", "body", "invalid_body")
-                    return None
-                if int(value) > limit:
-                    await self._too_large(send)
-                    return None
-                break
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            if chunk:
-                size += len(chunk)
-                if size > limit:
-                    await self._too_large(send)
-                    return None
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    async def _too_large(self, send: Send) -> None:
-        await send_error(
-            send,
-            413,
-            f"request body exceeds the {self.max_body_bytes}-byte limit",
-            "body",
-            "body_too_large",
-        )
-
-    def _parse(self, scope: Scope, raw: bytes) -> tuple[AgentContext | None, RequestBody]:
-        if not raw:
-            raise ContextError(
-                "request body is empty; expected a JSON object", "body", "invalid_body"
-            )
-        try:
-            data = _decode(raw)
-        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
-            # RecursionError: nested deeper than the decoder goes, yet under max_body_bytes.
-            raise ContextError(
-                f"request body is not valid JSON: {exc}", "body", "invalid_json"
-            ) from None
-        if not isinstance(data, dict):
-            raise ContextError("request body must be a JSON object", "body", "invalid_body")
-        ctx, changed = self.parser.parse(data, scope["headers"])
-        body = RequestBody(data, raw)
-        if changed:
-            body.changed()
-        return ctx, body
 
     async def _call_downstream(
         self,

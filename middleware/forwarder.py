@@ -25,6 +25,7 @@ from thunder_mw.engines.pool import Backend, BackendPool
 from thunder_mw.middleware.agent_context import CONTEXT_PATHS
 from thunder_mw.middleware.call_state import CallState, RequestBody, call_state
 from thunder_mw.middleware.errors import send_error, send_json
+from thunder_mw.middleware.request_body import BodyError, ClientLeft, decode_object, read_body
 from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.config import ServerSettings
@@ -114,24 +115,14 @@ class Forwarder:
         call = call_state(scope)
         body = call.body
         if body is None:  # mounted without AgentContextMiddleware: decode here
-            raw = await _read_all(receive, self.server.max_body_bytes)
-            if raw is None:
-                await send_error(send, 413, "request body too large", "body", "body_too_large")
-                return
             try:
-                data = _decode_any(raw)
-            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-                # RecursionError: nested deeper than the decoder goes, yet under max_body_bytes.
-                await send_error(
-                    send, 400, "request body is not valid JSON", "body", "invalid_json"
-                )
+                raw = await read_body(scope, receive, self.server.max_body_bytes)
+                body = call.body = RequestBody(decode_object(raw), raw)
+            except BodyError as exc:
+                await send_error(send, exc.status, exc.message, exc.param, exc.code)
                 return
-            if not isinstance(data, dict):
-                await send_error(
-                    send, 400, "request body must be a JSON object", "body", "invalid_body"
-                )
+            except ClientLeft:
                 return
-            body = call.body = RequestBody(data, raw)
         body.consumed = True
         data = body.data
         stream = data.get("stream") is True
@@ -379,9 +370,12 @@ class Forwarder:
         if backend is None or backend.engine is None:
             await send_error(send, 503, "no healthy backend is available", None, "no_backend")
             return
-        raw = await _read_all(receive, self.server.max_body_bytes)
-        if raw is None:
-            await send_error(send, 413, "request body too large", "body", "body_too_large")
+        try:
+            raw = await read_body(scope, receive, self.server.max_body_bytes)
+        except BodyError as exc:
+            await send_error(send, exc.status, exc.message, exc.param, exc.code)
+            return
+        except ClientLeft:
             return
         target = scope["path"]
         if scope.get("query_string"):
@@ -411,21 +405,3 @@ async def _send_upstream_error(send: Send, backend: Backend, exc: UpstreamError)
     else:
         message, status, code = f"failed: {exc}", 502, "upstream_error"
     await send_error(send, status, f"backend {backend.label} {message}", None, code)
-
-
-async def _read_all(receive: Receive, limit: int) -> bytes | None:
-    """The whole request body, or None once it grows past `limit` bytes."""
-    chunks = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)

@@ -26,6 +26,7 @@ from thunder_mw.benchmarks.des import ClusterConfig
 from thunder_mw.benchmarks.engine_counters import read_counters
 from thunder_mw.benchmarks.replay import Replayer, ReplayResult
 from thunder_mw.benchmarks.workloads import ProgramSpec
+from thunder_mw.policies.stats import percentile
 
 
 def _free_port() -> int:
@@ -144,12 +145,6 @@ def run_live(
     return {"policy": policy, **live_metrics(result, time_scale, before, after)}
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    return values[min(len(values) - 1, max(0, round(q / 100 * len(values)) - 1))]
-
-
 def live_metrics(
     result: ReplayResult, time_scale: float, before: dict[str, float], after: dict[str, float]
 ) -> dict[str, Any]:
@@ -169,9 +164,9 @@ def live_metrics(
         "steps_per_min": round(len(calls) / (makespan / 60), 2) if makespan else 0.0,
         "output_tokens_per_s": round(output / makespan, 1) if makespan else 0.0,
         "jct_mean_s": round(sum(jct) / len(jct), 2) if jct else None,
-        "jct_p95_s": _pct(jct, 95),
-        "jct_p99_s": _pct(jct, 99),
-        "ttft_p99_s": _pct(ttft, 99),
+        "jct_p95_s": percentile(jct, 95) if jct else None,
+        "jct_p99_s": percentile(jct, 99) if jct else None,
+        "ttft_p99_s": percentile(ttft, 99) if ttft else None,
         "ttft_max_s": ttft[-1] if ttft else None,
         "prefix_hit_rate": round((after["hits"] - before["hits"]) / queries, 4) if queries else 0.0,
         "preemptions": int(after["preemptions"] - before["preemptions"]),

@@ -27,6 +27,7 @@ from thunder_mw.observability.metrics import GatewayMetrics
 from thunder_mw.observability.service import Observability
 from thunder_mw.policies.core import BackendMetrics, RequestInfo
 from thunder_mw.policies.program_table import Usage
+from thunder_mw.policies.stats import percentile
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention, ObservabilitySettings, ThunderConfig
 
@@ -104,7 +105,7 @@ def main() -> int:
         "body_bytes": len(body),
         "scrape_ms": {
             "median": round(statistics.median(scrape), 3),
-            "p95": round(sorted(scrape)[int(0.95 * (len(scrape) - 1))], 3),
+            "p95": round(percentile(scrape, 95), 3),
             "max": round(max(scrape), 3),
             "runs": args.runs,
         },

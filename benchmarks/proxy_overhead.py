@@ -36,6 +36,7 @@ import msgspec
 
 from thunder_mw.benchmarks import http_load
 from thunder_mw.benchmarks.fake_engine import STREAM_CHUNKS, new_event_loop
+from thunder_mw.policies.stats import percentile
 
 SCENARIO = "proxy-overhead"
 TARGETS = ("direct", "aiohttp-passthrough", "thunder-mw")
@@ -319,13 +320,6 @@ def _loop_name() -> str:
     return type(loop).__module__.split(".")[0]
 
 
-def _percentile_ms(sorted_s: Sequence[float], q: float) -> float:
-    if not sorted_s:
-        return float("nan")
-    index = min(len(sorted_s) - 1, max(0, math.ceil(q * len(sorted_s)) - 1))
-    return sorted_s[index] * 1000.0
-
-
 def _summarise(
     cells: dict[tuple[str, bool, int], list[http_load.LoadResult]],
 ) -> list[dict[str, Any]]:
@@ -333,7 +327,7 @@ def _summarise(
     for key, runs in cells.items():
         target, stream, concurrency = key
         rates = [r.req_per_s for r in runs]
-        latencies = sorted(x for r in runs for x in r.latencies_s)
+        latencies = [x for r in runs for x in r.latencies_s]
         cpu = [r.server_cpu_s for r in runs if r.server_cpu_s is not None]
         cpu_requests = sum(r.requests for r in runs if r.server_cpu_s is not None)
         rows[key] = {
@@ -347,8 +341,8 @@ def _summarise(
             "requests": sum(r.requests for r in runs),
             "errors": sum(r.errors for r in runs),
             "first_error": next((r.first_error for r in runs if r.first_error), None),
-            "latency_p50_ms": round(_percentile_ms(latencies, 0.50), 3),
-            "latency_p99_ms": round(_percentile_ms(latencies, 0.99), 3),
+            "latency_p50_ms": round(percentile(latencies, 50) * 1e3, 3) if latencies else math.nan,
+            "latency_p99_ms": round(percentile(latencies, 99) * 1e3, 3) if latencies else math.nan,
             # CPU of the target's own process (for direct: the engine) per request.
             "server_cpu_us_per_req": (
                 round(sum(cpu) / cpu_requests * 1e6, 1) if cpu and cpu_requests else None

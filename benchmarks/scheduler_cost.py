@@ -23,6 +23,7 @@ from typing import Any
 from thunder_mw.policies.core import Forward, RequestInfo, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
+from thunder_mw.policies.stats import percentile
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
@@ -79,21 +80,16 @@ def measure(programs: int, events: int, backends: int, load: float, seed: int) -
         "pauses": core.counters.get("pauses", 0),
         "resumes": core.counters.get("resumes", 0),
         "mean_us_per_event": round(statistics.fmean(every) / 1000, 2),
-        "p99_us_per_event": round(_pct(every, 99) / 1000, 2),
+        "p99_us_per_event": round(percentile(every, 99) / 1000, 2),
         "by_event": {
             name: {
                 "count": len(v),
                 "mean_us": round(statistics.fmean(v) / 1000, 2) if v else None,
-                "p99_us": round(_pct(v, 99) / 1000, 2) if v else None,
+                "p99_us": round(percentile(v, 99) / 1000, 2) if v else None,
             }
             for name, v in costs.items()
         },
     }
-
-
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

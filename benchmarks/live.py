@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,12 +26,7 @@ from thunder_mw.benchmarks.engine_counters import read_counters
 from thunder_mw.benchmarks.replay import Replayer, ReplayResult
 from thunder_mw.benchmarks.workloads import ProgramSpec
 from thunder_mw.policies.stats import percentile
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from thunder_mw.sim.ports import free_port
 
 
 def gateway_config(
@@ -136,7 +130,7 @@ def run_live(
     policy: str,
     stream: bool = True,
 ) -> dict[str, Any]:
-    config = gateway_config(cluster, pipeline, time_scale, _free_port())
+    config = gateway_config(cluster, pipeline, time_scale, free_port())
     with Gateway(config) as gateway:
         before = gateway.engine_totals()
         replayer = Replayer(gateway.url, time_scale=time_scale, stream=stream)

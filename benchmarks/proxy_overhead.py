@@ -21,7 +21,6 @@ import math
 import os
 import platform
 import select
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ import msgspec
 from thunder_mw.benchmarks import http_load
 from thunder_mw.benchmarks.fake_engine import STREAM_CHUNKS, new_event_loop
 from thunder_mw.policies.stats import percentile
+from thunder_mw.sim.ports import free_port
 
 SCENARIO = "proxy-overhead"
 TARGETS = ("direct", "aiohttp-passthrough", "thunder-mw")
@@ -102,12 +102,6 @@ def http_request(port: int, body: bytes) -> bytes:
 
 
 # --- server processes ---------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -231,7 +225,7 @@ def _servers(targets: Sequence[str], workdir: Path) -> Iterator[dict[str, tuple[
         if "thunder-mw" in targets:
             config = workdir / "thunder-mw.yaml"
             config.write_text(_gateway_yaml(engine_port))
-            port = _free_port()
+            port = free_port()
             log = workdir / "thunder-mw.log"
             gateway = stack.enter_context(
                 _process(_gateway_command(config, port), log, prints_port=False)

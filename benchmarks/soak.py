@@ -33,7 +33,8 @@ from typing import Any
 import aiohttp
 import httpx
 
-from thunder_mw.benchmarks.live import Gateway, _free_port
+from thunder_mw.benchmarks.live import Gateway
+from thunder_mw.sim.ports import free_port
 
 DEFAULT_OUTPUT = Path(__file__).parent / "results" / "soak.json"
 HOST = "127.0.0.1"
@@ -48,7 +49,7 @@ def sim_engines(count: int) -> Iterator[list[tuple[str, int]]]:
     procs: list[tuple[subprocess.Popen[bytes], str]] = []
     try:
         for seed in range(count):
-            port = _free_port()
+            port = free_port()
             args = ["--port", str(port), "--seed", str(seed), "--model-name", MODEL]
             args += ["--time-scale", "1000", "--num-blocks", "4096", "--log-level", "warning"]
             proc = subprocess.Popen(
@@ -88,7 +89,7 @@ def gateway_config(args: argparse.Namespace, engine_urls: list[str]) -> dict[str
     return {
         "server": {
             "host": HOST,
-            "port": _free_port(),
+            "port": free_port(),
             "log_level": "warning",
             "tick_interval_s": args.tick_s,
             "probe_interval_s": 1.0,

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,15 +25,11 @@ import docker
 import httpx
 import yaml
 
+from thunder_mw.sim.ports import free_port
+
 IMAGE = "thunder-mw/sandbox:test"
 RESULTS = Path(__file__).resolve().parent / "results" / "tool-gc.json"
 LABEL = "thunder-mw.managed=true"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def managed_disk(client: docker.DockerClient) -> tuple[int, int]:
@@ -93,7 +88,7 @@ def main() -> int:
 
     client = docker.from_env(timeout=120)
     run = uuid.uuid4().hex
-    port = _free_port()
+    port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="tool-gc-"))
     config = {
         "server": {"port": port, "log_level": "warning"},

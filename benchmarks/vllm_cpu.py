@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,6 +26,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from thunder_mw.benchmarks.engine_counters import parse_metrics
+from thunder_mw.sim.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_DIR = Path(os.environ.get("THUNDER_MW_VLLM_VENV", ROOT / ".cache" / "vllm-venv"))
@@ -119,13 +119,6 @@ def missing_prerequisites(venv: Path = VENV_DIR, model_dir: Path = MODEL_DIR) ->
     if not (model_dir / MODEL_READY_MARKER).is_file():
         return f"tiny model not built at {model_dir}: {SETUP_HINT}"
     return None
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

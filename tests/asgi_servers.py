@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,12 +12,7 @@ import httpx
 import uvicorn
 
 from thunder_mw.middleware.types import ASGIApp
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from thunder_mw.sim.ports import free_port
 
 
 class ServerThread:

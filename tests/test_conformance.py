@@ -7,11 +7,12 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
-from asgi_servers import free_port, serving
+from asgi_servers import serving
 from conformance_broken_servers import FORWARDS_PROGRAM_ID, MiniGateway
 
 from thunder_mw.conformance.cli import add_conformance_arguments, run_conformance
 from thunder_mw.conformance.registry import PROFILES, checks_for
+from thunder_mw.sim.ports import free_port
 
 
 def conformance(*argv: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from asgi_servers import free_port, serving
+from asgi_servers import serving
 from conformance_broken_servers import (
     ADDS_USAGE_CHUNK,
     CORRECT,
@@ -19,6 +19,7 @@ from conformance_broken_servers import (
 )
 
 from thunder_mw.conformance.runner import SuiteResult, run_conformance_suite
+from thunder_mw.sim.ports import free_port
 
 MINI_GATEWAY_CHECKS = [
     "accept.program_id.top_level",

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from asgi_servers import ServerThread, free_port, serving
+from asgi_servers import ServerThread, serving
 from fake_engine import FakeEngine
 from held_requests import BIG, start_hog, wait_for
 
@@ -26,6 +26,7 @@ from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import ProgramState, Usage
 from thunder_mw.schemas.agent_context import AgentContext, Convention
 from thunder_mw.schemas.config import BackendSettings, ServerSettings, ThunderConfig
+from thunder_mw.sim.ports import free_port
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 # No growth buffer: a program idle between calls then reserves exactly its context, so "the

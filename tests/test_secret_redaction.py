@@ -11,10 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from asgi_servers import free_port
 
 from thunder_mw.cli.config_loader import load_config
 from thunder_mw.observability.redaction import SecretRedactor, config_secrets
+from thunder_mw.sim.ports import free_port
 
 CLIENT_KEY = "sk-client-7f3a9c1e"
 ENGINE_KEY = "engine-key-b84d02aa"

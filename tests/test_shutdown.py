@@ -10,9 +10,11 @@ import threading
 import time
 
 import httpx
-from asgi_servers import free_port, serving, wait_until_healthy
+from asgi_servers import serving, wait_until_healthy
 from fake_engine import FakeEngine
 from held_requests import BIG
+
+from thunder_mw.sim.ports import free_port
 
 
 def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path):

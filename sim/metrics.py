@@ -76,10 +76,14 @@ def _one_sample_families(
     return gauge, counter
 
 
-class _VllmCollector:
+class _EngineCollector:
+    """A Prometheus collector of one simulated engine's series, read at scrape time."""
+
     def __init__(self, service: SimService) -> None:
         self._service = service
 
+
+class _VllmCollector(_EngineCollector):
     def collect(self) -> Iterator[Metric]:
         svc = self._service
         eng = svc.engine
@@ -159,10 +163,7 @@ class _VllmCollector:
         yield info
 
 
-class _SglangCollector:
-    def __init__(self, service: SimService) -> None:
-        self._service = service
-
+class _SglangCollector(_EngineCollector):
     def collect(self) -> Iterator[Metric]:
         svc = self._service
         eng = svc.engine

@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import yaml
 from thunder_mw.benchmarks.des import ClusterConfig
 from thunder_mw.benchmarks.engine_counters import read_counters
 from thunder_mw.benchmarks.replay import Replayer, ReplayResult
+from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.benchmarks.workloads import ProgramSpec
 from thunder_mw.policies.stats import percentile
 from thunder_mw.sim.ports import free_port
@@ -84,18 +84,14 @@ class Gateway:
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"gateway exited: {self.log_tail()}")
-            try:
-                health = httpx.get(f"{self.url}/health", timeout=2).json()
-                if all(b["healthy"] for b in health["backends"]):
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"gateway not healthy within 60 s: {self.log_tail()}")
+        wait_until_healthy(
+            self.url,
+            timeout_s=60,
+            process=self._proc,
+            log_path=Path(self._dir.name) / "gateway.log",
+            ready=lambda r: all(b["healthy"] for b in r.json()["backends"]),
+        )
+        return self
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import json
 import math
 import os
@@ -35,6 +34,7 @@ import msgspec
 
 from thunder_mw.benchmarks import http_load
 from thunder_mw.benchmarks.fake_engine import STREAM_CHUNKS, new_event_loop
+from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.policies.stats import percentile
 from thunder_mw.sim.ports import free_port
 
@@ -141,26 +141,6 @@ def _read_port(proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float =
     raise RuntimeError(f"{proc.args!r} did not start:\n{log_path.read_text()[-3000:]}")
 
 
-def _wait_healthy(
-    proc: subprocess.Popen[bytes], port: int, log_path: Path, timeout_s: float
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        try:
-            conn = http.client.HTTPConnection(HOST, port, timeout=1)
-            conn.request("GET", "/health")
-            status = conn.getresponse().status
-            conn.close()
-            if status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"gateway not healthy on port {port}:\n{log_path.read_text()[-3000:]}")
-
-
 def _python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
@@ -221,7 +201,9 @@ def _servers(targets: Sequence[str], workdir: Path) -> Iterator[dict[str, tuple[
             )
             proxy = stack.enter_context(_process(cmd, log))
             ports[target] = (_read_port(proxy, log), proxy.pid)
-            _wait_healthy(proxy, ports[target][0], log, timeout_s=30)
+            wait_until_healthy(
+                f"http://{HOST}:{ports[target][0]}", timeout_s=30, process=proxy, log_path=log
+            )
         if "thunder-mw" in targets:
             config = workdir / "thunder-mw.yaml"
             config.write_text(_gateway_yaml(engine_port))
@@ -230,7 +212,7 @@ def _servers(targets: Sequence[str], workdir: Path) -> Iterator[dict[str, tuple[
             gateway = stack.enter_context(
                 _process(_gateway_command(config, port), log, prints_port=False)
             )
-            _wait_healthy(gateway, port, log, timeout_s=60)
+            wait_until_healthy(f"http://{HOST}:{port}", timeout_s=60, process=gateway, log_path=log)
             ports["thunder-mw"] = (port, gateway.pid)
         yield ports
 

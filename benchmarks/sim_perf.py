@@ -13,8 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
+from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams
 from thunder_mw.sim.tokenizer import RuleTokenizer
 
@@ -62,12 +61,7 @@ def http_requests_per_second(duration_s: float = 5.0, concurrency: int = 32) -> 
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                httpx.get(f"{url}/health", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_until_healthy(url, timeout_s=10, process=proc)
         return _drive(url, duration_s, concurrency)
     finally:
         proc.terminate()

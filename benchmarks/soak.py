@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
 
 from thunder_mw.benchmarks.live import Gateway
+from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.sim.ports import free_port
 
 DEFAULT_OUTPUT = Path(__file__).parent / "results" / "soak.json"
@@ -59,7 +59,7 @@ def sim_engines(count: int) -> Iterator[list[tuple[str, int]]]:
             )
             procs.append((proc, f"http://{HOST}:{port}"))
         for proc, url in procs:
-            _wait_healthy(proc, url)
+            wait_until_healthy(url, timeout_s=60, process=proc)
         yield [(url, proc.pid) for proc, url in procs]
     finally:
         for proc, _ in procs:
@@ -69,20 +69,6 @@ def sim_engines(count: int) -> Iterator[list[tuple[str, int]]]:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-
-
-def _wait_healthy(proc: subprocess.Popen[bytes], url: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"simulated engine {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"simulated engine {url} not up within 60 s")
 
 
 def gateway_config(args: argparse.Namespace, engine_urls: list[str]) -> dict[str, Any]:

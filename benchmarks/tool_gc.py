@@ -25,6 +25,7 @@ import docker
 import httpx
 import yaml
 
+from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.sim.ports import free_port
 
 IMAGE = "thunder-mw/sandbox:test"
@@ -125,12 +126,7 @@ def main() -> int:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_until_healthy(url, timeout_s=60, process=gateway)
         started = time.perf_counter()
         results, peak = asyncio.run(drive(url, client, args.programs, args.concurrency, run))
         elapsed = time.perf_counter() - started

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 
-import httpx
 import uvicorn
 
 from thunder_mw.middleware.types import ASGIApp
@@ -65,16 +63,3 @@ def serving(app: ASGIApp, port: int | None = None) -> Iterator[ServerThread]:
         yield server
     finally:
         server.stop()
-
-
-def wait_until_healthy(url: str, timeout_s: float = 30.0) -> None:
-    """Polls `url`/health until it answers 200 (a gateway process starting up)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url} not healthy within {timeout_s} s")

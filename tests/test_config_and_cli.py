@@ -11,9 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from asgi_servers import serving, wait_until_healthy
+from asgi_servers import serving
 from fake_engine import FakeEngine
 
+from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.cli.config_loader import ConfigError, load_config
 from thunder_mw.cli.main import main
 from thunder_mw.sim.ports import free_port

@@ -10,10 +10,11 @@ import threading
 import time
 
 import httpx
-from asgi_servers import serving, wait_until_healthy
+from asgi_servers import serving
 from fake_engine import FakeEngine
 from held_requests import BIG
 
+from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.sim.ports import free_port
 
 

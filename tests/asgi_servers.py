@@ -6,10 +6,13 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
+from thunder_mw.middleware.app import create_app
 from thunder_mw.middleware.types import ASGIApp
+from thunder_mw.schemas.config import ThunderConfig
 from thunder_mw.sim.ports import free_port
 
 
@@ -63,3 +66,20 @@ def serving(app: ASGIApp, port: int | None = None) -> Iterator[ServerThread]:
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def serving_gateway(
+    engine: ASGIApp, backend: dict[str, Any] | None = None, **config: Any
+) -> Iterator[ServerThread]:
+    """`engine` and a thunder-mw gateway in front of it, each on a loopback port.
+
+    `backend` adds to the one backend's settings (named "e"); `config` sets the rest of the
+    gateway's configuration (`server`, `policies`, ...).
+    """
+    with serving(engine) as engine_server:
+        settings = ThunderConfig(
+            backends=[{"name": "e", "url": engine_server.url, **(backend or {})}], **config
+        )
+        with serving(create_app(settings)) as gateway:
+            yield gateway

@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from asgi_servers import serving
+from asgi_servers import serving, serving_gateway
 from fake_engine import FakeEngine
 from held_requests import BIG, SMALL, start_hog, wait_for
 
@@ -19,18 +19,14 @@ from thunder_mw.schemas.config import ThunderConfig
 def tight():
     """One engine whose KV holds 1,000 tokens; a slow first program fills it."""
     engine = FakeEngine(chunks=30, chunk_delay_s=0.1)
-    with serving(engine) as es:
-        config = ThunderConfig(
-            backends=[{"name": "e", "url": es.url, "capacity_tokens": 1000}],
-            policies=[
-                {"admission": {"buffer_tokens_per_program": 0}},
-                {"state_aware_pause": {}},
-                {"migration": {}},
-                {"gc_hooks": {}},
-            ],
-        )
-        with serving(create_app(config)) as gw:
-            yield gw
+    policies = [
+        {"admission": {"buffer_tokens_per_program": 0}},
+        {"state_aware_pause": {}},
+        {"migration": {}},
+        {"gc_hooks": {}},
+    ]
+    with serving_gateway(engine, {"capacity_tokens": 1000}, policies=policies) as gw:
+        yield gw
 
 
 def test_a_request_that_does_not_fit_waits_and_then_runs(tight):

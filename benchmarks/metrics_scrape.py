@@ -21,6 +21,7 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.observability.metrics import GatewayMetrics
@@ -31,7 +32,7 @@ from thunder_mw.policies.stats import percentile
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention, ObservabilitySettings, ThunderConfig
 
-OUTPUT = Path(__file__).resolve().parent / "results" / "metrics-scrape.json"
+OUTPUT = RESULTS_DIR / "metrics-scrape.json"
 TARGET_MS = 50.0
 BACKENDS = 8
 
@@ -116,8 +117,7 @@ def main() -> int:
         "met": max(scrape) < TARGET_MS,
         "machine": {"python": platform.python_version(), "cpu": platform.processor() or None},
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.output, result)
     print(json.dumps(result, indent=2))
     return 0 if result["met"] else 1
 

@@ -34,6 +34,7 @@ import msgspec
 
 from thunder_mw.benchmarks import http_load
 from thunder_mw.benchmarks.fake_engine import STREAM_CHUNKS, new_event_loop
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.policies.stats import percentile
 from thunder_mw.sim.ports import free_port
@@ -43,7 +44,7 @@ TARGETS = ("direct", "aiohttp-passthrough", "thunder-mw")
 # Opt-in reference points: a bare ASGI pass-through on uvicorn, per HTTP client.
 REFERENCE_TARGETS = ("asgi-httpx", "asgi-httpx-aiohttp", "asgi-aiohttp")
 ALL_TARGETS = TARGETS + REFERENCE_TARGETS
-DEFAULT_OUTPUT = Path(__file__).parent / "results" / "proxy-overhead.json"
+DEFAULT_OUTPUT = RESULTS_DIR / "proxy-overhead.json"
 HOST = "127.0.0.1"
 
 _SYSTEM = (
@@ -463,8 +464,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "results": results,
     }
     output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(output, report)
     print(format_table(results))
     print(f"\nwritten to {output}")
     return report

@@ -12,7 +12,6 @@ resumes on every release of room).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import random
 import statistics
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.policies.core import Forward, RequestInfo, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
@@ -27,7 +27,7 @@ from thunder_mw.policies.stats import percentile
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
-OUTPUT = Path(__file__).resolve().parent / "results" / "scheduler-cost.json"
+OUTPUT = RESULTS_DIR / "scheduler-cost.json"
 TARGET_US = 50.0
 
 
@@ -105,8 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cases": cases,
         "machine": f"{platform.machine()}, Python {platform.python_version()}",
     }
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    write_result(Path(args.output), report)
     for name, case in cases.items():
         print(
             f"{name:10s} {case['programs']} programs: mean {case['mean_us_per_event']} us/event, "

@@ -33,10 +33,11 @@ from typing import Any
 import aiohttp
 
 from thunder_mw.benchmarks.live import Gateway
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.sim.ports import free_port
 
-DEFAULT_OUTPUT = Path(__file__).parent / "results" / "soak.json"
+DEFAULT_OUTPUT = RESULTS_DIR / "soak.json"
 HOST = "127.0.0.1"
 MODEL = "sim-model"
 MIB = 1024 * 1024
@@ -343,8 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.monotonic() - wall0, 1),
         "samples": run["samples"],
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.output, result, indent=1)
     if not args.no_plot:
         plot(result, args.output.with_suffix(".png"))
     print(json.dumps({**result["summary"], "wall_s": result["wall_s"]}, indent=1))

@@ -25,11 +25,12 @@ import docker
 import httpx
 import yaml
 
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.sim.ports import free_port
 
 IMAGE = "thunder-mw/sandbox:test"
-RESULTS = Path(__file__).resolve().parent / "results" / "tool-gc.json"
+RESULTS = RESULTS_DIR / "tool-gc.json"
 LABEL = "thunder-mw.managed=true"
 
 
@@ -162,7 +163,7 @@ def main() -> int:
         "leaked_containers": len(leaked),
         "engine": client.version().get("Version"),
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(args.out, report)
     print(json.dumps(report, indent=2))
     for c in leaked:
         client.api.remove_container(c["Id"], force=True, v=True)

@@ -87,6 +87,7 @@ def test_invalid_yaml_is_reported(tmp_path, capsys):
     assert "not valid YAML" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a `thunder-mw serve` process
 def test_thunder_mw_config_serves_and_cli_flags_override_the_file(tmp_path):
     engine = FakeEngine()
     with serving(engine) as es:

@@ -102,6 +102,7 @@ def test_answering_500_to_bad_input_fails_the_rejection_checks():
     assert "expected a 4xx" in detail(result, "reject.program_id.blank")
 
 
+@pytest.mark.slow  # ~3 s
 def test_a_thunderagent_like_gateway_passes_the_thunderagent_profile():
     result = run_against(THUNDERAGENT_LIKE, profile="thunderagent")
     assert failing(result) == set(), [(c.id, c.detail) for c in result.failed]

@@ -147,6 +147,7 @@ def tight():
         yield gw
 
 
+@pytest.mark.slow  # ~2 s: holds behind a 2 s stream
 def test_a_held_request_is_counted_in_the_queue_histogram_and_as_a_pause(tight):
     # Both run a small call and go ACTING; then `grows` asks for nearly the whole engine,
     # so `small` (ACTING: its GPU idle) is paused and its next request waits for the room.

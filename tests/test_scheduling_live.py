@@ -29,6 +29,7 @@ def tight():
         yield gw
 
 
+@pytest.mark.slow  # ~3 s: holds behind a 3 s stream
 def test_a_request_that_does_not_fit_waits_and_then_runs(tight):
     hog = start_hog(tight.url)
     started = time.monotonic()
@@ -41,6 +42,7 @@ def test_a_request_that_does_not_fit_waits_and_then_runs(tight):
     assert waited > 1.0  # it waited for the hog's call to end; the client saw only latency
 
 
+@pytest.mark.slow  # ~3 s: holds behind a 3 s stream
 def test_releasing_a_program_while_its_request_is_held_answers_409(tight):
     hog = start_hog(tight.url)
     answer: dict = {}
@@ -62,6 +64,7 @@ def test_releasing_a_program_while_its_request_is_held_answers_409(tight):
     assert r.status_code == 409 and r.json()["error"]["code"] == "program_released"
 
 
+@pytest.mark.slow  # ~3 s: holds behind a 3 s stream
 def test_a_client_that_gives_up_while_held_leaves_the_queue(tight):
     hog = start_hog(tight.url)
 
@@ -99,6 +102,7 @@ def test_programs_view_shows_scheduling_state(tight):
     assert view["state"] == "active" and view["phase"] == "acting" and view["backend"] == "e"
 
 
+@pytest.mark.slow  # ~3 s: holds behind a 3 s stream
 def test_past_the_held_request_limit_new_requests_get_429_with_retry_after():
     engine = FakeEngine(chunks=30, chunk_delay_s=0.1)
     with serving(engine) as es:

@@ -77,13 +77,13 @@ class Gateway:
     def __enter__(self) -> Gateway:
         path = Path(self._dir.name) / "gateway.yaml"
         path.write_text(yaml.safe_dump(self.config))
-        log = open(Path(self._dir.name) / "gateway.log", "wb")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "thunder_mw.cli.main", "serve", "--config", str(path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        with open(Path(self._dir.name) / "gateway.log", "wb") as log:  # the child keeps its own
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "thunder_mw.cli.main", "serve", "--config", str(path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         wait_until_healthy(
             self.url,
             timeout_s=60,

@@ -37,8 +37,10 @@ class ServerThread:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.loop.run_until_complete(self.server.serve())
+        # The Runner closes the loop (and what is left on it) once the server has stopped.
+        with asyncio.Runner() as runner:
+            self.loop = runner.get_loop()
+            runner.run(self.server.serve())
 
     def start(self) -> ServerThread:
         self._thread.start()

@@ -1,7 +1,7 @@
 """`thunder-mw bench`: run a named scenario for every policy, write the result JSON and plots.
 
     thunder-mw bench --scenario swe-agent-knee [--mode des|live] [--policies a,b]
-                     [--output PATH] [--seed N]
+                     [--output PATH] [--results-dir DIR] [--seed N]
     thunder-mw bench --scenario vllm-cpu-real [--repeats N] [--engine-url URL]
 
 A scenario on the real vLLM CPU engine (vllm-cpu-real) ignores --mode: it is always real.

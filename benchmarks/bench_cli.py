@@ -1,7 +1,7 @@
 """`thunder-mw bench`: run a named scenario for every policy, write the result JSON and plots.
 
     thunder-mw bench --scenario swe-agent-knee [--mode des|live] [--policies a,b]
-                     [--output PATH] [--seed N]
+                     [--output PATH] [--results-dir DIR] [--seed N]
     thunder-mw bench --scenario vllm-cpu-real [--repeats N] [--engine-url URL]
 
 A scenario on the real vLLM CPU engine (vllm-cpu-real) ignores --mode: it is always real.
@@ -12,7 +12,6 @@ Runs are independent, so they go to a pool of worker processes (`--jobs`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -23,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, simulate
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS, Scenario
 from thunder_mw.benchmarks.workloads import PRESETS as WORKLOADS
 from thunder_mw.benchmarks.workloads import ProgramSpec, generate, load_trace
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PROXY_OVERHEAD = "proxy-overhead"
 
 
@@ -64,7 +63,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"Comma-separated policies (default: the scenario's). Known: {', '.join(POLICIES)}.",
     )
     parser.add_argument(
-        "--output", type=Path, help="Result JSON (default benchmarks/results/<scenario>.json)."
+        "--output", type=Path, help="Result JSON (default <results-dir>/<scenario>.json)."
+    )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=RESULTS_DIR,
+        help=f"Folder of the default result files and plots (default ./{RESULTS_DIR}).",
     )
     parser.add_argument("--seed", type=int, default=0, help="Workload and engine seed.")
     live = parser.add_argument_group("live mode")
@@ -104,7 +109,7 @@ def run_bench(args: argparse.Namespace) -> int:
         from thunder_mw.benchmarks import proxy_overhead
 
         if args.output is None:
-            args.output = proxy_overhead.DEFAULT_OUTPUT
+            args.output = args.results_dir / proxy_overhead.DEFAULT_OUTPUT.name
         proxy_overhead.run(args)
         return 0
     scenario = _with_overrides(SCENARIOS[args.scenario], args)
@@ -117,7 +122,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return _run_real(scenario, policies, args)
     if args.mode == "live":
         return _run_live(scenario, policies, args)
-    output = args.output or RESULTS_DIR / f"{scenario.name}.json"
+    output = args.output or args.results_dir / f"{scenario.name}.json"
     report = run_scenario(
         scenario,
         policies,
@@ -138,15 +143,14 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _write_report(report: dict[str, Any], output: Path) -> None:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=1) + "\n")
+    write_result(output, report, indent=1)
 
 
 def _run_live(scenario: Scenario, policies: list[str], args: argparse.Namespace) -> int:
     if scenario.total_factor != 1.0 and not args.programs:
         print("live mode runs one wave of programs: pass --programs", file=sys.stderr)
         return 2
-    output = args.output or RESULTS_DIR / f"{scenario.name}-live.json"
+    output = args.output or args.results_dir / f"{scenario.name}-live.json"
     report = run_live_scenario(
         scenario,
         policies,
@@ -170,7 +174,7 @@ def _run_live(scenario: Scenario, policies: list[str], args: argparse.Namespace)
 def _run_real(scenario: Scenario, policies: list[str], args: argparse.Namespace) -> int:
     from thunder_mw.benchmarks import vllm_real
 
-    output = args.output or RESULTS_DIR / f"{scenario.name}.json"
+    output = args.output or args.results_dir / f"{scenario.name}.json"
     report = vllm_real.run_vllm_real_scenario(
         scenario,
         policies,

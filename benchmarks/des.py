@@ -33,6 +33,7 @@ from thunder_mw.policies.core import (
 )
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
+from thunder_mw.policies.stats import percentile
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
@@ -517,7 +518,7 @@ class Simulation:
         queries = sum(s.prefix_cache_queries for s in stats)
         ttft = sorted(self.ttft)
         minutes = makespan / 60 if makespan > 0 else math.inf
-        median_jct = _pct(jct, 50)
+        median_jct = percentile(jct, 50) if jct else None
         steady_steps, steady_s = self.steps_done, makespan
         if self._steps_at_last_start is not None and self._last_start > 0:
             steady_steps, steady_s = self._steps_at_last_start, self._last_start
@@ -533,12 +534,12 @@ class Simulation:
             "output_tokens_per_s": round(self.output_tokens / makespan, 1) if makespan else 0.0,
             "jct_mean_s": round(sum(jct) / len(jct), 2) if jct else None,
             "jct_p50_s": _r(median_jct),
-            "jct_p95_s": _r(_pct(jct, 95)),
-            "jct_p99_s": _r(_pct(jct, 99)),
+            "jct_p95_s": _r(percentile(jct, 95)) if jct else None,
+            "jct_p99_s": _r(percentile(jct, 99)) if jct else None,
             "jct_max_s": _r(jct[-1] if jct else None),
             "jct_max_over_median": round(jct[-1] / median_jct, 2) if jct and median_jct else None,
-            "ttft_p50_s": _r(_pct(ttft, 50), 3),
-            "ttft_p99_s": _r(_pct(ttft, 99), 3),
+            "ttft_p50_s": _r(percentile(ttft, 50), 3) if ttft else None,
+            "ttft_p99_s": _r(percentile(ttft, 99), 3) if ttft else None,
             "ttft_max_s": _r(ttft[-1] if ttft else None, 3),
             "prefix_hit_rate": round(hits / queries, 4) if queries else 0.0,
             "prefix_hit_rate_ideal": round(1 - self.first_time_tokens / queries, 4)
@@ -583,14 +584,6 @@ class Simulation:
             "t_s": [round(x, 1) for x in t[::stride]],
             "kv_usage": {k: [round(u, 4) for u in v[::stride]] for k, v in self._series_kv.items()},
         }
-
-
-def _pct(values: list[float], p: float) -> float | None:
-    """Nearest-rank percentile of sorted `values`."""
-    if not values:
-        return None
-    k = max(0, math.ceil(p / 100 * len(values)) - 1)
-    return values[min(k, len(values) - 1)]
 
 
 def _r(x: float | None, digits: int = 2) -> float | None:

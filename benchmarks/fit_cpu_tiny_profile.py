@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from real_vllm import start_vllm  # noqa: E402
 
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result  # noqa: E402
 from thunder_mw.sim.cost_model import StepCost  # noqa: E402
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 
@@ -137,14 +138,14 @@ def fit(url: str) -> dict[str, object]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a running engine (else one is started)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cpu-tiny-fit.json"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "cpu-tiny-fit.json")
     args = parser.parse_args()
     if args.url:
         result = fit(args.url)
     else:
         with start_vllm(num_blocks=24) as engine:
             result = fit(engine.url)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(json.dumps(result, indent=2))
     return 0
 

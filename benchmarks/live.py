@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +23,10 @@ import yaml
 from thunder_mw.benchmarks.des import ClusterConfig
 from thunder_mw.benchmarks.engine_counters import read_counters
 from thunder_mw.benchmarks.replay import Replayer, ReplayResult
+from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.benchmarks.workloads import ProgramSpec
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from thunder_mw.policies.stats import percentile
+from thunder_mw.sim.ports import free_port
 
 
 def gateway_config(
@@ -82,25 +77,21 @@ class Gateway:
     def __enter__(self) -> Gateway:
         path = Path(self._dir.name) / "gateway.yaml"
         path.write_text(yaml.safe_dump(self.config))
-        log = open(Path(self._dir.name) / "gateway.log", "wb")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "thunder_mw.cli.main", "serve", "--config", str(path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        with open(Path(self._dir.name) / "gateway.log", "wb") as log:  # the child keeps its own
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "thunder_mw.cli.main", "serve", "--config", str(path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        wait_until_healthy(
+            self.url,
+            timeout_s=60,
+            process=self._proc,
+            log_path=Path(self._dir.name) / "gateway.log",
+            ready=lambda r: all(b["healthy"] for b in r.json()["backends"]),
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"gateway exited: {self.log_tail()}")
-            try:
-                health = httpx.get(f"{self.url}/health", timeout=2).json()
-                if all(b["healthy"] for b in health["backends"]):
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"gateway not healthy within 60 s: {self.log_tail()}")
+        return self
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None:
@@ -135,19 +126,13 @@ def run_live(
     policy: str,
     stream: bool = True,
 ) -> dict[str, Any]:
-    config = gateway_config(cluster, pipeline, time_scale, _free_port())
+    config = gateway_config(cluster, pipeline, time_scale, free_port())
     with Gateway(config) as gateway:
         before = gateway.engine_totals()
         replayer = Replayer(gateway.url, time_scale=time_scale, stream=stream)
         result = asyncio.run(replayer.run(programs))
         after = gateway.engine_totals()
     return {"policy": policy, **live_metrics(result, time_scale, before, after)}
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    return values[min(len(values) - 1, max(0, round(q / 100 * len(values)) - 1))]
 
 
 def live_metrics(
@@ -169,9 +154,9 @@ def live_metrics(
         "steps_per_min": round(len(calls) / (makespan / 60), 2) if makespan else 0.0,
         "output_tokens_per_s": round(output / makespan, 1) if makespan else 0.0,
         "jct_mean_s": round(sum(jct) / len(jct), 2) if jct else None,
-        "jct_p95_s": _pct(jct, 95),
-        "jct_p99_s": _pct(jct, 99),
-        "ttft_p99_s": _pct(ttft, 99),
+        "jct_p95_s": percentile(jct, 95) if jct else None,
+        "jct_p99_s": percentile(jct, 99) if jct else None,
+        "ttft_p99_s": percentile(ttft, 99) if ttft else None,
         "ttft_max_s": ttft[-1] if ttft else None,
         "prefix_hit_rate": round((after["hits"] - before["hits"]) / queries, 4) if queries else 0.0,
         "preemptions": int(after["preemptions"] - before["preemptions"]),

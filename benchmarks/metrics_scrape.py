@@ -21,17 +21,19 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.observability.metrics import GatewayMetrics
 from thunder_mw.observability.service import Observability
 from thunder_mw.policies.core import BackendMetrics, RequestInfo
 from thunder_mw.policies.program_table import Usage
+from thunder_mw.policies.stats import percentile
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention, ObservabilitySettings, ThunderConfig
 from thunder_mw.schemas.views import encode
 
-OUTPUT = Path(__file__).resolve().parent / "results" / "metrics-scrape.json"
+OUTPUT = RESULTS_DIR / "metrics-scrape.json"
 TARGET_MS = 50.0
 BACKENDS = 8
 
@@ -108,7 +110,7 @@ def main() -> int:
         "body_bytes": len(body),
         "scrape_ms": {
             "median": round(statistics.median(scrape), 3),
-            "p95": round(sorted(scrape)[int(0.95 * (len(scrape) - 1))], 3),
+            "p95": round(percentile(scrape, 95), 3),
             "max": round(max(scrape), 3),
             "runs": args.runs,
         },
@@ -119,8 +121,7 @@ def main() -> int:
         "met": max(scrape) < TARGET_MS,
         "machine": {"python": platform.python_version(), "cpu": platform.processor() or None},
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.output, result)
     print(json.dumps(result, indent=2))
     return 0 if result["met"] else 1
 

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import json
 import math
 import os
 import platform
 import select
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,13 +34,17 @@ import msgspec
 
 from thunder_mw.benchmarks import http_load
 from thunder_mw.benchmarks.fake_engine import STREAM_CHUNKS, new_event_loop
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
+from thunder_mw.benchmarks.server_process import wait_until_healthy
+from thunder_mw.policies.stats import percentile
+from thunder_mw.sim.ports import free_port
 
 SCENARIO = "proxy-overhead"
 TARGETS = ("direct", "aiohttp-passthrough", "thunder-mw")
 # Opt-in reference points: a bare ASGI pass-through on uvicorn, per HTTP client.
 REFERENCE_TARGETS = ("asgi-httpx", "asgi-httpx-aiohttp", "asgi-aiohttp")
 ALL_TARGETS = TARGETS + REFERENCE_TARGETS
-DEFAULT_OUTPUT = Path(__file__).parent / "results" / "proxy-overhead.json"
+DEFAULT_OUTPUT = RESULTS_DIR / "proxy-overhead.json"
 HOST = "127.0.0.1"
 
 _SYSTEM = (
@@ -103,12 +105,6 @@ def http_request(port: int, body: bytes) -> bytes:
 # --- server processes ---------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def _process(
     cmd: Sequence[str], log_path: Path, *, prints_port: bool = True
@@ -144,26 +140,6 @@ def _read_port(proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float =
             if not line:
                 break
     raise RuntimeError(f"{proc.args!r} did not start:\n{log_path.read_text()[-3000:]}")
-
-
-def _wait_healthy(
-    proc: subprocess.Popen[bytes], port: int, log_path: Path, timeout_s: float
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        try:
-            conn = http.client.HTTPConnection(HOST, port, timeout=1)
-            conn.request("GET", "/health")
-            status = conn.getresponse().status
-            conn.close()
-            if status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"gateway not healthy on port {port}:\n{log_path.read_text()[-3000:]}")
 
 
 def _python_module(module: str, *args: str) -> list[str]:
@@ -226,16 +202,18 @@ def _servers(targets: Sequence[str], workdir: Path) -> Iterator[dict[str, tuple[
             )
             proxy = stack.enter_context(_process(cmd, log))
             ports[target] = (_read_port(proxy, log), proxy.pid)
-            _wait_healthy(proxy, ports[target][0], log, timeout_s=30)
+            wait_until_healthy(
+                f"http://{HOST}:{ports[target][0]}", timeout_s=30, process=proxy, log_path=log
+            )
         if "thunder-mw" in targets:
             config = workdir / "thunder-mw.yaml"
             config.write_text(_gateway_yaml(engine_port))
-            port = _free_port()
+            port = free_port()
             log = workdir / "thunder-mw.log"
             gateway = stack.enter_context(
                 _process(_gateway_command(config, port), log, prints_port=False)
             )
-            _wait_healthy(gateway, port, log, timeout_s=60)
+            wait_until_healthy(f"http://{HOST}:{port}", timeout_s=60, process=gateway, log_path=log)
             ports["thunder-mw"] = (port, gateway.pid)
         yield ports
 
@@ -319,13 +297,6 @@ def _loop_name() -> str:
     return type(loop).__module__.split(".")[0]
 
 
-def _percentile_ms(sorted_s: Sequence[float], q: float) -> float:
-    if not sorted_s:
-        return float("nan")
-    index = min(len(sorted_s) - 1, max(0, math.ceil(q * len(sorted_s)) - 1))
-    return sorted_s[index] * 1000.0
-
-
 def _summarise(
     cells: dict[tuple[str, bool, int], list[http_load.LoadResult]],
 ) -> list[dict[str, Any]]:
@@ -333,7 +304,7 @@ def _summarise(
     for key, runs in cells.items():
         target, stream, concurrency = key
         rates = [r.req_per_s for r in runs]
-        latencies = sorted(x for r in runs for x in r.latencies_s)
+        latencies = [x for r in runs for x in r.latencies_s]
         cpu = [r.server_cpu_s for r in runs if r.server_cpu_s is not None]
         cpu_requests = sum(r.requests for r in runs if r.server_cpu_s is not None)
         rows[key] = {
@@ -347,8 +318,8 @@ def _summarise(
             "requests": sum(r.requests for r in runs),
             "errors": sum(r.errors for r in runs),
             "first_error": next((r.first_error for r in runs if r.first_error), None),
-            "latency_p50_ms": round(_percentile_ms(latencies, 0.50), 3),
-            "latency_p99_ms": round(_percentile_ms(latencies, 0.99), 3),
+            "latency_p50_ms": round(percentile(latencies, 50) * 1e3, 3) if latencies else math.nan,
+            "latency_p99_ms": round(percentile(latencies, 99) * 1e3, 3) if latencies else math.nan,
             # CPU of the target's own process (for direct: the engine) per request.
             "server_cpu_us_per_req": (
                 round(sum(cpu) / cpu_requests * 1e6, 1) if cpu and cpu_requests else None
@@ -493,8 +464,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "results": results,
     }
     output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(output, report)
     print(format_table(results))
     print(f"\nwritten to {output}")
     return report

@@ -12,7 +12,6 @@ resumes on every release of room).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import random
 import statistics
@@ -20,13 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.policies.core import Forward, RequestInfo, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
+from thunder_mw.policies.stats import percentile
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
-OUTPUT = Path(__file__).resolve().parent / "results" / "scheduler-cost.json"
+OUTPUT = RESULTS_DIR / "scheduler-cost.json"
 TARGET_US = 50.0
 
 
@@ -79,21 +80,16 @@ def measure(programs: int, events: int, backends: int, load: float, seed: int) -
         "pauses": core.counters.get("pauses", 0),
         "resumes": core.counters.get("resumes", 0),
         "mean_us_per_event": round(statistics.fmean(every) / 1000, 2),
-        "p99_us_per_event": round(_pct(every, 99) / 1000, 2),
+        "p99_us_per_event": round(percentile(every, 99) / 1000, 2),
         "by_event": {
             name: {
                 "count": len(v),
                 "mean_us": round(statistics.fmean(v) / 1000, 2) if v else None,
-                "p99_us": round(_pct(v, 99) / 1000, 2) if v else None,
+                "p99_us": round(percentile(v, 99) / 1000, 2) if v else None,
             }
             for name, v in costs.items()
         },
     }
-
-
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -109,8 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cases": cases,
         "machine": f"{platform.machine()}, Python {platform.python_version()}",
     }
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    write_result(Path(args.output), report)
     for name, case in cases.items():
         print(
             f"{name:10s} {case['programs']} programs: mean {case['mean_us_per_event']} us/event, "

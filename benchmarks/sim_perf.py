@@ -1,10 +1,11 @@
 """Shows the simulator is never the bottleneck: engine steps/s in-process, HTTP requests/s.
 
-python benchmarks/sim_perf.py   # writes benchmarks/results/sim-perf.json
+python -m thunder_mw.benchmarks.sim_perf   # writes ./benchmarks/results/sim-perf.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -13,13 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
+from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams
 from thunder_mw.sim.tokenizer import RuleTokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "benchmarks" / "results" / "sim-perf.json"
+OUTPUT = RESULTS_DIR / "sim-perf.json"
 
 
 def engine_steps_per_second(running: int = 256, steps: int = 20_000) -> float:
@@ -62,12 +62,7 @@ def http_requests_per_second(duration_s: float = 5.0, concurrency: int = 32) -> 
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                httpx.get(f"{url}/health", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_until_healthy(url, timeout_s=10, process=proc)
         return _drive(url, duration_s, concurrency)
     finally:
         proc.terminate()
@@ -110,7 +105,12 @@ def _spread(values: list[float]) -> dict[str, int]:
     }
 
 
-def main(repeats: int = 3) -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output", type=Path, default=OUTPUT)
+    args = parser.parse_args(argv)
+    repeats = args.repeats
     steps = _spread([engine_steps_per_second() for _ in range(repeats)])
     rps = _spread([http_requests_per_second() for _ in range(repeats)])
     result = {
@@ -124,7 +124,7 @@ def main(repeats: int = 3) -> int:
         f"Python {platform.python_version()}",
         "note": "the HTTP load generator runs on the other core; both share the machine",
     }
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.output, result)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -31,11 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
 
-from thunder_mw.benchmarks.live import Gateway, _free_port
+from thunder_mw.benchmarks.live import Gateway
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
+from thunder_mw.benchmarks.server_process import wait_until_healthy
+from thunder_mw.sim.ports import free_port
 
-DEFAULT_OUTPUT = Path(__file__).parent / "results" / "soak.json"
+DEFAULT_OUTPUT = RESULTS_DIR / "soak.json"
 HOST = "127.0.0.1"
 MODEL = "sim-model"
 MIB = 1024 * 1024
@@ -48,7 +50,7 @@ def sim_engines(count: int) -> Iterator[list[tuple[str, int]]]:
     procs: list[tuple[subprocess.Popen[bytes], str]] = []
     try:
         for seed in range(count):
-            port = _free_port()
+            port = free_port()
             args = ["--port", str(port), "--seed", str(seed), "--model-name", MODEL]
             args += ["--time-scale", "1000", "--num-blocks", "4096", "--log-level", "warning"]
             proc = subprocess.Popen(
@@ -58,7 +60,7 @@ def sim_engines(count: int) -> Iterator[list[tuple[str, int]]]:
             )
             procs.append((proc, f"http://{HOST}:{port}"))
         for proc, url in procs:
-            _wait_healthy(proc, url)
+            wait_until_healthy(url, timeout_s=60, process=proc)
         yield [(url, proc.pid) for proc, url in procs]
     finally:
         for proc, _ in procs:
@@ -70,25 +72,11 @@ def sim_engines(count: int) -> Iterator[list[tuple[str, int]]]:
                 proc.kill()
 
 
-def _wait_healthy(proc: subprocess.Popen[bytes], url: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"simulated engine {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"simulated engine {url} not up within 60 s")
-
-
 def gateway_config(args: argparse.Namespace, engine_urls: list[str]) -> dict[str, Any]:
     return {
         "server": {
             "host": HOST,
-            "port": _free_port(),
+            "port": free_port(),
             "log_level": "warning",
             "tick_interval_s": args.tick_s,
             "probe_interval_s": 1.0,
@@ -356,8 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.monotonic() - wall0, 1),
         "samples": run["samples"],
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.output, result, indent=1)
     if not args.no_plot:
         plot(result, args.output.with_suffix(".png"))
     print(json.dumps({**result["summary"], "wall_s": result["wall_s"]}, indent=1))

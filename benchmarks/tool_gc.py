@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,15 +25,13 @@ import docker
 import httpx
 import yaml
 
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
+from thunder_mw.benchmarks.server_process import wait_until_healthy
+from thunder_mw.sim.ports import free_port
+
 IMAGE = "thunder-mw/sandbox:test"
-RESULTS = Path(__file__).resolve().parent / "results" / "tool-gc.json"
+RESULTS = RESULTS_DIR / "tool-gc.json"
 LABEL = "thunder-mw.managed=true"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def managed_disk(client: docker.DockerClient) -> tuple[int, int]:
@@ -93,7 +90,7 @@ def main() -> int:
 
     client = docker.from_env(timeout=120)
     run = uuid.uuid4().hex
-    port = _free_port()
+    port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="tool-gc-"))
     config = {
         "server": {"port": port, "log_level": "warning"},
@@ -130,12 +127,7 @@ def main() -> int:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_until_healthy(url, timeout_s=60, process=gateway)
         started = time.perf_counter()
         results, peak = asyncio.run(drive(url, client, args.programs, args.concurrency, run))
         elapsed = time.perf_counter() - started
@@ -171,7 +163,7 @@ def main() -> int:
         "leaked_containers": len(leaked),
         "engine": client.version().get("Version"),
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(args.out, report)
     print(json.dumps(report, indent=2))
     for c in leaked:
         client.api.remove_container(c["Id"], force=True, v=True)

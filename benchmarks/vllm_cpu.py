@@ -14,10 +14,8 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +25,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from thunder_mw.benchmarks.engine_counters import parse_metrics
+from thunder_mw.benchmarks.server_process import ServerNotReady, wait_until_healthy
+from thunder_mw.sim.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_DIR = Path(os.environ.get("THUNDER_MW_VLLM_VENV", ROOT / ".cache" / "vllm-venv"))
@@ -121,13 +121,6 @@ def missing_prerequisites(venv: Path = VENV_DIR, model_dir: Path = MODEL_DIR) ->
     return None
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def start_vllm(
     num_blocks: int | None = 24,
@@ -187,7 +180,12 @@ def start_vllm(
             )
         try:
             url = f"http://127.0.0.1:{port}"
-            _wait_healthy(process, url, log_path, startup_timeout_s)
+            try:  # polling is the only readiness signal `vllm serve` offers
+                wait_until_healthy(
+                    url, timeout_s=startup_timeout_s, process=process, log_path=log_path
+                )
+            except ServerNotReady as exc:
+                raise EngineStartError(f"vllm serve: {exc}") from None
             block_size, live_blocks = _cache_config(url)
             yield RealVllm(
                 url=url,
@@ -248,27 +246,6 @@ def _logging_config() -> dict[str, object]:
             _IGNORED_FIELDS_LOGGER: {"level": "DEBUG"},
         },
     }
-
-
-def _wait_healthy(process: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float) -> None:
-    # Polling is the only readiness signal `vllm serve` offers.
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=5) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise EngineStartError(
-                    f"vllm serve exited with {process.returncode} during startup; "
-                    f"log {log}:\n{_tail(log)}"
-                )
-            try:
-                if client.get(f"{url}/health").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
-    raise EngineStartError(
-        f"vllm serve not healthy after {timeout_s:.0f} s; log {log}:\n{_tail(log)}"
-    )
 
 
 def _cache_config(url: str) -> tuple[int, int]:

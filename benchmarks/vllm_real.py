@@ -31,7 +31,7 @@ from thunder_mw.benchmarks.engine_counters import delta, parse_metrics, read_cou
 from thunder_mw.benchmarks.live import Gateway, live_metrics
 from thunder_mw.benchmarks.replay import Replayer, ReplayResult
 from thunder_mw.benchmarks.scenarios import POLICIES, Scenario
-from thunder_mw.benchmarks.vllm_cpu import SERVED_MODEL_NAME, free_port, start_vllm
+from thunder_mw.benchmarks.vllm_cpu import SERVED_MODEL_NAME, start_vllm
 from thunder_mw.benchmarks.workloads import (
     PRESETS,
     LogNormal,
@@ -39,6 +39,7 @@ from thunder_mw.benchmarks.workloads import (
     WorkloadPreset,
     generate,
 )
+from thunder_mw.sim.ports import free_port
 
 # The engine's counters read before and after each run (summed over label sets).
 SPREAD_KEYS = (

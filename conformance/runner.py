@@ -24,8 +24,9 @@ from thunder_mw.conformance.recording_backend import (
     RecordingBackend,
 )
 from thunder_mw.conformance.registry import CheckBody, checks_for
-from thunder_mw.conformance.self_target import free_port, thunder_mw_target
+from thunder_mw.conformance.self_target import thunder_mw_target
 from thunder_mw.conformance.session import Fail, NotApplicable, Session, WithoutContext
+from thunder_mw.sim.ports import free_port
 
 Status = Literal["pass", "fail", "n/a"]
 CHECK_TIMEOUT_S = 30.0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import sys
 import tempfile
 from collections.abc import AsyncIterator
@@ -12,11 +11,7 @@ from pathlib import Path
 
 import yaml
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from thunder_mw.sim.ports import free_port
 
 
 def self_config(backend_port: int, flavor: str, port: int) -> dict[str, object]:

@@ -141,20 +141,6 @@ class BackendState:
             return None
         return self.capacity * self.scale * fraction
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "backend": self.label,
-            "capacity_tokens": self.capacity,
-            "effective_capacity_tokens": None
-            if self.capacity is None
-            else int(self.capacity * self.scale),
-            "reserved_tokens": self.reserved,
-            "pending_release_tokens": self.pending_release,
-            "healthy": self.healthy,
-            "congested": self.congested,
-            "capacity_scale": round(self.scale, 3),
-        }
-
 
 def _live(program: Program, stamp: int) -> bool:
     return program.version == stamp and program.state is not ProgramState.TERMINATED

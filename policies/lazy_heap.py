@@ -53,7 +53,3 @@ class LazyHeap(Generic[T]):
         if top is not None:
             heapq.heappop(self._heap)
         return top
-
-    def live_items(self) -> list[T]:
-        """Every live item (O(n): for views and tests, not for decisions)."""
-        return [e[2] for e in self._heap if self._is_live(e[2], e[3])]

@@ -119,13 +119,6 @@ class ProgramTable:
                 program.docker_ids.append(ref)
         return program, created
 
-    def set_backend(self, program: Program, backend: str | None) -> None:
-        """Counts programs per backend: a program counts where it is ACTIVE."""
-        old = program.backend if program.state is ProgramState.ACTIVE else None
-        if old is not None:
-            self._per_backend[old] -= 1
-        program.backend = backend
-
     def count_active(self, program: Program) -> None:
         if program.backend is not None:
             self._per_backend[program.backend] = self._per_backend.get(program.backend, 0) + 1

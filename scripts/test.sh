@@ -1,8 +1,24 @@
 #!/usr/bin/env bash
 # Runs all of the project's checks, from a fresh machine: install, real engines, lint, tests.
-# Usage: scripts/test.sh [PYTEST_ARGS...]   (arguments go to pytest unchanged)
+# Usage: scripts/test.sh [--fast] [PYTEST_ARGS...]   (other arguments go to pytest unchanged)
+#
+#   scripts/test.sh          what CI runs (.ci/run): sets up the real vLLM engine, Docker and
+#                            Chromium, runs ruff, every test, then the conformance suite
+#                            against thunder-mw itself.
+#   scripts/test.sh --fast   the lane for work in progress (under 2 minutes on 2 cores): no
+#                            engine, Docker or browser setup and no conformance run; ruff,
+#                            then pytest -m "not slow and not real_vllm and not docker and
+#                            not browser" (the in-process tests). tests/conftest.py says how
+#                            the markers are set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+fast=0
+if [ "${1:-}" = "--fast" ]; then
+  fast=1
+  shift
+fi
+FAST_MARKERS="not slow and not real_vllm and not docker and not browser"
 
 # The editable install is redone only when pyproject.toml or the interpreter changed, or when
 # `thunder_mw` resolves to another checkout.
@@ -15,32 +31,34 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! python3 -c \
   mkdir -p .cache && echo "$want" >"$stamp"
 fi
 
-# The real vLLM engine is heavy (~3.4 GB, cached under .cache/). Where it cannot be set up,
-# its tests skip, unless THUNDER_MW_REQUIRE_REAL=1 (CI), which makes that a failure.
-if ! bash scripts/setup_real_engines.sh; then
-  if [ "${THUNDER_MW_REQUIRE_REAL:-0}" = "1" ]; then
-    echo "test.sh: real engine setup failed and THUNDER_MW_REQUIRE_REAL=1" >&2
-    exit 1
+if [ "$fast" -eq 0 ]; then
+  # The real vLLM engine is heavy (~3.4 GB, cached under .cache/). Where it cannot be set up,
+  # its tests skip, unless THUNDER_MW_REQUIRE_REAL=1 (CI), which makes that a failure.
+  if ! bash scripts/setup_real_engines.sh; then
+    if [ "${THUNDER_MW_REQUIRE_REAL:-0}" = "1" ]; then
+      echo "test.sh: real engine setup failed and THUNDER_MW_REQUIRE_REAL=1" >&2
+      exit 1
+    fi
+    echo "test.sh: real engine setup failed; its tests will be skipped" >&2
   fi
-  echo "test.sh: real engine setup failed; its tests will be skipped" >&2
-fi
-# The real Docker engine (installed and started as root where it is missing) for the tool
-# manager's tests; same rule: a failure is fatal only under THUNDER_MW_REQUIRE_REAL=1.
-if ! bash scripts/setup_docker.sh; then
-  if [ "${THUNDER_MW_REQUIRE_REAL:-0}" = "1" ]; then
-    echo "test.sh: Docker engine setup failed and THUNDER_MW_REQUIRE_REAL=1" >&2
-    exit 1
+  # The real Docker engine (installed and started as root where it is missing) for the tool
+  # manager's tests; same rule: a failure is fatal only under THUNDER_MW_REQUIRE_REAL=1.
+  if ! bash scripts/setup_docker.sh; then
+    if [ "${THUNDER_MW_REQUIRE_REAL:-0}" = "1" ]; then
+      echo "test.sh: Docker engine setup failed and THUNDER_MW_REQUIRE_REAL=1" >&2
+      exit 1
+    fi
+    echo "test.sh: Docker engine setup failed; the Docker tool tests will be skipped" >&2
   fi
-  echo "test.sh: Docker engine setup failed; the Docker tool tests will be skipped" >&2
-fi
 
-# Headless Chromium for the dashboard's browser test; same rule.
-if ! bash scripts/setup_chromium.sh; then
-  if [ "${THUNDER_MW_REQUIRE_REAL:-0}" = "1" ]; then
-    echo "test.sh: Chromium setup failed and THUNDER_MW_REQUIRE_REAL=1" >&2
-    exit 1
+  # Headless Chromium for the dashboard's browser test; same rule.
+  if ! bash scripts/setup_chromium.sh; then
+    if [ "${THUNDER_MW_REQUIRE_REAL:-0}" = "1" ]; then
+      echo "test.sh: Chromium setup failed and THUNDER_MW_REQUIRE_REAL=1" >&2
+      exit 1
+    fi
+    echo "test.sh: Chromium setup failed; the dashboard browser test will be skipped" >&2
   fi
-  echo "test.sh: Chromium setup failed; the dashboard browser test will be skipped" >&2
 fi
 
 python3 -m ruff check .
@@ -48,7 +66,11 @@ python3 -m ruff format --check .
 bash scripts/typecheck.sh
 
 status=0
-python3 -m pytest "$@" || status=$?
+if [ "$fast" -eq 1 ]; then
+  python3 -m pytest -m "$FAST_MARKERS" "$@" || status=$?
+else
+  python3 -m pytest "$@" || status=$?
+fi
 if [ "$status" -eq 5 ]; then
   echo "test.sh: pytest collected no tests; that is a failure, not a pass" >&2
   exit 1
@@ -58,4 +80,6 @@ if [ "$status" -ne 0 ]; then
 fi
 
 # The conformance suite, as a user runs it, against thunder-mw itself.
-python3 -m thunder_mw.cli.main conformance --self --profile full
+if [ "$fast" -eq 0 ]; then
+  python3 -m thunder_mw.cli.main conformance --self --profile full
+fi

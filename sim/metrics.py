@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -56,26 +56,41 @@ _VLLM_CACHE_INFO = {
 }
 
 
-class _VllmCollector:
+def _one_sample_families(
+    labels: list[str], values: list[str], created: float
+) -> tuple[
+    Callable[[str, str, float], GaugeMetricFamily], Callable[[str, str, float], CounterMetricFamily]
+]:
+    """Makers of a gauge and a counter family holding one sample under the engine's labels."""
+
+    def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, labels=labels)
+        g.add_metric(values, value)
+        return g
+
+    def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        c = CounterMetricFamily(name, doc, labels=labels, created=created)
+        c.add_metric(values, value)
+        return c
+
+    return gauge, counter
+
+
+class _EngineCollector:
+    """A Prometheus collector of one simulated engine's series, read at scrape time."""
+
     def __init__(self, service: SimService) -> None:
         self._service = service
 
+
+class _VllmCollector(_EngineCollector):
     def collect(self) -> Iterator[Metric]:
         svc = self._service
         eng = svc.engine
         st = eng.stats
         labels = ["model_name", "engine"]
         values = [svc.model_name, "0"]
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=labels)
-            g.add_metric(values, value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=labels, created=svc.started_at)
-            c.add_metric(values, value)
-            return c
+        gauge, counter = _one_sample_families(labels, values, svc.started_at)
 
         yield gauge(
             "vllm:num_requests_running",
@@ -148,10 +163,7 @@ class _VllmCollector:
         yield info
 
 
-class _SglangCollector:
-    def __init__(self, service: SimService) -> None:
-        self._service = service
-
+class _SglangCollector(_EngineCollector):
     def collect(self) -> Iterator[Metric]:
         svc = self._service
         eng = svc.engine
@@ -159,16 +171,7 @@ class _SglangCollector:
         snap = eng.snapshot()
         labels = ["model_name", "engine_type", "tp_rank", "pp_rank"]
         values = [svc.model_name, "unified", "0", "0"]
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=labels)
-            g.add_metric(values, value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=labels, created=svc.started_at)
-            c.add_metric(values, value)
-            return c
+        gauge, counter = _one_sample_families(labels, values, svc.started_at)
 
         queries = st.prefix_cache_queries
         yield gauge(

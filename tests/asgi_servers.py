@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
-import time
 from collections.abc import Iterator
+from typing import Any
 
-import httpx
 import uvicorn
 
+from thunder_mw.middleware.app import create_app
 from thunder_mw.middleware.types import ASGIApp
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from thunder_mw.schemas.config import ThunderConfig
+from thunder_mw.sim.ports import free_port
 
 
 class ServerThread:
@@ -42,8 +37,10 @@ class ServerThread:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.loop.run_until_complete(self.server.serve())
+        # The Runner closes the loop (and what is left on it) once the server has stopped.
+        with asyncio.Runner() as runner:
+            self.loop = runner.get_loop()
+            runner.run(self.server.serve())
 
     def start(self) -> ServerThread:
         self._thread.start()
@@ -73,14 +70,18 @@ def serving(app: ASGIApp, port: int | None = None) -> Iterator[ServerThread]:
         server.stop()
 
 
-def wait_until_healthy(url: str, timeout_s: float = 30.0) -> None:
-    """Polls `url`/health until it answers 200 (a gateway process starting up)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url} not healthy within {timeout_s} s")
+@contextlib.contextmanager
+def serving_gateway(
+    engine: ASGIApp, backend: dict[str, Any] | None = None, **config: Any
+) -> Iterator[ServerThread]:
+    """`engine` and a thunder-mw gateway in front of it, each on a loopback port.
+
+    `backend` adds to the one backend's settings (named "e"); `config` sets the rest of the
+    gateway's configuration (`server`, `policies`, ...).
+    """
+    with serving(engine) as engine_server:
+        settings = ThunderConfig(
+            backends=[{"name": "e", "url": engine_server.url, **(backend or {})}], **config
+        )
+        with serving(create_app(settings)) as gateway:
+            yield gateway

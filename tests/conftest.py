@@ -1,4 +1,23 @@
-"""Fixtures shared by the whole test suite: the one real vLLM engine of a test run."""
+"""Fixtures shared by the whole test suite, and the markers that pick its fast lane.
+
+Running the tests
+-----------------
+- `bash scripts/test.sh` is what CI runs (.ci/run): it sets up the real vLLM engine, Docker
+  and Chromium, runs ruff, then every test and the conformance suite. Use it before pushing.
+- `bash scripts/test.sh --fast` is the lane for a change in progress: no engine, Docker or
+  browser setup; ruff, then the in-process tests (`-m "not slow and not real_vllm and not
+  docker and not browser"`), in under 2 minutes on 2 cores. Extra arguments go to pytest.
+- The same selection by hand: `python3 -m pytest -m "not slow and not real_vllm and not
+  docker and not browser"`.
+
+Markers (pyproject.toml lists them)
+-----------------------------------
+- `real_vllm`, `docker`, `browser`: set here, from the fixture a test uses (`vllm_engine`;
+  `docker_client` or `sandbox`; `browser`), so a new test gets its marker without asking.
+- `slow`: set by hand (`pytestmark = pytest.mark.slow` or on the test) on a test that starts
+  `thunder-mw serve` or `sim-engine` processes, runs schemathesis, or takes over ~2 s. Measure
+  with `--durations=30` and move a slow test out of the fast lane rather than shrinking it.
+"""
 
 from __future__ import annotations
 
@@ -46,9 +65,18 @@ def engine() -> Iterator[FakeEngine]:
         yield fake
 
 
+# A test is marked by what its fixtures (direct or through other fixtures) need, whether or
+# not its author said so: `-m "not real_vllm"` always leaves the engine out, and so on.
+MARKER_BY_FIXTURE = {
+    "vllm_engine": "real_vllm",
+    "docker_client": "docker",
+    "browser": "browser",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # A test that uses the real engine is a real_vllm test whether or not its author said so,
-    # so `-m "not real_vllm"` always leaves the engine out.
     for item in items:
-        if "vllm_engine" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.real_vllm)
+        fixtures = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in MARKER_BY_FIXTURE.items():
+            if fixture in fixtures:
+                item.add_marker(marker)

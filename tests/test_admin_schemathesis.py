@@ -25,6 +25,8 @@ from schemathesis.specs.openapi.checks import (
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
 
+pytestmark = pytest.mark.slow  # schemathesis against a live gateway
+
 ADMIN_TOKEN = "fuzz-admin-token"
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 # Bounded so the whole run stays well under a minute on a loaded 2-core machine.

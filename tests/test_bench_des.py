@@ -61,6 +61,23 @@ def test_bench_writes_one_record_per_policy_with_every_metric(tmp_path):
         assert record["steps_per_min"] > 0
 
 
+SMALL_RUN = (
+    "--scenario", "chat-control", "--engines", "2", "--programs-per-engine", "3",
+    "--programs", "8", "--no-sweep", "--no-plots", "--jobs", "1",
+)  # fmt: skip
+
+
+def test_results_go_under_the_current_directory_by_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # installed, the package's own folder is site-packages
+    assert bench(*SMALL_RUN) == 0
+    assert (tmp_path / "benchmarks" / "results" / "chat-control.json").is_file()
+
+
+def test_results_dir_moves_the_default_result_file(tmp_path):
+    assert bench(*SMALL_RUN, "--results-dir", str(tmp_path / "out")) == 0
+    assert (tmp_path / "out" / "chat-control.json").is_file()
+
+
 def test_live_mode_refuses_a_multi_wave_scenario_without_a_program_count(capsys):
     assert bench("--scenario", "chat-control", "--mode", "live") == 2
     assert "--programs" in capsys.readouterr().err

@@ -11,11 +11,13 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from asgi_servers import free_port, serving, wait_until_healthy
+from asgi_servers import serving
 from fake_engine import FakeEngine
 
+from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.cli.config_loader import ConfigError, load_config
 from thunder_mw.cli.main import main
+from thunder_mw.sim.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,6 +87,7 @@ def test_invalid_yaml_is_reported(tmp_path, capsys):
     assert "not valid YAML" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a `thunder-mw serve` process
 def test_thunder_mw_config_serves_and_cli_flags_override_the_file(tmp_path):
     engine = FakeEngine()
     with serving(engine) as es:

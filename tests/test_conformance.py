@@ -7,11 +7,12 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
-from asgi_servers import free_port, serving
+from asgi_servers import serving
 from conformance_broken_servers import FORWARDS_PROGRAM_ID, MiniGateway
 
 from thunder_mw.conformance.cli import add_conformance_arguments, run_conformance
 from thunder_mw.conformance.registry import PROFILES, checks_for
+from thunder_mw.sim.ports import free_port
 
 
 def conformance(*argv: str) -> int:
@@ -20,6 +21,7 @@ def conformance(*argv: str) -> int:
     return run_conformance(parser.parse_args(list(argv)))
 
 
+@pytest.mark.slow  # `--self` starts a `thunder-mw serve` process
 def test_self_run_of_the_full_profile_passes_and_writes_both_reports(tmp_path, capsys):
     report, junit = tmp_path / "report.json", tmp_path / "junit.xml"
     rc = conformance("--self", "--profile", "full", "--report", str(report), "--junit", str(junit))
@@ -37,11 +39,13 @@ def test_self_run_of_the_full_profile_passes_and_writes_both_reports(tmp_path, c
     assert f"conformance checks: {len(data['checks'])} pass, 0 fail" in out
 
 
+@pytest.mark.slow  # `--self` starts a `thunder-mw serve` process
 @pytest.mark.parametrize("profile", [p for p in PROFILES if p != "full"])
 def test_self_run_passes_every_narrower_profile(profile, capsys):
     assert conformance("--self", "--profile", profile) == 0, capsys.readouterr().out
 
 
+@pytest.mark.slow  # `--self` starts a `thunder-mw serve` process
 def test_self_run_starts_against_the_sglang_flavoured_backend(capsys):
     rc = conformance(
         "--self", "--backend-flavor", "sglang", "--check", "accept.program_id.top_level"

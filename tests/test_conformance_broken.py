@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from asgi_servers import free_port, serving
+from asgi_servers import serving
 from conformance_broken_servers import (
     ADDS_USAGE_CHUNK,
     CORRECT,
@@ -19,6 +19,7 @@ from conformance_broken_servers import (
 )
 
 from thunder_mw.conformance.runner import SuiteResult, run_conformance_suite
+from thunder_mw.sim.ports import free_port
 
 MINI_GATEWAY_CHECKS = [
     "accept.program_id.top_level",
@@ -101,6 +102,7 @@ def test_answering_500_to_bad_input_fails_the_rejection_checks():
     assert "expected a 4xx" in detail(result, "reject.program_id.blank")
 
 
+@pytest.mark.slow  # ~3 s
 def test_a_thunderagent_like_gateway_passes_the_thunderagent_profile():
     result = run_against(THUNDERAGENT_LIKE, profile="thunderagent")
     assert failing(result) == set(), [(c.id, c.detail) for c in result.failed]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -118,6 +119,7 @@ def _assert_well_formed(status: int, body: bytes) -> None:
         assert error["message"]
 
 
+@pytest.mark.slow  # ~3 s: 400 examples
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=bodies, hdrs=headers, mode=st.sampled_from(["ephemeral", "passthrough", "reject"]))
 def test_arbitrary_json_and_headers_never_cause_a_server_error(body, hdrs, mode):

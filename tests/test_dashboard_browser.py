@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from asgi_servers import serving
+from asgi_servers import serving, serving_gateway
 from fake_engine import FakeEngine
 
 from thunder_mw.benchmarks.dashboard_demo import chromium, find_chromium
@@ -152,13 +152,8 @@ def test_a_screenshot_of_the_loaded_dashboard_is_kept(browser, loaded_gateway):
 # ------------------------------------------------------------------ with an admin token
 @pytest.fixture
 def guarded():
-    engine = FakeEngine()
-    with serving(engine) as es:
-        config = ThunderConfig(
-            backends=[{"name": "e0", "url": es.url}], server={"admin_token": "s3cret"}
-        )
-        with serving(create_app(config)) as gw:
-            yield gw
+    with serving_gateway(FakeEngine(), {"name": "e0"}, server={"admin_token": "s3cret"}) as gw:
+        yield gw
 
 
 def test_with_a_token_the_page_takes_it_once_and_polls_with_a_header(browser, guarded):

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from asgi_servers import ServerThread, free_port, serving
+from asgi_servers import ServerThread, serving
 from fake_engine import FakeEngine
 from held_requests import BIG, start_hog, wait_for
 
@@ -26,6 +26,7 @@ from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import ProgramState, Usage
 from thunder_mw.schemas.agent_context import AgentContext, Convention
 from thunder_mw.schemas.config import BackendSettings, ServerSettings, ThunderConfig
+from thunder_mw.sim.ports import free_port
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 # No growth buffer: a program idle between calls then reserves exactly its context, so "the
@@ -152,6 +153,7 @@ def test_an_engine_silent_past_the_first_byte_timeout_gets_a_504_and_frees_the_r
     assert accounting["reserved"] == 0 and accounting["pending_release"] == 0
 
 
+@pytest.mark.slow  # ~3 s
 def test_a_stream_slower_overall_than_the_first_byte_timeout_is_not_cut(engine) -> None:
     engine.chunks, engine.chunk_delay_s = 8, 0.25  # first event after 0.25 s, the last after 2 s
     with gateway([{"name": "e", "url": engine.url}], server={"first_byte_timeout_s": 1.0}) as gw:
@@ -210,6 +212,7 @@ def test_an_engine_refusing_connections_is_left_by_its_programs_and_new_ones() -
     assert final["reserved"] == 0 and final["programs"] == 0
 
 
+@pytest.mark.slow  # ~3 s
 def test_a_program_held_while_its_engine_goes_away_runs_on_the_other_engine() -> None:
     slow = {"chunks": 30, "chunk_delay_s": 0.1}  # each hog streams for about 3 s
     a, b = FakeEngine(**slow), FakeEngine(**slow)

@@ -6,12 +6,13 @@ import json
 import time
 
 import httpx
-from asgi_servers import free_port, serving
+from asgi_servers import serving
 from fake_engine import FakeEngine
 from prometheus_client.parser import text_string_to_metric_families
 
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
+from thunder_mw.sim.ports import free_port
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "héllo 😀"}], "temperature": 0.25}
 

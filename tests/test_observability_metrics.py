@@ -8,7 +8,7 @@ import time
 
 import httpx
 import pytest
-from asgi_servers import serving
+from asgi_servers import serving, serving_gateway
 from fake_engine import FakeEngine
 from held_requests import SMALL, start_hog
 from prometheus_client import generate_latest
@@ -143,15 +143,11 @@ def test_no_series_is_labelled_per_program(gw):
 def tight():
     """One engine whose KV holds 1,000 tokens; a slow first program fills it."""
     engine = FakeEngine(chunks=20, chunk_delay_s=0.1)
-    with serving(engine) as es:
-        config = ThunderConfig(
-            backends=[{"name": "e", "url": es.url, "capacity_tokens": 1000}],
-            policies=TIGHT_POLICIES,
-        )
-        with serving(create_app(config)) as gw:
-            yield gw
+    with serving_gateway(engine, {"capacity_tokens": 1000}, policies=TIGHT_POLICIES) as gw:
+        yield gw
 
 
+@pytest.mark.slow  # ~2 s: holds behind a 2 s stream
 def test_a_held_request_is_counted_in_the_queue_histogram_and_as_a_pause(tight):
     # Both run a small call and go ACTING; then `grows` asks for nearly the whole engine,
     # so `small` (ACTING: its GPU idle) is paused and its next request waits for the room.

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from asgi_servers import free_port, serving
+from asgi_servers import serving
 from real_vllm import MODEL_DIR, RealVllm, missing_prerequisites, start_vllm
 
 from thunder_mw.cli import main as cli
 from thunder_mw.cli.config_loader import load_config
 from thunder_mw.cli.plan import add_plan_arguments, run_plan
 from thunder_mw.schemas.config import SimEngineSettings
+from thunder_mw.sim.ports import free_port
 from thunder_mw.sim.server import create_sim_app
 
 WORKED_EXAMPLE = (

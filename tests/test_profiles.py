@@ -6,7 +6,7 @@ import time
 
 import httpx
 import pytest
-from asgi_servers import serving
+from asgi_servers import serving, serving_gateway
 from fake_engine import FakeEngine
 
 from thunder_mw.benchmarks.workloads import load_trace
@@ -93,14 +93,9 @@ def test_an_unknown_profile_is_a_404_naming_the_program(gw):
 
 
 def test_profiles_are_behind_the_admin_token():
-    engine = FakeEngine()
-    with serving(engine) as es:
-        config = ThunderConfig(
-            backends=[{"name": "e0", "url": es.url}], server={"admin_token": "s3cret"}
-        )
-        with serving(create_app(config)) as gw:
-            denied = httpx.get(f"{gw.url}/profiles")
-            allowed = httpx.get(f"{gw.url}/profiles", headers={"Authorization": "Bearer s3cret"})
+    with serving_gateway(FakeEngine(), server={"admin_token": "s3cret"}) as gw:
+        denied = httpx.get(f"{gw.url}/profiles")
+        allowed = httpx.get(f"{gw.url}/profiles", headers={"Authorization": "Bearer s3cret"})
     assert denied.status_code == 401 and allowed.status_code == 200
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from thunder_mw.benchmarks import proxy_overhead
 
+pytestmark = pytest.mark.slow  # starts the benchmark's engine, proxy and gateway processes
+
 ROW_KEYS = {
     "target",
     "stream",

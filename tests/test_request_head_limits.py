@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import uvicorn
-from asgi_servers import free_port, serving
+from asgi_servers import serving
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
@@ -25,6 +25,7 @@ from uvicorn.server import ServerState
 from thunder_mw.cli.bounded_head import bounded_httptools
 from thunder_mw.middleware.app import ThunderMiddleware, create_app
 from thunder_mw.schemas.config import ThunderConfig
+from thunder_mw.sim.ports import free_port
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -6,6 +6,7 @@ import asyncio
 import random
 
 import httpx
+import pytest
 from asgi_servers import serving
 
 from thunder_mw.middleware.app import create_app
@@ -61,6 +62,7 @@ async def drive(url: str) -> list[list[int]]:
         )
 
 
+@pytest.mark.slow  # ~5 s
 def test_more_programs_than_fit_are_paused_resumed_migrated_and_all_complete():
     config = ThunderConfig(
         backends=[sim_backend("sim-0", 0), sim_backend("sim-1", 1)],

@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from asgi_servers import serving
+from asgi_servers import serving, serving_gateway
 from fake_engine import FakeEngine
 from held_requests import BIG, SMALL, start_hog, wait_for
 
@@ -19,20 +19,17 @@ from thunder_mw.schemas.config import ThunderConfig
 def tight():
     """One engine whose KV holds 1,000 tokens; a slow first program fills it."""
     engine = FakeEngine(chunks=30, chunk_delay_s=0.1)
-    with serving(engine) as es:
-        config = ThunderConfig(
-            backends=[{"name": "e", "url": es.url, "capacity_tokens": 1000}],
-            policies=[
-                {"admission": {"buffer_tokens_per_program": 0}},
-                {"state_aware_pause": {}},
-                {"migration": {}},
-                {"gc_hooks": {}},
-            ],
-        )
-        with serving(create_app(config)) as gw:
-            yield gw
+    policies = [
+        {"admission": {"buffer_tokens_per_program": 0}},
+        {"state_aware_pause": {}},
+        {"migration": {}},
+        {"gc_hooks": {}},
+    ]
+    with serving_gateway(engine, {"capacity_tokens": 1000}, policies=policies) as gw:
+        yield gw
 
 
+@pytest.mark.slow  # ~3 s: holds behind a 3 s stream
 def test_a_request_that_does_not_fit_waits_and_then_runs(tight):
     hog = start_hog(tight.url)
     started = time.monotonic()
@@ -45,6 +42,7 @@ def test_a_request_that_does_not_fit_waits_and_then_runs(tight):
     assert waited > 1.0  # it waited for the hog's call to end; the client saw only latency
 
 
+@pytest.mark.slow  # ~3 s: holds behind a 3 s stream
 def test_releasing_a_program_while_its_request_is_held_answers_409(tight):
     hog = start_hog(tight.url)
     answer: dict = {}
@@ -66,6 +64,7 @@ def test_releasing_a_program_while_its_request_is_held_answers_409(tight):
     assert r.status_code == 409 and r.json()["error"]["code"] == "program_released"
 
 
+@pytest.mark.slow  # ~3 s: holds behind a 3 s stream
 def test_a_client_that_gives_up_while_held_leaves_the_queue(tight):
     hog = start_hog(tight.url)
 
@@ -103,6 +102,7 @@ def test_programs_view_shows_scheduling_state(tight):
     assert view["state"] == "active" and view["phase"] == "acting" and view["backend"] == "e"
 
 
+@pytest.mark.slow  # ~3 s: holds behind a 3 s stream
 def test_past_the_held_request_limit_new_requests_get_429_with_retry_after():
     engine = FakeEngine(chunks=30, chunk_delay_s=0.1)
     with serving(engine) as es:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from asgi_servers import free_port
 
 from thunder_mw.cli.config_loader import load_config
 from thunder_mw.observability.redaction import SecretRedactor, config_secrets
+from thunder_mw.sim.ports import free_port
 
 CLIENT_KEY = "sk-client-7f3a9c1e"
 ENGINE_KEY = "engine-key-b84d02aa"
@@ -67,6 +67,7 @@ def wait_until_up(url: str, process: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("gateway did not start within 60 s")
 
 
+@pytest.mark.slow  # `thunder-mw` processes
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_debug_logs_with_access_log_hold_no_secret(engine, tmp_path, log_format):
     port = free_port()
@@ -92,6 +93,7 @@ def test_debug_logs_with_access_log_hold_no_secret(engine, tmp_path, log_format)
             assert secret not in body, name
 
 
+@pytest.mark.slow  # `thunder-mw` processes
 def test_check_config_prints_secrets_masked(engine, tmp_path):
     config = write_config(tmp_path, engine.url, free_port(), "text")
     result = subprocess.run(

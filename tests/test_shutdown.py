@@ -10,9 +10,15 @@ import threading
 import time
 
 import httpx
-from asgi_servers import free_port, serving, wait_until_healthy
+import pytest
+from asgi_servers import serving
 from fake_engine import FakeEngine
 from held_requests import BIG
+
+from thunder_mw.benchmarks.server_process import wait_until_healthy
+from thunder_mw.sim.ports import free_port
+
+pytestmark = pytest.mark.slow  # a `thunder-mw serve` process, signalled
 
 
 def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path):

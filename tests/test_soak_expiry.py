@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from asgi_servers import free_port, serving
+from asgi_servers import serving
 from fake_engine import FakeEngine
 
 from thunder_mw.middleware.app import ThunderGateway
@@ -26,6 +26,7 @@ from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import DockerToolSettings, ThunderConfig
+from thunder_mw.sim.ports import free_port
 from thunder_mw.tools.docker_tools import DockerTools
 
 TTL_S = 60.0

@@ -13,9 +13,10 @@ from contextlib import contextmanager
 
 import httpx
 import yaml
-from asgi_servers import free_port
 from docker_fixtures import IMAGE, TEST_LABEL, exists
 from test_tools_docker import step, wait_for
+
+from thunder_mw.sim.ports import free_port
 
 
 @contextmanager

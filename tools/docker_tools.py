@@ -359,11 +359,6 @@ class DockerTools:
             log.info("Docker engine answers again")
         self.engine_up = True
 
-    async def refresh_disk(self) -> int:
-        """Reads the managed containers' disk use now (benchmarks, tests); returns bytes."""
-        await self._read_disk()
-        return self.disk_bytes
-
     def _engine_failed(self, exc: BaseException) -> None:
         self.engine_up = False
         self.last_error = f"{type(exc).__name__}: {exc}"

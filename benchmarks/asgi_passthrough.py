@@ -63,9 +63,9 @@ class _Upstream:
         str_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
         async with self._aiohttp.request(
             method, self.upstream + path, data=body, headers=str_headers
-        ) as response:
-            kept = [(k.lower(), v) for k, v in response.raw_headers if k.lower() not in _DROP]
-            await _relay(send, response.status, kept, response.content.iter_any())
+        ) as upstream:
+            kept = [(k.lower(), v) for k, v in upstream.raw_headers if k.lower() not in _DROP]
+            await _relay(send, upstream.status, kept, upstream.content.iter_any())
 
 
 async def _relay(

@@ -219,7 +219,9 @@ def run_live_scenario(
         profile=scenario.profile,
         seed=seed,
     )
-    results, spread, agreement = [], {}, []
+    results: list[dict[str, Any]] = []
+    spread: dict[str, Any] = {}
+    agreement: list[Any] = []
     for policy in policies:
         runs = [
             run_live(

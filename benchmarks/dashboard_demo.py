@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -106,7 +107,7 @@ async def agent(
     messages = [{"role": "system", "content": system}]
     for k in range(calls):
         messages.append({"role": "user", "content": _text(rng, rng.randint(*growth_tokens))})
-        body = {
+        body: dict[str, Any] = {
             "model": "sim-model",
             "messages": messages,
             "max_tokens": rng.randint(*output_tokens),

@@ -22,14 +22,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from real_vllm import start_vllm  # noqa: E402
-
-from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result  # noqa: E402
-from thunder_mw.sim.cost_model import StepCost  # noqa: E402
-from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
+from thunder_mw.benchmarks.vllm_cpu import start_vllm
+from thunder_mw.sim.cost_model import StepCost
+from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams
 
 # (concurrent requests, prompt tokens, output tokens)
 SCENARIOS = [

@@ -168,7 +168,7 @@ class Replayer:
         prompt: str | list[int],
         output_tokens: int,
     ) -> tuple[CallRecord, Any]:
-        body = {
+        body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt,
             "max_tokens": output_tokens,

@@ -81,7 +81,9 @@ def _within(policy: str, baseline: str, metric: str, tolerance: float) -> Callab
     return check
 
 
-def _metric(policy: str, metric: str, at_most: float | None = None, at_least: float | None = None):
+def _metric(
+    policy: str, metric: str, at_most: float | None = None, at_least: float | None = None
+) -> Callable[[dict[str, dict[str, Any]]], tuple[float | None, bool]]:
     def check(results: dict[str, dict[str, Any]]) -> tuple[float | None, bool]:
         value = results.get(policy, {}).get(metric)
         if value is None:

@@ -109,7 +109,8 @@ async def run_script(url: str, model: str, script: Script, metrics: Any, reset: 
             }
             r = await client.post("/v1/completions", json=body)
             r.raise_for_status()
-            return r.json()["usage"]
+            usage: dict[str, Any] = r.json()["usage"]
+            return usage
 
         for i, turn in enumerate(script.sequential):
             usage = await send(i, turn)

@@ -135,7 +135,8 @@ class Load:
             self.started += 1
             task = asyncio.create_task(self._program(session, i))
             tasks.add(task)
-            task.add_done_callback(lambda t: (tasks.discard(t), slots.release()))
+            task.add_done_callback(tasks.discard)
+            task.add_done_callback(lambda _: slots.release())
         await asyncio.gather(*tasks)
 
     async def _program(self, session: aiohttp.ClientSession, i: int) -> None:

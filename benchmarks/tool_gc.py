@@ -67,7 +67,9 @@ async def one_program(
     return {"warm": box["warm"], "handout_s": t1 - t0, "released": released["released"]}
 
 
-async def drive(url: str, client: docker.DockerClient, n: int, concurrency: int, run: str):
+async def drive(
+    url: str, client: docker.DockerClient, n: int, concurrency: int, run: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     limit = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=120) as http:
 

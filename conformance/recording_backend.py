@@ -230,7 +230,7 @@ class RecordingBackend:
             choice["finish_reason"] = "stop" if i == last else None
             events.append({**base, "choices": [choice]})
         if usage is not None:
-            events.append({**base, "choices": [], "usage": usage})
+            events.append({**base, "choices": [], "usage": usage})  # type: ignore[dict-item]
         return [json.dumps(e, ensure_ascii=False, separators=(",", ":")).encode() for e in events]
 
     async def _responses(

@@ -72,7 +72,7 @@ def prepared(body: dict[str, Any], model: str, max_tokens: int) -> dict[str, Any
 async def engine_model(client: httpx.AsyncClient, engine_url: str) -> str:
     response = await client.get(engine_url.rstrip("/") + "/v1/models")
     response.raise_for_status()
-    return response.json()["data"][0]["id"]
+    return str(response.json()["data"][0]["id"])
 
 
 async def replay(

@@ -120,7 +120,7 @@ class Session:
             events = parse_sse(raw)
         return Reply(response.status_code, response.headers, raw, events)
 
-    async def post_ok(self, body: dict[str, Any], **kwargs: Any) -> Reply:
+    async def post_ok(self, body: dict[str, Any] | bytes, **kwargs: Any) -> Reply:
         """POST that must succeed (2xx); anything else fails the check with the answer."""
         reply = await self.post(body, **kwargs)
         if not 200 <= reply.status < 300:
@@ -186,7 +186,7 @@ class Session:
 
 def tag_of(body: dict[str, Any]) -> str:
     text = body["messages"][0]["content"] if "messages" in body else body.get("prompt", "")
-    return text[: text.index("]") + 1]
+    return str(text[: text.index("]") + 1])
 
 
 def parse_sse(raw: bytes) -> list[bytes]:

@@ -213,7 +213,7 @@ class Forwarder:
                 response = await backend.engine.send("POST", target, headers, payload)
                 break
             except UpstreamError as exc:
-                self.pool.record_failure(backend, str(exc))
+                self.pool.record_failure(backend, str(exc), refused=exc.before_any_byte)
                 reroute = state.get("thunder_reroute") if exc.before_any_byte else None
                 alternative = reroute(backend.label) if reroute and attempt == 0 else None
                 if alternative is None:
@@ -232,6 +232,8 @@ class Forwarder:
             if response.content_type == "text/event-stream":
                 await self._relay_events(send, state, backend, response, hide_usage)
             else:
+                # A JSON answer's headers come only once the engine is done: it answered.
+                self.pool.record_answer(backend)
                 await self._relay_whole(send, state, response)
         finally:
             response.close()
@@ -293,6 +295,7 @@ class Forwarder:
             state["thunder_outcome"] = "upstream_failed"
             await _send_upstream_error(send, backend, exc)
             return
+        self.pool.record_answer(backend)
         await send(
             {
                 "type": "http.response.start",
@@ -398,11 +401,12 @@ class Forwarder:
                 scope["method"], target, self._request_headers(scope, backend, len(raw)), raw
             )
         except UpstreamError as exc:
-            self.pool.record_failure(backend, str(exc))
+            self.pool.record_failure(backend, str(exc), refused=exc.before_any_byte)
             await send_error(
                 send, 502, f"backend {backend.label} failed: {exc}", None, "upstream_error"
             )
             return
+        self.pool.record_answer(backend)
         try:
             await self._relay_whole(send, {}, response)
         finally:

@@ -172,6 +172,8 @@ def serve(args: argparse.Namespace) -> int:
         **({"log_config": None} if config.observability.log_format == "json" else {}),
         proxy_headers=False,
         server_header=False,
+        # Idle client connections outlive the clients' own pools, so clients close them first.
+        timeout_keep_alive=config.server.keep_alive_s,
         timeout_graceful_shutdown=30,
     )
     # uvicorn.Config has just installed its loggers' handlers: every handler gets the filter.

@@ -10,6 +10,12 @@ conformance suite.
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,11 +23,17 @@ from typing import Any
 
 import httpx
 import pytest
-from asgi_servers import ServerThread, serving
+from asgi_servers import ServerThread, free_port, serving, wait_until_healthy
 from closing_engine import ClosingEngine
 from prometheus_client.parser import text_string_to_metric_families
+from thunder_mw.benchmarks.http_load import closed_loop
+from thunder_mw.benchmarks.replay import Replayer
+from thunder_mw.benchmarks.replay_cli import run_replay
+from thunder_mw.benchmarks.workloads import Call, ProgramSpec, generate
+from thunder_mw.conformance.session import Session
 from thunder_mw.middleware.app import ThunderGateway, create_app
 from thunder_mw.middleware.backends import BackendPool
+from thunder_mw.middleware.cli import build_parser
 from thunder_mw.middleware.pooled_connections import keep_alive_timeout
 from thunder_mw.schemas.config import BackendSettings, ServerSettings, ThunderConfig
 
@@ -245,3 +257,125 @@ async def test_a_refused_connection_marks_the_engine_down_at_once() -> None:
         finally:
             await pool.stop()
     assert down and seen == [False]  # the scheduler was told at once
+
+
+# ------------------------------------------------------------------ client side
+def test_thunder_mw_serve_keeps_idle_client_connections_for_server_keep_alive_s(tmp_path):
+    """The gateway closes an idle client connection after `server.keep_alive_s`, not uvicorn's
+    5 s; by default later than httpx's (the OpenAI client's) and aiohttp's pools keep theirs."""
+    assert ServerSettings().keep_alive_s > max(httpx.Limits().keepalive_expiry or 0, 15.0)
+    with ClosingEngine() as engine:
+        port = free_port()
+        config = tmp_path / "c.yaml"
+        config.write_text(
+            f"server:\n  port: {port}\n  log_level: warning\n  keep_alive_s: 1.5\n"
+            f"backends:\n  - name: e\n    url: {engine.url}\n"
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "thunder_mw.middleware.cli", "serve", "--config", str(config)]
+        )
+        try:
+            wait_until_healthy(f"http://127.0.0.1:{port}")
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                assert _get_health(sock).startswith(b"HTTP/1.1 200")
+                time.sleep(0.5)  # idle, but well within keep_alive_s
+                assert _get_health(sock).startswith(b"HTTP/1.1 200")
+                time.sleep(2.5)  # idle past keep_alive_s: the gateway closes it
+                closed = sock.recv(1) == b""
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
+    assert closed
+
+
+def _get_health(sock: socket.socket) -> bytes:
+    sock.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(65536)
+    top, _, body = head.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in top.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return top
+
+
+def _programs(n: int, calls: int) -> list[ProgramSpec]:
+    steps = tuple(Call(growth_tokens=8, output_tokens=2, tool_s=0.01) for _ in range(calls))
+    return [ProgramSpec(f"p{i}", "chat", 8, steps) for i in range(n)]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_the_replay_client_resends_requests_lost_on_a_connection_the_server_closed(stream):
+    # The stand-in plays a server that closes every pooled connection under the next request,
+    # the release at the end of each program included.
+    with ClosingEngine(close_reused=True) as server:
+        replayer = Replayer(server.url, stream=stream)
+        result = asyncio.run(replayer.run(_programs(3, calls=3)))
+    statuses = [c.status for p in result.programs for c in p.calls]
+    assert statuses == [200] * 9
+    assert not any(p.failed or p.release_error for p in result.programs)
+    assert server.dropped and result.stale_retries == len(server.dropped)
+    assert server.answered.count("POST /programs/release") == 3
+
+
+def test_replay_writes_partial_results_and_reports_a_release_that_fails(tmp_path):
+    # Every release is dropped, fresh connection or not: the run's results must survive it.
+    with ClosingEngine(drop_paths=("/programs/release",)) as server:
+        output = tmp_path / "replay.json"
+        err = io.StringIO()
+        args = [
+            "replay", "--url", server.url, "--workload", "chat", "--programs", "2",
+            "--time-scale", "1000", "--no-progress", "--output", str(output),
+        ]  # fmt: skip
+        code = run_replay(build_parser().parse_args(args), err)
+    report = json.loads(output.read_text())
+    assert code == 1
+    assert report["result"]["programs_completed"] == 2 and report["result"]["steps"] > 0
+    assert sorted(report["release_errors"]) == [p.program_id for p in generate("chat", 2)]
+    assert "release of" in err.getvalue()
+
+
+def test_the_conformance_client_resends_a_request_lost_on_a_connection_the_server_closed():
+    async def run(url: str) -> list[int]:
+        async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
+            session = Session(url, backend=None, client=client)  # type: ignore[arg-type]
+            session.check_id = "stale"
+            return [(await session.post(session.chat("hi"))).status for _ in range(3)]
+
+    with ClosingEngine(close_reused=True) as server:
+        statuses = asyncio.run(run(server.url))
+    assert statuses == [200, 200, 200]
+    assert len(server.dropped) >= 1  # the race happened, and cost nothing
+
+
+def test_the_conformance_client_does_not_resend_a_request_lost_on_a_fresh_connection():
+    async def run(url: str) -> None:
+        async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
+            session = Session(url, backend=None, client=client)  # type: ignore[arg-type]
+            session.check_id = "fresh"
+            await session.post(session.chat("hi"))
+
+    with ClosingEngine(drop_fresh=1) as server:
+        with pytest.raises(httpx.RemoteProtocolError):
+            asyncio.run(run(server.url))
+    assert len(server.dropped) == 1 and server.answered == []
+
+
+def test_the_load_generator_reconnects_when_the_server_closed_its_connection():
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: 2\r\n\r\n{}"
+    )
+    with ClosingEngine(close_reused=True) as server:
+        result = asyncio.run(
+            closed_loop(
+                "127.0.0.1", server.port, [request] * 2, stream=False, warmup_s=0.05, duration_s=0.3
+            )
+        )
+    assert result.errors == 0 and result.first_error is None
+    assert result.requests > 0 and len(server.dropped) > 0

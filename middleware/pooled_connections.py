@@ -7,8 +7,9 @@ status line comes back (`ServerDisconnectedError`, `ClientOSError: Can not write
 body`). Keeping connections a little shorter than the server does avoids nearly all of those;
 the rest are requests that went out on a REUSED connection and got no answer, which the
 server never processed (it closes only idle connections), so one resend on a fresh
-connection is safe. A request that failed on a connection opened for it is not resent: there
-the server may have seen it.
+connection is safe. (A server that died under the request refuses the fresh connection, and
+the caller handles that as any refused connection.) A request that failed on a connection
+opened for it is not resent: there the server may have seen it.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ class ClosingEngine:
         drop_paths: tuple[str, ...] = (),
         keep_alive_header: str | None = None,
         health_delay_s: float = 0.0,
+        die_on_stale: bool = False,
     ) -> None:
         self.close_reused = close_reused
         self.idle_limit_s = idle_limit_s
@@ -43,6 +44,9 @@ class ClosingEngine:
         self.drop_paths = drop_paths  # POSTs to these paths never get an answer
         self.keep_alive_header = keep_alive_header
         self.health_delay_s = health_delay_s
+        self.die_on_stale = (
+            die_on_stale  # a stale request finds the engine dying: it stops listening
+        )
         self.connections = 0  # connections accepted
         self.answered: list[str] = []  # "METHOD /path" of every request answered
         self.dropped: list[str] = []  # requests received and closed on without an answer
@@ -120,6 +124,8 @@ class ClosingEngine:
                 )
                 if drop:
                     self.dropped.append(f"{method} {path}")
+                    if stale and self.die_on_stale and self._server is not None:
+                        self._server.close()  # new connections are refused from now on
                     writer.close()
                     return
                 if path == "/health" and self.health_delay_s:

@@ -162,6 +162,36 @@ def test_a_call_lost_on_a_fresh_connection_is_not_resent() -> None:
     assert retries == 0
 
 
+def test_a_call_whose_engine_died_under_it_on_a_pooled_connection_goes_to_another() -> None:
+    # The pooled connection closes under the call because the engine is dying, not idling:
+    # the fresh connection is refused, and the call goes elsewhere as a refused one does.
+    with (
+        ClosingEngine(close_reused=True, die_on_stale=True) as a,
+        ClosingEngine(close_reused=True, die_on_stale=True) as b,
+    ):
+        config = ThunderConfig(
+            backends=[
+                {"name": "a", "url": a.url, "keep_alive_s": LONG_KEEP_ALIVE_S},
+                {"name": "b", "url": b.url, "keep_alive_s": LONG_KEEP_ALIVE_S},
+            ],
+            server={"probe_interval_s": 3600},
+        )
+        with serving(create_app(config)) as served, httpx.Client(timeout=10) as client:
+            calls = [
+                client.post(f"{served.url}/v1/chat/completions", json={**CHAT, "program_id": "p"})
+                for _ in range(2)
+            ]
+            health = {
+                bk["name"]: bk["healthy"]
+                for bk in client.get(f"{served.url}/health").json()["backends"]
+            }
+    assert [c.status_code for c in calls] == [200, 200]
+    dead, alive = (a, b) if a.dropped else (b, a)
+    assert chat_posts(dead.dropped) == 1 and chat_posts(dead.answered) == 1
+    assert chat_posts(alive.answered) == 1
+    assert health == {"a": alive is a, "b": alive is b}
+
+
 # ------------------------------------------------------------------ health from evidence
 def test_one_failed_call_makes_the_engine_suspect_not_down() -> None:
     # /health answers slowly, so the probe the failure triggers is still on its way while

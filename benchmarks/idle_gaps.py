@@ -77,6 +77,10 @@ def log_uniform(rng: random.Random, low: float, high: float) -> float:
     return math.exp(rng.uniform(math.log(low), math.log(high)))
 
 
+def _uniform(rng: random.Random, low: float, high: float) -> float:
+    return rng.uniform(low, high)
+
+
 def _cause(exc: BaseException) -> str:
     inner = exc.__cause__ or exc.__context__
     name = type(exc).__name__
@@ -152,7 +156,8 @@ async def _program(
     program_id = f"idle-{part.name}-{index:04d}"
     uses_openai = index % args.openai_every == 0
     client_name = "openai" if uses_openai else "aiohttp"
-    gaps = [log_uniform(rng, args.min_gap_s, args.max_gap_s) for _ in range(part.calls_per_program)]
+    draw = log_uniform if args.gap_distribution == "log-uniform" else _uniform
+    gaps = [draw(rng, args.min_gap_s, args.max_gap_s) for _ in range(part.calls_per_program)]
     part.gaps.extend(gaps[1:])
     # Programs start spread over the first gap, not all at once.
     await asyncio.sleep(rng.uniform(0, args.min_gap_s) + rng.uniform(0, 5.0))
@@ -283,6 +288,16 @@ def run_part(part: Part, backends: list[dict[str, Any]], args: argparse.Namespac
 
 def run_sim(args: argparse.Namespace) -> dict:
     part = Part("sim", args.sim_programs, args.sim_calls, max_tokens=4, model=SIM_MODEL)
+    if args.sim_embedded:
+        # `type: sim`: the engines' uvicorn servers run on the gateway's own event loop.
+        sim = {"time_scale": 1000.0, "num_blocks": 4096, "model_name": SIM_MODEL}
+        backends = [
+            {"name": f"sim-{i}", "type": "sim", "sim": {**sim, "seed": i}}
+            for i in range(args.sim_engines)
+        ]
+        result = run_part(part, backends, args)
+        result["engines"] = f"{args.sim_engines} x type: sim (embedded uvicorn, 5 s keep-alive)"
+        return result
     with sim_engines(args.sim_engines) as engines:
         backends = [{"name": f"sim-{i}", "url": url} for i, (url, _) in enumerate(engines)]
         result = run_part(part, backends, args)
@@ -307,10 +322,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sim-programs", type=int, default=400)
     p.add_argument("--sim-calls", type=int, default=25, help="calls per program (sim)")
     p.add_argument("--sim-engines", type=int, default=2)
+    p.add_argument(
+        "--sim-embedded",
+        action="store_true",
+        help="`type: sim` engines inside the gateway process instead of sim-engine processes",
+    )
     p.add_argument("--vllm-programs", type=int, default=50)
     p.add_argument("--vllm-calls", type=int, default=20, help="calls per program (vLLM)")
     p.add_argument("--min-gap-s", type=float, default=0.1)
     p.add_argument("--max-gap-s", type=float, default=30.0)
+    p.add_argument(
+        "--gap-distribution",
+        choices=("log-uniform", "uniform"),
+        default="log-uniform",
+        help="uniform with --min-gap-s 4.95 --max-gap-s 5.05: every gap at uvicorn's timeout",
+    )
     p.add_argument("--openai-every", type=int, default=4, help="every Nth program: OpenAI client")
     p.add_argument("--call-timeout-s", type=float, default=120.0)
     p.add_argument("--seed", type=int, default=0)

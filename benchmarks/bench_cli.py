@@ -3,6 +3,7 @@
     thunder-mw bench --scenario swe-agent-knee [--mode des|live] [--policies a,b]
                      [--output PATH] [--results-dir DIR] [--seed N]
     thunder-mw bench --scenario vllm-cpu-real [--repeats N] [--engine-url URL]
+    thunder-mw bench --scenario idle-gaps [--output PATH]   (python -m ...idle_gaps for options)
 
 A scenario on the real vLLM CPU engine (vllm-cpu-real) ignores --mode: it is always real.
 
@@ -28,6 +29,7 @@ from thunder_mw.benchmarks.workloads import PRESETS as WORKLOADS
 from thunder_mw.benchmarks.workloads import ProgramSpec, generate, load_trace
 
 PROXY_OVERHEAD = "proxy-overhead"
+IDLE_GAPS = "idle-gaps"
 
 
 class _Without:
@@ -48,7 +50,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scenario",
         required=True,
-        choices=[*SCENARIOS, PROXY_OVERHEAD],
+        choices=[*SCENARIOS, PROXY_OVERHEAD, IDLE_GAPS],
         help="Which scenario to run.",
     )
     parser.add_argument(
@@ -105,6 +107,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run the scenario `args` names; the exit status."""
+    if args.scenario == IDLE_GAPS:
+        from thunder_mw.benchmarks import idle_gaps
+
+        output = ["--output", str(args.output)] if args.output else []
+        return idle_gaps.main(["--seed", str(args.seed), *output])
     if args.scenario == PROXY_OVERHEAD:
         from thunder_mw.benchmarks import proxy_overhead
 

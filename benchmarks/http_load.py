@@ -2,7 +2,9 @@
 
 Each worker owns one keep-alive connection (a raw asyncio Protocol, no client library) and
 sends pre-encoded requests back to back; latency runs from the write of the request to
-the last byte of the response (for a stream: the terminating chunk).
+the last byte of the response (for a stream: the terminating chunk). A request that meets a
+keep-alive connection the server closed before any byte of its answer is sent once more on
+a new connection (the server saw nothing of it).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class _Connection(asyncio.Protocol):
         self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
         self._waiter: asyncio.Future[Response] | None = None
+        self.answered = 0  # responses completed on this connection
         self._reset()
 
     def _reset(self) -> None:
@@ -78,7 +81,14 @@ class _Connection(asyncio.Protocol):
         self._buf += data
         response = self._parse()
         if response is not None and self._waiter is not None and not self._waiter.done():
+            self.answered += 1
             self._waiter.set_result(response)
+
+    @property
+    def stale(self) -> bool:
+        """Closed after answering before, with nothing of the next answer read: the server
+        closed it as idle, so a request it failed was never seen."""
+        return self._transport is None and self.answered > 0 and not self._buf
 
     def _parse(self) -> Response | None:
         buf = self._buf
@@ -176,7 +186,14 @@ async def closed_loop(
         while not stop.is_set():
             t0 = clock()
             try:
-                response = await conn.request(data)
+                try:
+                    response = await conn.request(data)
+                except ConnectionError:
+                    if not conn.stale:
+                        raise
+                    conn = await connect(host, port)
+                    conns.append(conn)
+                    response = await conn.request(data)
             except ConnectionError as exc:
                 result.errors += 1
                 result.first_error = result.first_error or str(exc)

@@ -7,6 +7,9 @@ time to first token and the engine's token counts are measured per call. A progr
 prompt is its previous prompt + the answer + what its tool returned (`growth_ids`), exactly
 as benchmarks/des.py builds it, so a live run and a simulated run see the same reuse.
 Times are scaled: with `time_scale` 10, a 5 s tool call sleeps 0.5 s of wall time.
+Pooled connections are retired after 4 s idle (servers on uvicorn close them at 5 s), and a
+request lost on a pooled connection the server closed anyway is sent once more on a fresh
+one; a failed release is recorded, not raised, so a run's results survive its last request.
 With `vocab_size` set (a real engine), prompts go as token-id lists and answers come back as
 token ids (`return_token_ids`), so the engine sees exactly the ids the workload names and a
 program's next prompt extends its last one token for token, whatever the model's tokenizer.
@@ -24,6 +27,14 @@ from typing import Any
 import aiohttp
 
 from thunder_mw.benchmarks.workloads import ProgramSpec, growth_ids, system_ids
+from thunder_mw.engines.pooled_connections import (
+    KeepAliveConnector,
+    forget_reuse,
+    lost_on_a_reused_connection,
+)
+
+# Below the 5 s after which uvicorn (vLLM, SGLang) closes an idle connection.
+CLIENT_KEEP_ALIVE_S = 4.0
 
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -59,6 +70,7 @@ class ProgramRecord:
     done_at: float | None = None
     failed: bool = False
     calls: list[CallRecord] = field(default_factory=list)
+    release_error: str | None = None  # the release failed (the program's calls still count)
 
 
 @dataclass
@@ -66,6 +78,7 @@ class ReplayResult:
     started_at: float
     finished_at: float
     programs: list[ProgramRecord]
+    stale_retries: int = 0  # requests resent because the server had closed their connection
 
 
 class Replayer:
@@ -97,14 +110,42 @@ class Replayer:
         self.done = 0
         self.calls_done = 0
         self.failed_calls = 0
+        self.stale_retries = 0
+        self.started_at: float | None = None
         self.progress = progress
+        self._fresh: aiohttp.ClientSession | None = None
 
     async def run(self, programs: list[ProgramSpec]) -> ReplayResult:
-        connector = aiohttp.TCPConnector(limit=0)
-        started = time.monotonic()
-        async with aiohttp.ClientSession(connector=connector, timeout=self.timeout) as session:
+        connector = KeepAliveConnector(keep_alive_s=CLIENT_KEEP_ALIVE_S, limit=0)
+        started = self.started_at = time.monotonic()
+        async with (
+            aiohttp.ClientSession(connector=connector, timeout=self.timeout) as session,
+            aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True), timeout=self.timeout
+            ) as fresh,
+        ):
+            self._fresh = fresh
             await asyncio.gather(*(self._program(session, spec, started) for spec in programs))
-        return ReplayResult(started, time.monotonic(), self.records)
+        return self.partial_result()
+
+    def partial_result(self) -> ReplayResult:
+        """What the run recorded so far (all of it once `run` returned)."""
+        started = self.started_at if self.started_at is not None else time.monotonic()
+        return ReplayResult(started, time.monotonic(), self.records, self.stale_retries)
+
+    async def _post(
+        self, session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+    ) -> aiohttp.ClientResponse:
+        """POST, and once more on a fresh connection when the pooled one it went out on turned
+        out closed by the server (which then saw nothing of it)."""
+        forget_reuse()
+        try:
+            return await session.post(url, json=body)
+        except (aiohttp.ClientError, OSError) as exc:
+            if self._fresh is None or not lost_on_a_reused_connection(exc):
+                raise
+            self.stale_retries += 1
+            return await self._fresh.post(url, json=body)
 
     async def _sleep(self, sim_s: float) -> None:
         if sim_s > 0:
@@ -149,10 +190,14 @@ class Replayer:
             await asyncio.gather(*waits)
         record.done_at = time.monotonic()
         if self.release:
-            async with session.post(
-                f"{self.url}/programs/release", json={"program_id": spec.program_id}
-            ) as r:
-                await r.read()
+            try:
+                url = f"{self.url}/programs/release"
+                async with await self._post(session, url, {"program_id": spec.program_id}) as r:
+                    await r.read()
+                    if r.status != 200:
+                        record.release_error = f"status {r.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                record.release_error = repr(exc)
         self.done += 1
         self._report()
 
@@ -183,7 +228,7 @@ class Replayer:
         record = CallRecord(program_id, index, time.monotonic())
         text: list[Any] = []
         try:
-            async with session.post(f"{self.url}/v1/completions", json=body) as r:
+            async with await self._post(session, f"{self.url}/v1/completions", body) as r:
                 record.status = r.status
                 if r.status != 200:
                     await r.read()

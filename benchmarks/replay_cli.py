@@ -100,7 +100,13 @@ def run_replay(args: argparse.Namespace, err: TextIO | None = None) -> int:
         vocab_size=args.token_ids,
         progress=bar,
     )
-    result = asyncio.run(replayer.run(programs))
+    error: str | None = None
+    try:
+        result = asyncio.run(replayer.run(programs))
+    except Exception as exc:  # whatever went wrong, the calls already made are reported
+        result = replayer.partial_result()
+        error = f"the run stopped early: {exc!r}"
+        print(error, file=err)
     if bar is not None:
         bar.close(replayer)
     after = _counters(engines, err)
@@ -109,6 +115,10 @@ def run_replay(args: argparse.Namespace, err: TextIO | None = None) -> int:
     metrics = live_metrics(result, args.time_scale, before or zeros, after or zeros)
     metrics["prefix_hit_rate"] = hit_rate(counted) if counted else None
     metrics["preemptions"] = int(counted["preemptions"]) if counted else None
+    metrics["stale_connection_retries"] = result.stale_retries
+    release_errors = {p.program_id: p.release_error for p in result.programs if p.release_error}
+    for program_id, problem in release_errors.items():
+        print(f"release of {program_id} failed: {problem}", file=err)
     report = {
         "command": "replay",
         "url": url,
@@ -119,12 +129,14 @@ def run_replay(args: argparse.Namespace, err: TextIO | None = None) -> int:
         "engines": engines,
         "engine_counters": {k: int(v) for k, v in counted.items()} if counted else None,
         "result": metrics,
+        "release_errors": release_errors,
+        "error": error,
     }
     print(json.dumps(report, indent=1))
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(report, indent=1) + "\n")
-    return 0 if metrics["programs_failed"] == 0 else 1
+    return 0 if metrics["programs_failed"] == 0 and not release_errors and not error else 1
 
 
 def _programs(args: argparse.Namespace) -> list[ProgramSpec]:

@@ -50,6 +50,9 @@ def serve(args: argparse.Namespace) -> int:
         log_config=None if config.observability.log_format == "json" else LOGGING_CONFIG,
         proxy_headers=False,
         server_header=False,
+        # Idle client connections outlive the clients' own pools, so clients close them first.
+        # (uvicorn schedules it with call_later: fractions of a second work, its hint says int)
+        timeout_keep_alive=config.server.keep_alive_s,  # type: ignore[arg-type]
         timeout_graceful_shutdown=30,
     )
     # uvicorn.Config has just installed its loggers' handlers: every handler gets the filter.

@@ -2,7 +2,9 @@
 verdict vocabulary (a check passes by returning, fails by raising `Fail`, or is `NotApplicable`).
 
 Every request a check sends carries a unique tag in its text, so the check can find exactly
-the requests the backend received on its behalf, whatever else the server forwarded.
+the requests the backend received on its behalf, whatever else the server forwarded. A request
+that went out on a pooled connection the server had just closed (idle keep-alive) is sent
+once more on a fresh connection: the server saw nothing of it, and a check must not fail on it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from thunder_mw.conformance.recording_backend import MODEL, Recorded, RecordingB
 
 WithoutContext = Literal["forward", "reject"]
 _PAYLOAD_LIMIT = 600
+# What a request meets on a pooled connection the server closed while it went out.
+_LOST_ON_A_CLOSED_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 class Fail(Exception):
@@ -111,10 +115,18 @@ class Session:
         content = body if isinstance(body, bytes) else _encode(body)
         sent_headers = {"content-type": "application/json", **(headers or {})}
         streaming = isinstance(body, dict) and body.get("stream") is True
-        async with self.client.stream(
-            "POST", self.target + path, content=content, headers=sent_headers
-        ) as response:
-            raw = await response.aread()
+        attempt = _Attempt()
+        try:
+            response, raw = await attempt.post(
+                self.client, self.target + path, content, sent_headers
+            )
+        except _LOST_ON_A_CLOSED_CONNECTION:
+            if attempt.answered or attempt.connected:
+                raise  # not a stale pooled connection: the server may have seen the request
+            async with httpx.AsyncClient(timeout=self.client.timeout, trust_env=False) as fresh:
+                response, raw = await _Attempt().post(
+                    fresh, self.target + path, content, sent_headers
+                )
         events = None
         if streaming and response.headers.get("content-type", "").startswith("text/event-stream"):
             events = parse_sse(raw)
@@ -182,6 +194,27 @@ class Session:
 
     async def release(self, program_id: Any) -> Reply:
         return await self.post({"program_id": program_id}, path="/programs/release")
+
+
+class _Attempt:
+    """One POST, noting whether it opened a connection of its own and got a status line."""
+
+    def __init__(self) -> None:
+        self.connected = False
+        self.answered = False
+
+    async def _trace(self, event: str, info: dict[str, Any]) -> None:
+        if "connect_tcp" in event:
+            self.connected = True
+
+    async def post(
+        self, client: httpx.AsyncClient, url: str, content: bytes, headers: dict[str, str]
+    ) -> tuple[httpx.Response, bytes]:
+        async with client.stream(
+            "POST", url, content=content, headers=headers, extensions={"trace": self._trace}
+        ) as response:
+            self.answered = True
+            return response, await response.aread()
 
 
 def tag_of(body: dict[str, Any]) -> str:

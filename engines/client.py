@@ -13,6 +13,12 @@ from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 
+from thunder_mw.engines.pooled_connections import (
+    KeepAliveConnector,
+    forget_reuse,
+    lost_on_a_reused_connection,
+)
+
 
 class UpstreamError(Exception):
     """The engine failed; `before_any_byte` is True when nothing reached it (safe to retry)."""
@@ -86,27 +92,46 @@ class EngineClient:
         connect_timeout_s: float,
         read_timeout_s: float,
         first_byte_timeout_s: float = 300.0,
+        keep_alive_s: float = 4.0,
     ) -> None:
         self.base_url = base_url
         self._max_connections = max_connections
         self._first_byte_timeout_s = first_byte_timeout_s
+        self._keep_alive_s = keep_alive_s
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
         )
         self._session: aiohttp.ClientSession | None = None
+        self._connector: KeepAliveConnector | None = None
+        self._fresh_session: aiohttp.ClientSession | None = None
+        # Calls resent on a fresh connection after their pooled one turned out closed.
+        self.stale_retries = 0
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=self._max_connections, limit_per_host=self._max_connections, ttl_dns_cache=300
+            self._connector = KeepAliveConnector(
+                keep_alive_s=self._keep_alive_s,
+                limit=self._max_connections,
+                limit_per_host=self._max_connections,
+                ttl_dns_cache=300,
             )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=self._timeout,
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
-            )
+            self._session = self._new_session(self._connector)
         return self._session
+
+    def _new_session(self, connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+        )
+
+    def _fresh(self) -> aiohttp.ClientSession:
+        """A session whose every request opens its own connection: the resend of a call lost
+        on a stale pooled connection must not draw another stale one from the same pool."""
+        if self._fresh_session is None:
+            self._fresh_session = self._new_session(aiohttp.TCPConnector(force_close=True))
+        return self._fresh_session
 
     async def send(
         self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes
@@ -118,28 +143,51 @@ class EngineClient:
         session = self._ensure_session()
         header_pairs = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
         deadline = asyncio.get_running_loop().time() + self._first_byte_timeout_s
+        url = self.base_url + target
         try:
             async with asyncio.timeout_at(deadline) as first_byte:
-                response = await session.request(
-                    method,
-                    self.base_url + target,
-                    data=body,
-                    headers=header_pairs,
-                    allow_redirects=False,
-                    compress=None,
-                )
+                forget_reuse()
+                try:
+                    response = await session.request(
+                        method,
+                        url,
+                        data=body,
+                        headers=header_pairs,
+                        allow_redirects=False,
+                        compress=None,
+                    )
+                except (aiohttp.ClientError, OSError) as exc:
+                    if not lost_on_a_reused_connection(exc):
+                        raise
+                    # The engine closed this idle connection as the call went out: it saw
+                    # nothing, so the call is sent again, once, on a connection of its own.
+                    self.stale_retries += 1
+                    response = await self._fresh().request(
+                        method,
+                        url,
+                        data=body,
+                        headers=header_pairs,
+                        allow_redirects=False,
+                        compress=None,
+                    )
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamError(f"connection refused: {exc!r}", before_any_byte=True) from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
             if first_byte.expired():
                 raise _no_first_byte(self._first_byte_timeout_s) from exc
             raise UpstreamError(f"engine failed: {exc!r}", timeout=_is_timeout(exc)) from exc
+        keep_alive = response.headers.get("Keep-Alive")
+        if keep_alive is not None and self._connector is not None:
+            self._connector.honour_keep_alive_header(keep_alive)
         return UpstreamResponse(response, deadline, self._first_byte_timeout_s)
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._fresh_session is not None:
+            await self._fresh_session.close()
+            self._fresh_session = None
 
 
 STREAM_ERRORS = (TimeoutError, aiohttp.ClientError)

@@ -2,7 +2,9 @@
 
 Each backend gets one httpx.AsyncClient on the aiohttp transport (pooled keep-alive; httpx's
 default transport costs ~4x the CPU per proxied request). A probe loop re-reads health and
-KV capacity, so an engine that starts late or restarts is picked up again.
+KV capacity, so an engine that starts late or restarts is picked up again. Health comes from
+evidence: a failed call makes an engine suspect and probes it; it is marked down when the
+probe fails, a connection is refused, or `failures_to_open` calls fail in a row.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -69,10 +72,6 @@ def parse_signals(flavor: str, text: bytes) -> BackendMetrics:
     return BackendMetrics(**found)
 
 
-# After this many consecutive connection failures the circuit opens; a probe closes it.
-FAILURES_TO_OPEN = 1
-
-
 class Backend:
     """One engine as the gateway sees it."""
 
@@ -84,7 +83,10 @@ class Backend:
         self.client: httpx.AsyncClient | None = None  # control plane: probes, model lists
         self.engine: EngineClient | None = None  # data plane: forwarded requests
         self.healthy = False
+        # The current run of failed calls (no call answered since) and when it began.
         self.consecutive_failures = 0
+        self.first_failure_at = 0.0
+        self.down_since = 0.0  # when failed calls last marked it down
         self.last_error: str | None = None
         self.discovered_capacity: int | None = None
         self.planned_capacity: int | None = None
@@ -145,13 +147,14 @@ class BackendPool:
             backend = Backend(settings, url, self.labels[i])
             if settings.plan is not None:
                 backend.planned_capacity = await asyncio.to_thread(planned_capacity, settings.plan)
-            backend.client = self._client(url)
+            backend.client = self._client(url, settings.keep_alive_s)
             backend.engine = EngineClient(
                 url,
                 max_connections=self._server.max_connections_per_backend,
                 connect_timeout_s=self._server.connect_timeout_s,
                 read_timeout_s=self._server.read_timeout_s,
                 first_byte_timeout_s=self._server.first_byte_timeout_s,
+                keep_alive_s=settings.keep_alive_s,
             )
             self.backends.append(backend)
             self._by_label[backend.label] = backend
@@ -186,10 +189,13 @@ class BackendPool:
         log.info("embedded simulated engine %s serving at %s", settings.name or index, url)
         return url
 
-    def _client(self, url: str) -> httpx.AsyncClient:
+    def _client(self, url: str, keep_alive_s: float) -> httpx.AsyncClient:
+        # Probes come every probe_interval_s (5 s), the very idle time at which uvicorn closes
+        # a connection: the control plane retires its connections as early as the data plane.
         limits = httpx.Limits(
             max_connections=self._server.max_connections_per_backend,
             max_keepalive_connections=self._server.max_connections_per_backend,
+            keepalive_expiry=keep_alive_s,
         )
         timeout = httpx.Timeout(
             connect=self._server.connect_timeout_s,
@@ -225,15 +231,36 @@ class BackendPool:
         return candidates[self._rr]
 
     # ------------------------------------------------------------------ health
-    def record_failure(self, backend: Backend, error: str) -> None:
-        """A call got no answer: open the circuit, and probe at once to learn whether the
-        engine is gone (the scheduler then stops counting on it) or only slow (closed again)."""
+    def record_failure(self, backend: Backend, error: str, refused: bool = False) -> None:
+        """A call got no answer. One failure is not evidence enough to take an engine out
+        (it may be the call's own bad luck): the engine is suspect, probed at once, and keeps
+        getting calls unless the probe fails. A refused connection, or `failures_to_open`
+        failures in a row within `failure_window_s`, mark it down (the scheduler then stops
+        counting on it); the periodic probe brings it back."""
+        now = time.monotonic()
+        if (
+            backend.consecutive_failures == 0
+            or now - backend.first_failure_at > self._server.failure_window_s
+        ):
+            backend.consecutive_failures = 0
+            backend.first_failure_at = now
         backend.consecutive_failures += 1
         backend.last_error = error
-        if backend.consecutive_failures >= FAILURES_TO_OPEN and backend.healthy:
-            backend.healthy = False
-            log.warning("backend %s marked unhealthy: %s", backend.label, error)
+        if refused or backend.consecutive_failures >= self._server.failures_to_open:
+            if backend.healthy:
+                backend.healthy = False
+                backend.down_since = now
+                log.warning("backend %s marked unhealthy: %s", backend.label, error)
+                for listener in self.listeners:
+                    listener(backend, None)
+            return
+        log.info("backend %s suspect, probing it: %s", backend.label, error)
         self.suspect(backend)
+
+    def record_answer(self, backend: Backend) -> None:
+        """A call was answered: a run of failed calls, if any, is over."""
+        if backend.consecutive_failures:
+            backend.consecutive_failures = 0
 
     def suspect(self, backend: Backend) -> None:
         """Probe `backend` now rather than at the next interval (a call on it failed), so a
@@ -245,8 +272,8 @@ class BackendPool:
         task.add_done_callback(lambda _: self._suspect_probes.pop(backend.label, None))
 
     def record_success(self, backend: Backend) -> None:
-        if backend.consecutive_failures:
-            backend.consecutive_failures = 0
+        """A probe found the engine well. The run of failed calls stays counted: calls that
+        keep failing on an engine whose /health answers must still take it out."""
         if not backend.healthy:
             backend.healthy = True
             log.info("backend %s healthy%s", backend.label, " again" if backend.last_error else "")
@@ -261,6 +288,7 @@ class BackendPool:
         one closes it. Capacity is re-read every time: a restarted engine may have changed."""
         assert backend.client is not None
         metrics: BackendMetrics | None = None
+        started = time.monotonic()
         try:
             r = await backend.client.get("/health", timeout=self._server.connect_timeout_s)
             if r.status_code != 200:
@@ -272,7 +300,10 @@ class BackendPool:
             backend.last_error = f"health probe: {exc!r}"
             backend.discovered_capacity = None
         else:
-            self.record_success(backend)
+            # A probe sent before failed calls took the engine down is older evidence than
+            # they are: only a later one brings it back.
+            if started >= backend.down_since:
+                self.record_success(backend)
             with contextlib.suppress(httpx.HTTPError, OSError, ValueError, msgspec.DecodeError):
                 metrics = await self._scrape(backend)
         for listener in self.listeners:

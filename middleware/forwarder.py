@@ -199,7 +199,7 @@ class Forwarder:
                 response = await backend.engine.send("POST", target, headers, payload)
                 break
             except UpstreamError as exc:
-                self.pool.record_failure(backend, str(exc))
+                self.pool.record_failure(backend, str(exc), refused=exc.before_any_byte)
                 retry = exc.before_any_byte and attempt == 0
                 alternative = call.reroute(backend.label) if retry else None
                 if alternative is None:
@@ -218,6 +218,8 @@ class Forwarder:
             if response.content_type == "text/event-stream":
                 await self._relay_events(send, call, backend, response, hide_usage)
             else:
+                # A JSON answer's headers come only once the engine is done: it answered.
+                self.pool.record_answer(backend)
                 await self._relay_whole(send, call, response)
         finally:
             response.close()
@@ -277,6 +279,7 @@ class Forwarder:
             call.outcome = "upstream_failed"
             await _send_upstream_error(send, backend, exc)
             return
+        self.pool.record_answer(backend)
         await send(
             {
                 "type": "http.response.start",
@@ -385,11 +388,12 @@ class Forwarder:
                 scope["method"], target, self._request_headers(scope, backend, len(raw)), raw
             )
         except UpstreamError as exc:
-            self.pool.record_failure(backend, str(exc))
+            self.pool.record_failure(backend, str(exc), refused=exc.before_any_byte)
             await send_error(
                 send, 502, f"backend {backend.label} failed: {exc}", None, "upstream_error"
             )
             return
+        self.pool.record_answer(backend)
         try:
             await self._relay_whole(send, CallState(), response)
         finally:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from thunder_mw.engines.pool import BackendPool
@@ -47,12 +47,21 @@ class _LiveState(Collector):
         capacity = GaugeMetricFamily(
             "thunder_mw_backend_capacity_tokens", "KV capacity in tokens", labels=["backend"]
         )
+        retries = CounterMetricFamily(
+            "thunder_mw_backend_stale_connection_retries",
+            "Calls resent once on a fresh connection because the engine had closed the pooled "
+            "one they went out on (it saw nothing of them)",
+            labels=["backend"],
+        )
         for b in self._pool.backends:
             healthy.add_metric([b.label], 1.0 if b.healthy else 0.0)
             if b.capacity_tokens is not None:
                 capacity.add_metric([b.label], b.capacity_tokens)
+            if b.engine is not None:
+                retries.add_metric([b.label], b.engine.stale_retries)
         yield healthy
         yield capacity
+        yield retries
 
 
 class _ToolState(Protocol):

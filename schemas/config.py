@@ -74,6 +74,28 @@ class ServerSettings(_Section):
     probe_interval_s: float = Field(
         5.0, gt=0, description="How often engines' health, capacity and metrics are read."
     )
+    failures_to_open: int = Field(
+        3,
+        gt=0,
+        description="Failed calls in a row (no call answered between them, all within "
+        "`failure_window_s`) that mark an engine down. Fewer make it suspect: it is probed at "
+        "once and keeps getting calls unless the probe fails. A refused connection marks it "
+        "down at once (it is what a probe would find).",
+    )
+    failure_window_s: float = Field(
+        10.0,
+        gt=0,
+        description="Window of `failures_to_open`: a failure longer than this after the first "
+        "of a run of failures starts a new run.",
+    )
+    keep_alive_s: float = Field(
+        75.0,
+        gt=0,
+        description="Seconds an idle client connection is kept open (uvicorn's "
+        "`timeout_keep_alive`). Longer than clients' own pools keep theirs (httpx and the "
+        "OpenAI client 5 s, aiohttp 15 s), as nginx's 75 s is, so the client closes first and "
+        "never sends a request on a connection the gateway is closing.",
+    )
     tick_interval_s: float = Field(
         1.0, gt=0, description="How often the scheduler runs its timers (expiry, timeouts)."
     )
@@ -193,6 +215,15 @@ class BackendSettings(_Section):
     url: str | None = Field(None, description="Base URL; required unless type is sim.")
     capacity_tokens: int | None = Field(
         None, gt=0, description="KV capacity override in tokens (wins over discovery)."
+    )
+    keep_alive_s: float = Field(
+        4.0,
+        gt=0,
+        description="Seconds a pooled connection to this engine may sit idle before it is "
+        "retired. Keep it below the engine's own idle timeout (uvicorn, under vLLM and SGLang: "
+        "5 s) so the gateway never sends a call on a connection the engine is closing; a "
+        "shorter `Keep-Alive: timeout=N` from the engine wins. A call lost that way anyway is "
+        "resent once on a fresh connection.",
     )
     api_key: SecretStr | None = Field(
         None,

@@ -23,13 +23,14 @@ from typing import Any
 
 import httpx
 import pytest
-from asgi_servers import ServerThread, free_port, serving, wait_until_healthy
+from asgi_servers import ServerThread, free_port, serving
 from closing_engine import ClosingEngine
 from prometheus_client.parser import text_string_to_metric_families
 
 from thunder_mw.benchmarks.http_load import closed_loop
 from thunder_mw.benchmarks.replay import Replayer
 from thunder_mw.benchmarks.replay_cli import run_replay
+from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.benchmarks.workloads import Call, ProgramSpec, generate
 from thunder_mw.cli.main import build_parser
 from thunder_mw.conformance.session import Session
@@ -291,6 +292,7 @@ async def test_a_refused_connection_marks_the_engine_down_at_once() -> None:
 
 
 # ------------------------------------------------------------------ client side
+@pytest.mark.slow  # a `thunder-mw serve` subprocess
 def test_thunder_mw_serve_keeps_idle_client_connections_for_server_keep_alive_s(tmp_path):
     """The gateway closes an idle client connection after `server.keep_alive_s`, not uvicorn's
     5 s; by default later than httpx's (the OpenAI client's) and aiohttp's pools keep theirs."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import aiohttp
 
@@ -144,32 +145,24 @@ class EngineClient:
         header_pairs = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
         deadline = asyncio.get_running_loop().time() + self._first_byte_timeout_s
         url = self.base_url + target
+
+        def request(via: aiohttp.ClientSession) -> Any:
+            return via.request(
+                method, url, data=body, headers=header_pairs, allow_redirects=False, compress=None
+            )
+
         try:
             async with asyncio.timeout_at(deadline) as first_byte:
                 forget_reuse()
                 try:
-                    response = await session.request(
-                        method,
-                        url,
-                        data=body,
-                        headers=header_pairs,
-                        allow_redirects=False,
-                        compress=None,
-                    )
+                    response = await request(session)
                 except (aiohttp.ClientError, OSError) as exc:
                     if not lost_on_a_reused_connection(exc):
                         raise
                     # The engine closed this idle connection as the call went out: it saw
                     # nothing, so the call is sent again, once, on a connection of its own.
                     self.stale_retries += 1
-                    response = await self._fresh().request(
-                        method,
-                        url,
-                        data=body,
-                        headers=header_pairs,
-                        allow_redirects=False,
-                        compress=None,
-                    )
+                    response = await request(self._fresh())
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamError(f"connection refused: {exc!r}", before_any_byte=True) from exc
         except (TimeoutError, aiohttp.ClientError) as exc:

@@ -281,8 +281,8 @@ def test_either_final_header_ends_the_session_header_program():
 
 
 def test_body_wins_over_trajectory_header():
-    ctx, _ = parse({"nvext": {"agent_context": {"trajectory_id": "b"}}},
-                   {"x-dynamo-trajectory-id": "h", "x-dynamo-parent-trajectory-id": "h0"})  # fmt: skip
+    headers = {"x-dynamo-trajectory-id": "h", "x-dynamo-parent-trajectory-id": "h0"}
+    ctx, _ = parse({"nvext": {"agent_context": {"trajectory_id": "b"}}}, headers)
     assert ctx.program_id == "b" and ctx.source is Convention.DYNAMO_BODY
     assert ctx.parent_program_id is None
 

@@ -46,7 +46,12 @@ _STREAMS_AND_BODIES = frozenset(
 )
 PEER_CONTRACTS: dict[str, frozenset[str]] = {
     "vllm-router": _STREAMS_AND_BODIES
-    | {"accept.vllm_xargs.agentic_context", "forward.other_headers", "stream.responses"},
+    | {
+        "accept.vllm_xargs.agentic_context",
+        "forward.other_headers",
+        "responses.whole",
+        "stream.responses",
+    },
     "smg": _STREAMS_AND_BODIES,
 }
 

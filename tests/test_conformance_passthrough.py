@@ -12,7 +12,7 @@ from passthrough_proxy import passthrough_proxy
 from thunder_mw.conformance.registry import checks_for
 from thunder_mw.conformance.runner import run_conformance_suite
 
-EFFECT_PREFIXES = ("strip.", "reject.", "lifecycle.", "precedence.")
+EFFECT_PREFIXES = ("accept.", "strip.", "reject.", "lifecycle.", "precedence.")
 
 
 @pytest.mark.parametrize("views", [False, True], ids=["no-program-views", "empty-program-views"])

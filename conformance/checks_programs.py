@@ -182,9 +182,12 @@ async def _session_final(s: Session) -> str | None:
     named = {"X-Dynamo-Session-ID": program}
     final = {**named, "X-Dynamo-Session-Final": "true"}
     await _ends_after(
-        s, program, "X-Dynamo-Session-ID", (s.chat(max_tokens=4), named),
+        s,
+        program,
+        "X-Dynamo-Session-ID",
+        (s.chat(max_tokens=4), named),
         (s.chat(max_tokens=1), final),
-    )  # fmt: skip
+    )
     return None
 
 
@@ -198,9 +201,12 @@ async def _trajectory_final_header(s: Session) -> str | None:
     named = {"x-dynamo-trajectory-id": program}
     final = {**named, "x-dynamo-trajectory-final": "true"}
     await _ends_after(
-        s, program, "x-dynamo-trajectory-id", (s.chat(max_tokens=4), named),
+        s,
+        program,
+        "x-dynamo-trajectory-id",
+        (s.chat(max_tokens=4), named),
         (s.chat(max_tokens=1), final),
-    )  # fmt: skip
+    )
     return None
 
 

@@ -249,9 +249,15 @@ class RecordingBackend:
 
         def answer(output: list[dict[str, Any]], status: str, used: Any) -> dict[str, Any]:
             return responses_api.response_object(
-                data, f"resp_{answer_id}", 1700000000, self.model, output=output,
-                status=status, max_output_tokens=16, usage=used,
-            )  # fmt: skip
+                data,
+                f"resp_{answer_id}",
+                1700000000,
+                self.model,
+                output=output,
+                status=status,
+                max_output_tokens=16,
+                usage=used,
+            )
 
         if data.get("stream") is not True:
             item = responses_api.message_item(item_id, text, "completed")

@@ -16,9 +16,18 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 _HOP_BY_HOP = {
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-}  # fmt: skip
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+}
 
 
 def passthrough_proxy(engine_url: str, *, empty_program_views: bool = False) -> Starlette:

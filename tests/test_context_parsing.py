@@ -269,8 +269,11 @@ def test_the_losing_trajectory_header_lends_no_parent_to_another_program():
 
 
 def test_a_trajectory_parent_applies_when_both_headers_name_the_same_program():
-    headers = {"X-Dynamo-Session-ID": "p", "x-dynamo-trajectory-id": "p",
-               "x-dynamo-parent-trajectory-id": "p0"}  # fmt: skip
+    headers = {
+        "X-Dynamo-Session-ID": "p",
+        "x-dynamo-trajectory-id": "p",
+        "x-dynamo-parent-trajectory-id": "p0",
+    }
     ctx, _ = parse({}, headers)
     assert (ctx.program_id, ctx.parent_program_id) == ("p", "p0")
 
@@ -295,8 +298,11 @@ def test_trajectory_header_wins_over_coding_agent_headers():
 
 def test_trajectory_headers_are_listed_for_stripping_under_dynamo_headers():
     parser = ContextParser(AgentContextSettings())
-    for name in (b"x-dynamo-trajectory-id", b"x-dynamo-parent-trajectory-id",
-                 b"x-dynamo-trajectory-final"):  # fmt: skip
+    for name in (
+        b"x-dynamo-trajectory-id",
+        b"x-dynamo-parent-trajectory-id",
+        b"x-dynamo-trajectory-final",
+    ):
         assert name in parser.context_headers
     off = ContextParser(AgentContextSettings(conventions=[Convention.THUNDERAGENT]))
     assert b"x-dynamo-trajectory-id" not in off.context_headers
@@ -367,15 +373,21 @@ def test_claude_code_top_level_child_agent_is_its_agent_id_under_the_session():
 
 
 def test_claude_code_nested_child_agent_is_under_its_parent_agent():
-    headers = {"x-claude-code-session-id": "s", "x-claude-code-agent-id": "a3",
-               "x-claude-code-parent-agent-id": "a2"}  # fmt: skip
+    headers = {
+        "x-claude-code-session-id": "s",
+        "x-claude-code-agent-id": "a3",
+        "x-claude-code-parent-agent-id": "a2",
+    }
     ctx, _ = parse({}, headers, conventions=CODING)
     assert (ctx.program_id, ctx.parent_program_id) == ("a3", "a2")
 
 
 def test_dynamo_session_header_wins_over_claude_code_headers():
-    headers = {"X-Dynamo-Session-ID": "d", "x-claude-code-session-id": "s",
-               "x-claude-code-agent-id": "a2"}  # fmt: skip
+    headers = {
+        "X-Dynamo-Session-ID": "d",
+        "x-claude-code-session-id": "s",
+        "x-claude-code-agent-id": "a2",
+    }
     ctx, _ = parse({}, headers, conventions=CODING)
     assert (ctx.program_id, ctx.parent_program_id) == ("d", None)
 

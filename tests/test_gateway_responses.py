@@ -73,8 +73,13 @@ def _usage_of_stream(content: bytes) -> dict:
 
 def test_the_event_stream_reaches_the_client_unchanged_and_usage_is_accounted(stack):
     url, _ = stack
-    body = {"model": "sim-model", "input": LONG_INPUT, "max_output_tokens": 3, "stream": True,
-            "program_id": "resp-stream-usage"}  # fmt: skip
+    body = {
+        "model": "sim-model",
+        "input": LONG_INPUT,
+        "max_output_tokens": 3,
+        "stream": True,
+        "program_id": "resp-stream-usage",
+    }
     replies = [httpx.post(f"{url}/v1/responses", json=body, timeout=30) for _ in range(2)]
     assert [r.status_code for r in replies] == [200, 200]
     blocks = [b for b in replies[1].content.split(b"\n\n") if b]
@@ -89,8 +94,12 @@ def test_the_event_stream_reaches_the_client_unchanged_and_usage_is_accounted(st
 
 def test_the_non_streamed_answer_accounts_cached_tokens(stack):
     url, _ = stack
-    body = {"model": "sim-model", "input": "whole " + LONG_INPUT, "max_output_tokens": 1,
-            "program_id": "resp-whole-usage"}  # fmt: skip
+    body = {
+        "model": "sim-model",
+        "input": "whole " + LONG_INPUT,
+        "max_output_tokens": 1,
+        "program_id": "resp-whole-usage",
+    }
     answers = [httpx.post(f"{url}/v1/responses", json=body, timeout=30).json() for _ in range(2)]
     cached = [a["usage"]["input_tokens_details"]["cached_tokens"] for a in answers]
     view = httpx.get(f"{url}/programs/resp-whole-usage").json()

@@ -75,8 +75,12 @@ def test_a_repeated_input_reports_cached_tokens() -> None:
 
 def test_a_streamed_answer_sends_vllms_events_in_order_with_usage_at_the_end() -> None:
     async def body(url: str) -> bytes:
-        request = {"model": "sim-model", "input": LONG_INPUT, "max_output_tokens": 3,
-                   "stream": True}  # fmt: skip
+        request = {
+            "model": "sim-model",
+            "input": LONG_INPUT,
+            "max_output_tokens": 3,
+            "stream": True,
+        }
         async with httpx.AsyncClient(base_url=url) as client:
             response = await client.post("/v1/responses", json=request)
             assert response.headers["content-type"].startswith("text/event-stream")
@@ -123,8 +127,13 @@ def test_the_openai_client_reads_both_forms() -> None:
 
 def test_fields_the_engine_does_not_read_are_recorded_as_ignored() -> None:
     async def body(url: str) -> dict[str, Any]:
-        request = {"model": "sim-model", "input": "x", "max_output_tokens": 1,
-                   "program_id": "p", "metadata": {"k": "v"}}  # fmt: skip
+        request = {
+            "model": "sim-model",
+            "input": "x",
+            "max_output_tokens": 1,
+            "program_id": "p",
+            "metadata": {"k": "v"},
+        }
         async with httpx.AsyncClient(base_url=url) as client:
             await client.post("/v1/responses", json=request)
             return (await client.get("/debug/unknown_fields")).json()

@@ -136,7 +136,12 @@ def status_of(finish_reason: str | None) -> str:
 
 
 def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": None}
+    part: dict[str, Any] = {
+        "type": "output_text",
+        "text": text,
+        "annotations": [],
+        "logprobs": None,
+    }
     return {
         "id": item_id,
         "type": "message",
@@ -232,7 +237,12 @@ class ResponseEvents:
 
     def finish(self, completed: dict[str, Any]) -> list[bytes]:
         item = message_item(self.item_id, self.text, "completed")
-        part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": None}
+        part: dict[str, Any] = {
+            "type": "output_text",
+            "text": self.text,
+            "annotations": [],
+            "logprobs": None,
+        }
         return [
             self.frame(
                 "response.output_text.done",

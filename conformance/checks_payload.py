@@ -388,3 +388,64 @@ async def _concurrent_large(s: Session) -> str | None:
         )
     )
     return None
+
+
+# ---------------------------------------------------------------------------- Responses API
+def _named_events(raw: bytes) -> list[tuple[str | None, bytes]]:
+    """(`event:` name or None, `data:` payload) of each SSE event, in order."""
+    named = []
+    for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
+        lines = block.split(b"\n")
+        data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
+        if not data:
+            continue
+        names = [line[6:].strip().decode() for line in lines if line.startswith(b"event:")]
+        named.append((names[0] if names else None, b"\n".join(data)))
+    return named
+
+
+@check(
+    "responses.whole",
+    "A /v1/responses answer (with a program_id) reaches the client as the backend sent it, "
+    "usage included.",
+)
+async def _responses_whole(s: Session) -> str | None:
+    program = s.program_id()
+    body = s.responses(program_id=program, max_output_tokens=4)
+    sent = copy.deepcopy(body)
+    reply = await s.post_ok(body, path="/v1/responses")
+    record = s.received_once(sent)
+    diff = first_difference(record_json(record.answer), reply.json(), ordered=True)
+    if diff:
+        raise Fail(f"the client's answer differs from the backend's: {diff}", reply.body)
+    await s.release(program)
+    return None
+
+
+@check(
+    "stream.responses",
+    "A streamed /v1/responses answer reaches the client as the backend's events, names "
+    "(`event: response.completed`, ...) and data, in order.",
+)
+async def _responses_stream(s: Session) -> str | None:
+    program = s.program_id()
+    body = s.responses(program_id=program, max_output_tokens=4, stream=True)
+    sent = copy.deepcopy(body)
+    reply = await s.post_ok(body, path="/v1/responses")
+    record = s.received_once(sent)
+    expected = list(zip(record.sent_event_names, record.sent_events, strict=True))
+    got = _named_events(reply.body)
+    if got != expected:
+        pairs = zip(got, expected, strict=False)
+        first = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+        where = f"event {first}" if first is not None else f"event count {len(got)}"
+        raise Fail(f"the client's stream differs from the backend's at {where}", got[:3])
+    await s.release(program)
+    return None
+
+
+def record_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None

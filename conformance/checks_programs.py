@@ -9,6 +9,7 @@ from typing import Any
 from thunder_mw.conformance.compare import first_difference
 from thunder_mw.conformance.registry import check
 from thunder_mw.conformance.session import Fail, NotApplicable, Session, clip, tag_of
+from thunder_mw.conformance.views import parent_of, steps_of
 
 T, DB, DH = "thunderagent", "dynamo-body", "dynamo-headers"
 # Held by the recording backend so requests of different programs overlap in flight.
@@ -16,8 +17,7 @@ OVERLAP = "recorder-delay-ms=150"
 
 
 def _steps(view: dict[str, Any]) -> int | None:
-    value = view.get("steps")
-    return value if isinstance(value, int) else None
+    return steps_of(view)
 
 
 async def _release_answer(s: Session, program: Any, released: bool) -> None:
@@ -86,7 +86,10 @@ async def _release_restarts(s: Session) -> str | None:
     if program not in views:
         raise Fail(f"/programs does not list {program!r}", sorted(views)[:20])
     if _steps(views[program]) is None:
-        raise NotApplicable("/programs shows no `steps` count to tell a new program from the old")
+        raise NotApplicable(
+            "the program view shows no step count (`steps`, `step_count`, ...) to tell a new "
+            "program from the old"
+        )
     if _steps(views[program]) != 2:
         raise Fail("expected 2 steps before the release; /programs says", views[program])
     await _release_answer(s, program, True)
@@ -125,10 +128,27 @@ async def _concurrent(s: Session) -> str | None:
     return None
 
 
+async def _listed_or_na(s: Session, program: str, how: str) -> None:
+    """The precondition of an end-of-program check: the program is listed while it runs."""
+    views = await s.programs_or_na()
+    if program not in views:
+        raise NotApplicable(
+            f"the server does not list a program named by {how}, so its end cannot be observed"
+        )
+
+
 async def _ends_after(
-    s: Session, body: dict[str, Any], program: str, headers: dict[str, str]
+    s: Session,
+    program: str,
+    how: str,
+    first: tuple[dict[str, Any], dict[str, str]],
+    final: tuple[dict[str, Any], dict[str, str]],
 ) -> None:
-    await s.post_ok(body, headers=headers)
+    """`first` starts the program (which must then be listed); after `final` it is gone."""
+    await s.post_ok(first[0], headers=first[1])
+    await _listed_or_na(s, program, how)
+    await s.post_ok(final[0], headers=final[1])
+    s.received_once(final[0])
     views = await s.programs_or_na()
     if program in views:
         raise Fail("the program is still live after its final request", views[program])
@@ -136,31 +156,125 @@ async def _ends_after(
 
 @check(
     "lifecycle.trajectory_final",
-    "A request with `nvext.agent_context.trajectory_final: true` ends its program.",
+    "A request with `nvext.agent_context.trajectory_final: true` ends its program (listed "
+    "before it).",
     DB,
 )
 async def _trajectory_final(s: Session) -> str | None:
     program = s.program_id()
-    context = {
-        "session_type_id": "conformance",
-        "session_id": f"s-{s.run_id}",
-        "trajectory_id": program,
-        "trajectory_final": True,
-    }
-    await _ends_after(s, s.chat(nvext={"agent_context": context}, max_tokens=1), program, {})
+
+    def context(final: bool) -> dict[str, Any]:
+        return {"trajectory_id": program, "session_id": f"s-{s.run_id}", "trajectory_final": final}
+
+    first = s.chat(nvext={"agent_context": context(False)}, max_tokens=1)
+    final = s.chat(nvext={"agent_context": context(True)}, max_tokens=1)
+    await _ends_after(s, program, "nvext.agent_context", (first, {}), (final, {}))
     return None
 
 
 @check(
     "lifecycle.session_final_header",
-    "A request with `X-Dynamo-Session-Final: true` ends its program.",
+    "A request with `X-Dynamo-Session-Final: true` ends its program (listed before it).",
     DH,
 )
 async def _session_final(s: Session) -> str | None:
     program = s.program_id()
-    await s.post_ok(s.chat(max_tokens=4), headers={"X-Dynamo-Session-ID": program})
-    headers = {"X-Dynamo-Session-ID": program, "X-Dynamo-Session-Final": "true"}
-    await _ends_after(s, s.chat(max_tokens=1), program, headers)
+    named = {"X-Dynamo-Session-ID": program}
+    final = {**named, "X-Dynamo-Session-Final": "true"}
+    await _ends_after(
+        s,
+        program,
+        "X-Dynamo-Session-ID",
+        (s.chat(max_tokens=4), named),
+        (s.chat(max_tokens=1), final),
+    )
+    return None
+
+
+@check(
+    "lifecycle.trajectory_final_header",
+    "A request with `x-dynamo-trajectory-final: true` ends its program (listed before it).",
+    DH,
+)
+async def _trajectory_final_header(s: Session) -> str | None:
+    program = s.program_id()
+    named = {"x-dynamo-trajectory-id": program}
+    final = {**named, "x-dynamo-trajectory-final": "true"}
+    await _ends_after(
+        s,
+        program,
+        "x-dynamo-trajectory-id",
+        (s.chat(max_tokens=4), named),
+        (s.chat(max_tokens=1), final),
+    )
+    return None
+
+
+# ---------------------------------------------------------------------------- precedence
+async def _one_of_two_listed(
+    s: Session, body: dict[str, Any], headers: dict[str, str], winner: str, loser: str
+) -> None:
+    await s.post_ok(body, headers=headers)
+    views = await s.programs_or_na()
+    if winner not in views and loser not in views:
+        raise NotApplicable("the server lists neither program, so precedence cannot be observed")
+    if winner not in views:
+        raise Fail(f"the request was counted under {loser!r}, not {winner!r}", views[loser])
+    if loser in views:
+        raise Fail(f"{loser!r} is listed too: one request started two programs", views[loser])
+    await s.release(winner)
+
+
+@check(
+    "precedence.session_over_trajectory_header",
+    "When `X-Dynamo-Session-ID` and `x-dynamo-trajectory-id` name different programs, the "
+    "request belongs to the session header's (ai-dynamo/dynamo#10896).",
+    DH,
+)
+async def _session_over_trajectory(s: Session) -> str | None:
+    winner, loser = s.program_id("session"), s.program_id("trajectory")
+    headers = {"X-Dynamo-Session-ID": winner, "x-dynamo-trajectory-id": loser}
+    await _one_of_two_listed(s, s.chat(max_tokens=4), headers, winner, loser)
+    return None
+
+
+@check(
+    "precedence.body_over_header",
+    "When the body (`nvext.agent_context.trajectory_id`) and a header (`X-Dynamo-Session-ID`) "
+    "name different programs, the request belongs to the body's.",
+    DB,
+)
+async def _body_over_header(s: Session) -> str | None:
+    winner, loser = s.program_id("body"), s.program_id("header")
+    body = s.chat(nvext={"agent_context": {"trajectory_id": winner}}, max_tokens=4)
+    await _one_of_two_listed(s, body, {"X-Dynamo-Session-ID": loser}, winner, loser)
+    return None
+
+
+@check(
+    "precedence.claude_code_child_parent",
+    "A Claude Code child-agent turn belongs to its agent id, with the parent agent id (else "
+    "the session id) as its parent, as Dynamo's session-ids page maps it.",
+)
+async def _claude_code_parent(s: Session) -> str | None:
+    session, child, nested = s.program_id("session"), s.program_id("a1"), s.program_id("a2")
+    top = {"x-claude-code-session-id": session, "x-claude-code-agent-id": child}
+    deep = {**top, "x-claude-code-agent-id": nested, "x-claude-code-parent-agent-id": child}
+    for headers in (top, deep):
+        await s.post_ok(s.chat(max_tokens=4), headers=headers)
+    views = await s.programs_or_na()
+    if child not in views and nested not in views:
+        raise NotApplicable("the server lists no program named by the Claude Code headers")
+    for program, parent in ((child, session), (nested, child)):
+        if program not in views:
+            raise Fail(f"the child agent's program {program!r} is not listed", sorted(views)[:20])
+        has_parent, value = parent_of(views[program])
+        if not has_parent:
+            raise NotApplicable("the program view shows no parent field to check")
+        if value != parent:
+            raise Fail(f"{program!r} has parent {value!r}, expected {parent!r}", views[program])
+    for program in (child, nested):
+        await s.release(program)
     return None
 
 
@@ -198,6 +312,13 @@ async def _no_context(s: Session) -> str | None:
 async def _not_shared(s: Session) -> str | None:
     if s.without_context == "reject":
         raise NotApplicable("the server rejects requests without context")
+    # Precondition: the program views show traffic at all (a request with a program id).
+    named = s.program_id()
+    await s.post_ok(s.chat(program_id=named, max_tokens=4))
+    before = await s.programs_or_na()
+    if named not in before:
+        raise NotApplicable("the program views do not show a request's program_id program")
+    await s.release(named)
     before = await s.programs_or_na()
     bodies = [s.chat(OVERLAP, max_tokens=4) for _ in range(2)]
     during = asyncio.gather(*(s.post_ok(b) for b in bodies), return_exceptions=True)

@@ -16,7 +16,13 @@ from thunder_mw.conformance.recording_backend import (
 )
 from thunder_mw.conformance.registry import CHECKS, PROFILE_MEANING, PROFILES, checks_for
 from thunder_mw.conformance.replay import as_checks, replay, replayable
-from thunder_mw.conformance.report import format_table, write_json, write_junit
+from thunder_mw.conformance.report import (
+    format_table,
+    write_html,
+    write_json,
+    write_junit,
+    write_markdown,
+)
 from thunder_mw.conformance.runner import SuiteResult, TargetUnavailable, run_conformance_suite
 from thunder_mw.middleware.types import Receive, Scope, Send
 
@@ -62,6 +68,14 @@ def add_conformance_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="append", metavar="ID", help="run only these checks")
     parser.add_argument("--report", metavar="PATH", help="write the JSON report here")
     parser.add_argument("--junit", metavar="PATH", help="write JUnit XML here")
+    parser.add_argument(
+        "--report-md",
+        metavar="PATH",
+        help="write a Markdown report for people (per-profile counts, each failure's payload)",
+    )
+    parser.add_argument(
+        "--report-html", metavar="PATH", help="write the same report as one HTML page"
+    )
     parser.add_argument(
         "--record", metavar="PATH", help="write every request the backend received as JSON lines"
     )
@@ -119,6 +133,10 @@ def run_conformance(args: argparse.Namespace) -> int:
         write_json(result, args.report)
     if args.junit:
         write_junit(result, args.junit)
+    if args.report_md:
+        write_markdown(result, args.report_md)
+    if args.report_html:
+        write_html(result, args.report_html)
     if args.record:
         write_records(result.recorded, args.record)
     return EXIT_FAILED if result.failed else 0

@@ -24,6 +24,7 @@ from urllib.parse import parse_qs
 import uvicorn
 
 from thunder_mw.middleware.types import Receive, Scope, Send
+from thunder_mw.sim import responses_api
 
 Flavor = Literal["vllm", "sglang"]
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
@@ -51,6 +52,8 @@ class Recorded:
     received_at: float
     status: int = 0
     sent_events: list[bytes] = field(default_factory=list)  # SSE `data:` payloads, in order
+    sent_event_names: list[str] = field(default_factory=list)  # their `event:` names, if any
+    answer: bytes = b""  # a non-streamed /v1/responses answer, as sent
 
     def json(self) -> Any:
         """The body decoded, keeping key order; None when it is not JSON."""
@@ -236,31 +239,49 @@ class RecordingBackend:
     async def _responses(
         self, record: Recorded, send: Send, answer_id: str, usage: dict[str, Any]
     ) -> None:
+        """vLLM's Responses API: the response object, or its stream of `event:`/`data:` frames
+        ending in `response.completed` with usage (cached tokens in `input_tokens_details`)."""
+        data = record.json()
         record.status = 200
         text = "".join(STREAM_PIECES)
-        await _respond_json(
-            send,
-            200,
+        tokens = responses_api.usage(usage["prompt_tokens"], usage["completion_tokens"], 0)
+        item_id = f"msg_{answer_id}"
+
+        def answer(output: list[dict[str, Any]], status: str, used: Any) -> dict[str, Any]:
+            return responses_api.response_object(
+                data,
+                f"resp_{answer_id}",
+                1700000000,
+                self.model,
+                output=output,
+                status=status,
+                max_output_tokens=16,
+                usage=used,
+            )
+
+        if data.get("stream") is not True:
+            item = responses_api.message_item(item_id, text, "completed")
+            record.answer = json.dumps(answer([item], "completed", tokens)).encode()
+            await _respond(send, 200, record.answer, b"application/json")
+            return
+        events = responses_api.ResponseEvents(item_id)
+        frames = events.start(answer([], "in_progress", None))
+        frames += [events.delta(piece) for piece in STREAM_PIECES]
+        item = responses_api.message_item(item_id, text, "completed")
+        frames += events.finish(answer([item], "completed", tokens))
+        await send(
             {
-                "id": f"resp-{answer_id}",
-                "object": "response",
-                "created_at": 1700000000,
-                "model": self.model,
-                "status": "completed",
-                "output": [
-                    {
-                        "type": "message",
-                        "role": "assistant",
-                        "content": [{"type": "output_text", "text": text}],
-                    }
-                ],
-                "usage": {
-                    "input_tokens": usage["prompt_tokens"],
-                    "output_tokens": usage["completion_tokens"],
-                    "total_tokens": usage["total_tokens"],
-                },
-            },
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
+            }
         )
+        for frame in frames:
+            name, _, payload = frame.partition(b"\ndata: ")
+            record.sent_events.append(payload.rstrip(b"\n"))
+            record.sent_event_names.append(name.removeprefix(b"event: ").decode())
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
 
     # ------------------------------------------------------------------ probes
     def _probe(self, path: str, method: str) -> tuple[int, bytes, Any]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from thunder_mw.conformance.session import Session
 
-PROFILES = ("thunderagent", "dynamo-body", "dynamo-headers", "full")
+PROFILES = ("thunderagent", "dynamo-body", "dynamo-headers", "vllm-router", "smg", "full")
 PROFILE_MEANING = {
     "thunderagent": "what ThunderAgent promises: program_id (top level or in extra_body) is "
     "accepted and stripped, docker_ids/tool_ids accepted, other fields forwarded unchanged, "
@@ -21,7 +21,38 @@ PROFILE_MEANING = {
     "fidelity, streaming and bad-body handling",
     "dynamo-headers": "X-Dynamo-Session-* headers accepted, validated and stripped, plus "
     "forwarding fidelity, streaming and bad-body handling",
+    "vllm-router": "what the vLLM router (PyPI vllm-router 0.1.17, --enable-program-scheduling) "
+    "documents: vllm_xargs.agentic_context names a program (listed in /scheduling/diagnostics), "
+    "streams relayed, bad bodies refused; it re-serialises bodies and forwards vllm_xargs to the "
+    "engine by design, so no fidelity or strip checks",
+    "smg": "what SGLang's model gateway (PyPI smg 1.13.0) documents: an OpenAI-compatible router "
+    "that relays streams and refuses bad bodies; it reads no agent context and re-serialises "
+    "bodies, so no strip, fidelity or program checks",
     "full": "everything thunder-mw promises (every check)",
+}
+
+# The peers' contracts name checks registered by the check modules (kept here, in one place,
+# beside what each peer documents; tests/test_conformance_peers.py runs them).
+_STREAMS_AND_BODIES = frozenset(
+    {
+        "stream.same_chunks",
+        "stream.no_unrequested_chunk",
+        "stream.usage_when_requested",
+        "stream.completions",
+        "body.non_json",
+        "body.non_object",
+        "body.empty",
+    }
+)
+PEER_CONTRACTS: dict[str, frozenset[str]] = {
+    "vllm-router": _STREAMS_AND_BODIES
+    | {
+        "accept.vllm_xargs.agentic_context",
+        "forward.other_headers",
+        "responses.whole",
+        "stream.responses",
+    },
+    "smg": _STREAMS_AND_BODIES,
 }
 
 CheckBody = Callable[[Session], Awaitable[str | None]]
@@ -40,7 +71,7 @@ CHECKS: dict[str, Check] = {}
 
 def check(check_id: str, statement: str, *profiles: str) -> Callable[[CheckBody], CheckBody]:
     """Registers a check; it belongs to `full` and to the profiles named."""
-    unknown = set(profiles) - set(PROFILES)
+    unknown = set(profiles) - set(PROFILES) | (set(profiles) & set(PEER_CONTRACTS))
     if unknown:
         raise ValueError(f"{check_id}: unknown profiles {sorted(unknown)}")
     if check_id in CHECKS:
@@ -60,4 +91,10 @@ def checks_for(profile: str) -> list[Check]:
     # The check modules register themselves on import.
     from thunder_mw.conformance import checks_context, checks_payload, checks_programs  # noqa: F401
 
+    contract = PEER_CONTRACTS.get(profile)
+    if contract is not None:
+        unknown = contract - set(CHECKS)
+        if unknown:
+            raise ValueError(f"profile {profile} names unknown checks {sorted(unknown)}")
+        return [c for c in CHECKS.values() if c.id in contract]
     return [c for c in CHECKS.values() if profile in c.profiles]

@@ -15,9 +15,20 @@ from thunder_mw.sim.ports import free_port
 
 
 def self_config(backend_port: int, flavor: str, port: int) -> dict[str, object]:
-    """The one-backend configuration the self run serves (default agent-context settings)."""
+    """The one-backend configuration the self run serves: default agent-context settings plus
+    the coding-agent headers (off by default), so `full` covers every convention."""
     return {
         "server": {"host": "127.0.0.1", "port": port, "log_level": "warning"},
+        "agent_context": {
+            "conventions": [
+                "thunderagent",
+                "dynamo_body",
+                "dynamo_headers",
+                "vllm_router",
+                "litellm",
+                "coding_agents",
+            ]
+        },
         "backends": [
             {"name": "recorder", "type": flavor, "url": f"http://127.0.0.1:{backend_port}"}
         ],

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import httpx
 
 from thunder_mw.conformance.recording_backend import MODEL, Recorded, RecordingBackend
+from thunder_mw.conformance.views import read_program_views
 
 WithoutContext = Literal["forward", "reject"]
 _PAYLOAD_LIMIT = 600
@@ -104,6 +105,10 @@ class Session:
             **fields,
         }
 
+    def responses(self, text: str = "", **fields: Any) -> dict[str, Any]:
+        """A small /v1/responses request tagged for this check."""
+        return {"model": MODEL, "input": f"{self.tag()} {text}".rstrip(), **fields}
+
     # ------------------------------------------------------------------ traffic
     async def post(
         self,
@@ -158,38 +163,16 @@ class Session:
 
     # ------------------------------------------------------------------ admin routes
     async def programs(self) -> dict[str, dict[str, Any]] | None:
-        """Live programs by id, or None when the server has no usable /programs route.
-
-        Accepts thunder-mw's `{"programs": [{"program_id": ...}]}`, a bare list, and a map
-        keyed by program id (as other servers publish it)."""
-        try:
-            response = await self.client.get(self.target + "/programs")
-        except httpx.HTTPError:
-            return None
-        if response.status_code != 200:
-            return None
-        try:
-            data = response.json()
-        except ValueError:
-            return None
-        if isinstance(data, dict) and "programs" in data:
-            data = data["programs"]
-        if isinstance(data, list):
-            views = {}
-            for item in data:
-                if isinstance(item, dict):
-                    key = item.get("program_id", item.get("id"))
-                    if isinstance(key, str):
-                        views[key] = item
-            return views
-        if isinstance(data, dict):
-            return {k: v if isinstance(v, dict) else {"value": v} for k, v in data.items()}
-        return None
+        """Live programs by id, or None when the server publishes none (shapes: views.py)."""
+        return await read_program_views(self.client, self.target)
 
     async def programs_or_na(self) -> dict[str, dict[str, Any]]:
         views = await self.programs()
         if views is None:
-            raise NotApplicable("the server has no GET /programs route answering JSON")
+            raise NotApplicable(
+                "the server publishes no program views (no GET /programs or "
+                "/scheduling/diagnostics answering JSON)"
+            )
         return views
 
     async def release(self, program_id: Any) -> Reply:
@@ -218,7 +201,10 @@ class _Attempt:
 
 
 def tag_of(body: dict[str, Any]) -> str:
-    text = body["messages"][0]["content"] if "messages" in body else body.get("prompt", "")
+    if "messages" in body:
+        text = body["messages"][0]["content"]
+    else:
+        text = body.get("prompt", body.get("input", ""))
     return str(text[: text.index("]") + 1])
 
 

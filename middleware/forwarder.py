@@ -332,11 +332,12 @@ class Forwarder:
         """Capture usage from complete SSE events; drop the usage-only chunk we asked for."""
         kept: list[bytes] = []
         for event in ready.split(b"\n\n")[:-1]:
-            if b'"usage"' in event and event.startswith(b"data: "):
+            data = _data_of(event) if b'"usage"' in event else None
+            if data is not None:
                 with contextlib.suppress(
                     msgspec.DecodeError, msgspec.ValidationError, RecursionError
                 ):
-                    envelope = _decode_envelope(event[6:])
+                    envelope = _decode_envelope(data)
                     usage = _usage_of(envelope)
                     if usage is not None:
                         call.usage = usage
@@ -398,6 +399,21 @@ class Forwarder:
             await self._relay_whole(send, CallState(), response)
         finally:
             response.close()
+
+
+def _data_of(event: bytes) -> bytes | None:
+    """The `data:` payload of one SSE event. Chat streams send only that line; the Responses
+    API (vLLM) puts an `event: response.completed` line before it."""
+    if event.startswith(b"data:"):
+        line = event[5:]
+    else:
+        start = event.find(b"\ndata:")
+        if start < 0:
+            return None
+        line = event[start + 6 :]
+    end = line.find(b"\n")
+    line = line if end < 0 else line[:end]
+    return line[1:] if line.startswith(b" ") else line
 
 
 async def _send_upstream_error(send: Send, backend: Backend, exc: UpstreamError) -> None:

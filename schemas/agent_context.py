@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from thunder_mw.schemas.config import Convention
@@ -27,6 +29,15 @@ class AgentContext(msgspec.Struct, frozen=True, kw_only=True):
     kv_retention_ttl_s: float | None = None
     final: bool = False
     ephemeral: bool = False
+    # `nvext.agent_hints.speculative_prefill`: the client expects its next turn to extend this
+    # one, so warming that prefix after the turn is worth it (the scheduler may act on it).
+    speculative_prefill: bool = False
+    # Hints named in `agent_context.extra_agent_hints`, as (name, value) in the order sent.
+    extra_hints: tuple[tuple[str, Any], ...] = ()
+
+    def hint(self, name: str) -> Any:
+        """An allow-listed extra hint's value, or None when the request did not send it."""
+        return next((value for key, value in self.extra_hints if key == name), None)
 
 
 # --- Wire shapes of the strict conventions. forbid_unknown_fields makes a typo an error that
@@ -34,14 +45,20 @@ class AgentContext(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DynamoAgentContext(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    session_type_id: str
-    session_id: str
+    """`trajectory_id` is the only required field since ai-dynamo/dynamo#10800; the other ids
+    are optional and validated when present."""
+
     trajectory_id: str
+    session_type_id: str | None = None
+    session_id: str | None = None
     parent_trajectory_id: str | None = None
     trajectory_final: bool = False
 
 
 class DynamoAgentHints(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The hints Dynamo's agent-hints page lists; others are accepted only when allow-listed
+    in `agent_context.extra_agent_hints`."""
+
     priority: int | None = None
     strict_priority: int | None = msgspec.field(default=None)
     osl: int | None = None

@@ -19,12 +19,17 @@ class Convention(enum.StrEnum):
 
     THUNDERAGENT = "thunderagent"  # body program_id / docker_ids / tool_ids, nested extra_body
     DYNAMO_BODY = "dynamo_body"  # body nvext.agent_context (+ nvext.agent_hints)
-    DYNAMO_HEADERS = "dynamo_headers"  # X-Dynamo-Session-ID / -Parent-Session-ID / -Session-Final
+    # X-Dynamo-Session-ID / -Parent-Session-ID / -Session-Final, and the older
+    # x-dynamo-trajectory-id / -parent-trajectory-id / -trajectory-final
+    DYNAMO_HEADERS = "dynamo_headers"
     VLLM_ROUTER = "vllm_router"  # body vllm_xargs.agentic_context
     LITELLM = "litellm"  # header x-litellm-session-id, body metadata.session_id
     CODING_AGENTS = "coding_agents"  # Claude Code / Codex / OpenCode session headers
     SESSION_HEADER = "session_header"  # one operator-named header (vLLM production-stack style)
 
+
+# The hints Dynamo's agent-hints page documents (read into typed AgentContext fields).
+KNOWN_AGENT_HINTS = frozenset({"priority", "strict_priority", "osl", "speculative_prefill"})
 
 DEFAULT_CONVENTIONS: tuple[Convention, ...] = (
     Convention.THUNDERAGENT,
@@ -127,6 +132,13 @@ class AgentContextSettings(_Section):
         None,
         description="Header name read as the program id by the `session_header` convention.",
     )
+    extra_agent_hints: list[str] = Field(
+        default_factory=list,
+        description="Names accepted in `nvext.agent_hints` besides Dynamo's documented "
+        "`priority`, `strict_priority`, `osl` and `speculative_prefill` (e.g. a hint a newer "
+        "Dynamo adds): read onto the context's `extra_hints` and stripped. Any other unknown "
+        "hint is a 400.",
+    )
     max_id_length: int = Field(256, gt=0, le=4096, description="Longest accepted id.")
     max_docker_ids: int = Field(64, gt=0, le=1024, description="Most docker/tool ids per request.")
     program_owner: Literal["none", "header"] = Field(
@@ -142,6 +154,18 @@ class AgentContextSettings(_Section):
         description="Header whose value owns a program under `program_owner: header` (the "
         "client's API key).",
     )
+
+    @field_validator("extra_agent_hints")
+    @classmethod
+    def _hint_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not name.isidentifier():
+                raise ValueError(f"{name!r} is not a hint name (letters, digits, underscores)")
+            if name in KNOWN_AGENT_HINTS:
+                raise ValueError(f"{name!r} is one of Dynamo's documented hints already")
+        if len(set(v)) != len(v):
+            raise ValueError("a hint is named twice")
+        return v
 
     @field_validator("program_owner_header")
     @classmethod

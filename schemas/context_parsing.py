@@ -4,9 +4,11 @@ Pure: no I/O. The middleware decodes the body once and hands the dict here; this
 removes the agent-context fields in place (so the rest of the body keeps its keys, values
 and order) and returns the normalised `AgentContext`.
 
-Precedence (documented in README): the body wins over headers, as in Dynamo. Two body forms
-that name DIFFERENT programs are an error. Among headers, the first present in this order
-names the program: Dynamo, LiteLLM, the operator's session header, coding-agent headers.
+Precedence (docs/usage.md): the body wins over headers, as in Dynamo. Two body forms that name
+DIFFERENT programs are an error. Among headers, the first present in this order names the
+program: Dynamo's session header, Dynamo's older trajectory header, LiteLLM, the operator's
+session header, coding-agent headers (explicit gateway headers before agent-native ones, as
+Dynamo's session-ids page rules since ai-dynamo/dynamo#10896).
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ _NAMED_FIELD = re.compile(r"(?:unknown|missing required) field `([^`]*)`")
 H_DYNAMO_SESSION = b"x-dynamo-session-id"
 H_DYNAMO_PARENT = b"x-dynamo-parent-session-id"
 H_DYNAMO_FINAL = b"x-dynamo-session-final"
+# The trajectory headers (ai-dynamo/dynamo#10800, #10808), still in its ThunderAgent router docs.
+H_DYNAMO_TRAJECTORY = b"x-dynamo-trajectory-id"
+H_DYNAMO_PARENT_TRAJECTORY = b"x-dynamo-parent-trajectory-id"
+H_DYNAMO_TRAJECTORY_FINAL = b"x-dynamo-trajectory-final"
+_FINAL_HEADERS = {
+    H_DYNAMO_FINAL: "X-Dynamo-Session-Final",
+    H_DYNAMO_TRAJECTORY_FINAL: "X-Dynamo-Trajectory-Final",
+}
 H_LITELLM_SESSION = b"x-litellm-session-id"
 H_CLAUDE_SESSION = b"x-claude-code-session-id"
 H_CLAUDE_AGENT = b"x-claude-code-agent-id"
@@ -45,7 +55,14 @@ H_OPENCODE_SESSION = b"x-session-id"
 H_OPENCODE_PARENT = b"x-parent-session-id"
 
 _HEADERS_BY_CONVENTION: dict[Convention, tuple[bytes, ...]] = {
-    Convention.DYNAMO_HEADERS: (H_DYNAMO_SESSION, H_DYNAMO_PARENT, H_DYNAMO_FINAL),
+    Convention.DYNAMO_HEADERS: (
+        H_DYNAMO_SESSION,
+        H_DYNAMO_PARENT,
+        H_DYNAMO_FINAL,
+        H_DYNAMO_TRAJECTORY,
+        H_DYNAMO_PARENT_TRAJECTORY,
+        H_DYNAMO_TRAJECTORY_FINAL,
+    ),
     Convention.LITELLM: (H_LITELLM_SESSION,),
     Convention.CODING_AGENTS: (
         H_CLAUDE_SESSION,
@@ -82,6 +99,7 @@ class _Found:
         "deadline_s",
         "docker_ids",
         "expected_output_tokens",
+        "extra_hints",
         "final",
         "kv_retention_ttl_s",
         "parent",
@@ -91,6 +109,7 @@ class _Found:
         "session_id",
         "session_type",
         "source",
+        "speculative_prefill",
         "strict_priority",
     )
 
@@ -108,6 +127,8 @@ class _Found:
         self.deadline_s: float | None = None
         self.kv_retention_ttl_s: float | None = None
         self.final = False
+        self.speculative_prefill = False
+        self.extra_hints: list[tuple[str, Any]] = []
 
     def name_program(self, program_id: str, param: str, source: Convention) -> None:
         if self.program_id is None:
@@ -145,6 +166,7 @@ class ContextParser:
         if self._session_header:
             names.add(self._session_header)
         self.context_headers: frozenset[bytes] = frozenset(names)
+        self._extra_hints = frozenset(settings.extra_agent_hints)
         self._max_id = settings.max_id_length
         self._max_docker_ids = settings.max_docker_ids
 
@@ -189,6 +211,8 @@ class ContextParser:
                 deadline_s=found.deadline_s,
                 kv_retention_ttl_s=found.kv_retention_ttl_s,
                 final=found.final,
+                speculative_prefill=found.speculative_prefill,
+                extra_hints=tuple(found.extra_hints),
             ),
             changed,
         )
@@ -270,7 +294,9 @@ class ContextParser:
             changed = True
             ctx = _convert(raw, DynamoAgentContext, "nvext.agent_context")
             for name in ("session_type_id", "session_id", "trajectory_id"):
-                self.check_id(getattr(ctx, name), f"nvext.agent_context.{name}")
+                value = getattr(ctx, name)
+                if value is not None:
+                    self.check_id(value, f"nvext.agent_context.{name}")
             param = "nvext.agent_context.trajectory_id"
             found.name_program(ctx.trajectory_id, param, Convention.DYNAMO_BODY)
             if ctx.parent_trajectory_id is not None:
@@ -281,21 +307,30 @@ class ContextParser:
             found.session_type = found.session_type or ctx.session_type_id
             found.final |= ctx.trajectory_final
         if "agent_hints" in nvext:
-            raw = nvext.pop("agent_hints")
             changed = True
-            hints = _convert(raw, DynamoAgentHints, "nvext.agent_hints")
-            for name in ("strict_priority", "osl"):
-                if (getattr(hints, name) or 0) < 0:
-                    raise ContextError(
-                        f"nvext.agent_hints.{name} must be >= 0", f"nvext.agent_hints.{name}"
-                    )
-            if hints.priority is not None:
-                found.priority = hints.priority
-            found.strict_priority = hints.strict_priority
-            found.expected_output_tokens = hints.osl
+            self._agent_hints(nvext.pop("agent_hints"), found)
         if changed and not nvext:
             del body["nvext"]
         return changed
+
+    def _agent_hints(self, raw: object, found: _Found) -> None:
+        if isinstance(raw, dict) and self._extra_hints:
+            raw = dict(raw)
+            for name in [k for k in raw if k in self._extra_hints]:
+                value = raw.pop(name)
+                if value is not None:
+                    found.extra_hints.append((name, value))
+        hints = _convert(raw, DynamoAgentHints, "nvext.agent_hints")
+        for name in ("strict_priority", "osl"):
+            if (getattr(hints, name) or 0) < 0:
+                raise ContextError(
+                    f"nvext.agent_hints.{name} must be >= 0", f"nvext.agent_hints.{name}"
+                )
+        if hints.priority is not None:
+            found.priority = hints.priority
+        found.strict_priority = hints.strict_priority
+        found.expected_output_tokens = hints.osl
+        found.speculative_prefill = bool(hints.speculative_prefill)
 
     def _vllm_xargs(self, body: dict[str, Any], found: _Found) -> bool:
         xargs = body.get("vllm_xargs")
@@ -350,15 +385,15 @@ class ContextParser:
             return
         # Every present header is validated even when the body names the program: a bad
         # header is a client bug worth reporting, not something to forward silently.
-        checked = {n: self.check_id(v, n.decode()) for n, v in got.items() if n != H_DYNAMO_FINAL}
-        if H_DYNAMO_FINAL in got:
-            flag = got[H_DYNAMO_FINAL].strip().lower()
-            if flag not in _TRUE and flag not in _FALSE:
-                raise ContextError(
-                    f"X-Dynamo-Session-Final must be true or false, got {flag[:20]!r}",
-                    "X-Dynamo-Session-Final",
-                )
-            found.final |= flag in _TRUE
+        checked = {
+            n: self.check_id(v, n.decode()) for n, v in got.items() if n not in _FINAL_HEADERS
+        }
+        for name, label in _FINAL_HEADERS.items():
+            if name in got:
+                flag = got[name].strip().lower()
+                if flag not in _TRUE and flag not in _FALSE:
+                    raise ContextError(f"{label} must be true or false, got {flag[:20]!r}", label)
+                found.final |= flag in _TRUE
         program, parent, source = _program_from_headers(checked, self._session_header)
         if found.program_id is None and program is not None and source is not None:
             found.program_id, found.program_param, found.source = program, "header", source
@@ -368,24 +403,40 @@ class ContextParser:
 def _program_from_headers(
     h: dict[bytes, str], session_header: bytes | None
 ) -> tuple[str | None, str | None, Convention | None]:
-    if H_DYNAMO_SESSION in h:
-        return h[H_DYNAMO_SESSION], h.get(H_DYNAMO_PARENT), Convention.DYNAMO_HEADERS
+    """The program (and its parent) the headers name, by the documented header precedence."""
+    session, trajectory = h.get(H_DYNAMO_SESSION), h.get(H_DYNAMO_TRAJECTORY)
+    if session is not None or trajectory is not None:
+        # The session header wins when both name a program (#10896 replaced the trajectory
+        # headers with it); a parent header belongs to the id header of its own family.
+        session_parent, trajectory_parent = (
+            h.get(H_DYNAMO_PARENT),
+            h.get(H_DYNAMO_PARENT_TRAJECTORY),
+        )
+        if session is not None:
+            same = trajectory is None or trajectory == session
+            return (
+                session,
+                session_parent or (trajectory_parent if same else None),
+                (Convention.DYNAMO_HEADERS),
+            )
+        return trajectory, trajectory_parent or session_parent, Convention.DYNAMO_HEADERS
     if H_LITELLM_SESSION in h:
         return h[H_LITELLM_SESSION], None, Convention.LITELLM
     if session_header is not None and session_header in h:
         return h[session_header], None, Convention.SESSION_HEADER
     if H_CLAUDE_SESSION in h:
-        session = h[H_CLAUDE_SESSION]
+        # Dynamo's session-ids page: a root turn is its session; a child agent's turn is its
+        # agent id, whose parent is the parent agent id, else the root session.
+        claude_session = h[H_CLAUDE_SESSION]
         agent = h.get(H_CLAUDE_AGENT)
-        parent_agent = h.get(H_CLAUDE_PARENT)
-        program = f"{session}/{agent}" if agent else session
-        parent = f"{session}/{parent_agent}" if parent_agent else (session if agent else None)
-        return program, parent, Convention.CODING_AGENTS
-    for name in (H_CODEX_THREAD, H_CODEX_SESSION, H_OPENCODE_SESSION):
+        if agent is None or agent == claude_session:
+            return claude_session, None, Convention.CODING_AGENTS
+        return agent, h.get(H_CLAUDE_PARENT) or claude_session, Convention.CODING_AGENTS
+    for name in (H_CODEX_SESSION, H_CODEX_THREAD, H_OPENCODE_SESSION):
         if name in h:
             parent = h.get(H_OPENCODE_PARENT) if name == H_OPENCODE_SESSION else None
             return h[name], parent, Convention.CODING_AGENTS
-    return None, h.get(H_DYNAMO_PARENT), None
+    return None, None, None
 
 
 def _convert(raw: object, kind: type[Any], param: str) -> Any:

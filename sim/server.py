@@ -18,7 +18,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from thunder_mw.schemas.config import SimEngineSettings
-from thunder_mw.sim import metrics
+from thunder_mw.sim import metrics, responses_api
 from thunder_mw.sim.cost_model import get_profile
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
 from thunder_mw.sim.tokenizer import Tokenizer, load_tokenizer
@@ -353,6 +353,50 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         return await generate(request, chat=True)
 
+    async def responses(request: Request) -> Response:
+        """POST /v1/responses as vLLM serves it (plain text output)."""
+        body = await read_body(request)
+        if isinstance(body, Response):
+            return body
+        svc.record_unknown(body, responses_api.RESPONSES_FIELDS)
+        try:
+            messages = responses_api.input_messages(body)
+        except responses_api.BadInput as exc:
+            return _error(400, str(exc), "BadRequestError", exc.param)
+        prompt_ids = tokenizer.encode(svc.chat_prompt(messages))
+        limit = body.get("max_output_tokens")
+        params = SamplingParams(
+            max_tokens=limit if isinstance(limit, int) else None,
+            min_tokens=int(body.get("min_tokens") or 0),
+            ignore_eos=bool(body.get("ignore_eos", False)),
+        )
+        problem = engine.validate(prompt_ids, params)
+        if problem:
+            return _error(400, problem, "BadRequestError")
+        stream = bool(body.get("stream", False))
+        pending = svc.submit(prompt_ids, params, stream)
+        seq = pending.seq
+        given_id = body.get("request_id")
+        answer = _ResponsesAnswer(
+            svc,
+            body,
+            given_id if isinstance(given_id, str) else f"resp_{seq.request_id}",
+            int(time.time()),
+            params.max_tokens or engine.config.max_model_len - len(prompt_ids),
+        )
+        if stream:
+            return StreamingResponse(answer.events(pending), media_type="text/event-stream")
+        try:
+            while seq.finish_reason is None:
+                pending.event.clear()
+                await pending.event.wait()
+        finally:
+            if seq.finish_reason is None:
+                engine.abort(seq.request_id)
+        text = tokenizer.decode(engine.output_ids(seq))
+        item = responses_api.message_item(f"msg_{seq.request_id}", text, "completed")
+        return _json(answer.final(seq, [item]))
+
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
 
@@ -471,6 +515,7 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_route, methods=["GET"]),
@@ -568,6 +613,56 @@ async def _stream(
     finally:
         if seq.finish_reason is None:
             engine.abort(seq.request_id)
+
+
+class _ResponsesAnswer:
+    """One /v1/responses answer: the response object, whole or as vLLM's stream of events."""
+
+    def __init__(
+        self, svc: SimService, body: dict[str, Any], rid: str, created: int, max_out: int
+    ) -> None:
+        self.svc, self.body, self.rid, self.created, self.max_out = svc, body, rid, created, max_out
+
+    def _object(self, output: list[dict[str, Any]], status: str, usage: Any) -> dict[str, Any]:
+        return responses_api.response_object(
+            self.body,
+            self.rid,
+            self.created,
+            self.svc.model_name,
+            output=output,
+            status=status,
+            max_output_tokens=self.max_out,
+            usage=usage,
+        )
+
+    def final(self, seq: Sequence, output: list[dict[str, Any]]) -> dict[str, Any]:
+        usage = responses_api.usage(seq.prompt_len, seq.num_output, max(seq.num_cached_tokens, 0))
+        return self._object(output, responses_api.status_of(seq.finish_reason), usage)
+
+    async def events(self, pending: _Pending) -> AsyncIterator[bytes]:
+        engine, tokenizer, seq = self.svc.engine, self.svc.tokenizer, pending.seq
+        events = responses_api.ResponseEvents(f"msg_{seq.request_id}")
+        sent = 0
+        try:
+            for frame in events.start(self._object([], "in_progress", None)):
+                yield frame
+            while True:
+                pending.event.clear()
+                if seq.finish_reason is None and seq.num_output <= sent:
+                    await pending.event.wait()
+                done = seq.finish_reason is not None
+                new_ids = engine.output_ids(seq, sent)
+                if new_ids:
+                    sent += len(new_ids)
+                    yield events.delta(tokenizer.decode(new_ids))
+                if done:
+                    break
+            item = responses_api.message_item(events.item_id, events.text, "completed")
+            for frame in events.finish(self.final(seq, [item])):
+                yield frame
+        finally:
+            if seq.finish_reason is None:
+                engine.abort(seq.request_id)
 
 
 # -- command line ------------------------------------------------------------------------------

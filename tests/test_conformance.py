@@ -98,3 +98,30 @@ def test_every_check_belongs_to_full_and_profiles_only_hold_their_promises():
     assert not {i for i in thunderagent if i.startswith("reject.")}
     assert "reject.nvext.agent_context.unknown_key" in {c.id for c in checks_for("dynamo-body")}
     assert "strip.dynamo_headers" in {c.id for c in checks_for("dynamo-headers")}
+
+
+def test_the_reports_for_people_give_counts_per_profile_and_each_failures_payload(tmp_path):
+    port = free_port()
+    md, page = tmp_path / "report.md", tmp_path / "report.html"
+    checks = ["strip.program_id.top_level", "stream.same_chunks", "lifecycle.trajectory_final"]
+    with serving(MiniGateway(f"http://127.0.0.1:{port}", FORWARDS_PROGRAM_ID)) as gateway:
+        rc = conformance(
+            "--target", gateway.url, "--backend-port", str(port), "--profile", "full",
+            *(a for c in checks for a in ("--check", c)),
+            "--report-md", str(md), "--report-html", str(page),
+        )  # fmt: skip
+    assert rc == 1
+    text = md.read_text()
+    assert "deviates from profile full: strip.program_id.top_level" in text
+    assert "| `full` | 1 | 1 | 1 |" in text  # stream passes, strip fails, lifecycle n/a
+    assert "### `strip.program_id.top_level`" in text and '"program_id": "conformance-' in text
+    assert "`lifecycle.trajectory_final`: the server does not list a program" in text
+    html = page.read_text()
+    assert html.startswith("<!doctype html>") and "<h3 class=fail><code>strip.program_id" in html
+    assert "&quot;program_id&quot;: &quot;conformance-" in html  # the payload, escaped
+    assert "<td class=fail>1</td>" in html
+
+
+def test_a_passing_run_says_the_target_conforms(capsys):
+    assert conformance("--self", "--check", "stream.same_chunks") == 0
+    assert "conforms to profile full" in capsys.readouterr().out

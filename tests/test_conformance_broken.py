@@ -123,3 +123,35 @@ def test_a_thunderagent_like_gateway_passes_the_thunderagent_profile():
 def test_a_thunderagent_like_gateway_fails_what_only_the_full_profile_expects(check_id):
     result = run_against(THUNDERAGENT_LIKE, only=[check_id])
     assert statuses(result) == {check_id: "fail"}
+
+
+def test_a_gateway_that_does_not_read_the_body_form_fails_precedence_and_strip():
+    # thunder-mw itself with `dynamo_body` turned off: the header names the program, the
+    # body's nvext is forwarded, and the trajectory_final flag is never read.
+    from thunder_mw.middleware.app import create_app
+    from thunder_mw.schemas.config import ThunderConfig
+
+    port = free_port()
+    config = ThunderConfig(
+        backends=[{"name": "recorder", "url": f"http://127.0.0.1:{port}"}],
+        agent_context={"conventions": ["thunderagent", "dynamo_headers"]},
+    )
+    only = [
+        "precedence.body_over_header",
+        "strip.nvext.agent_context",
+        "lifecycle.trajectory_final",
+        "precedence.session_over_trajectory_header",
+    ]
+    with serving(create_app(config)) as gateway:
+        result = asyncio.run(
+            run_conformance_suite(
+                target=gateway.url, backend_port=port, profile="full", only=only, wait_s=10
+            )
+        )
+    assert statuses(result) == {
+        "precedence.body_over_header": "fail",
+        "strip.nvext.agent_context": "fail",
+        "lifecycle.trajectory_final": "n/a",
+        "precedence.session_over_trajectory_header": "pass",
+    }
+    assert "was counted under" in detail(result, "precedence.body_over_header")

@@ -90,10 +90,37 @@ def test_dynamo_unknown_key_is_rejected_by_name():
     assert err.param == "nvext.agent_context.trajectroy"
 
 
-def test_dynamo_missing_required_field_is_named():
+def test_dynamo_missing_trajectory_id_is_named():
     ctx = dict(DYNAMO)
-    del ctx["session_id"]
-    assert error_of({"nvext": {"agent_context": ctx}}).param == "nvext.agent_context.session_id"
+    del ctx["trajectory_id"]
+    err = error_of({"nvext": {"agent_context": ctx}})
+    assert err.param == "nvext.agent_context.trajectory_id" and err.status == 400
+
+
+def test_dynamo_trajectory_id_alone_names_the_program():
+    # ai-dynamo/dynamo#10800: trajectory_id is the only required field.
+    body = {"model": "m", "nvext": {"agent_context": {"trajectory_id": "t-1"}}}
+    ctx, changed = parse(body)
+    assert ctx.program_id == "t-1" and ctx.source is Convention.DYNAMO_BODY
+    assert ctx.session_id is None and ctx.session_type is None
+    assert changed and body == {"model": "m"}
+
+
+@pytest.mark.parametrize("name", ["session_id", "session_type_id"])
+def test_dynamo_optional_ids_are_validated_when_present(name):
+    for bad, fragment in (("  ", "empty"), (7, "Expected `str"), ("a\x00b", "control")):
+        err = error_of({"nvext": {"agent_context": {"trajectory_id": "t", name: bad}}})
+        assert err.param == f"nvext.agent_context.{name}" and fragment in err.message
+
+
+def test_dynamo_null_optional_id_counts_as_absent():
+    ctx, _ = parse({"nvext": {"agent_context": {"trajectory_id": "t", "session_id": None}}})
+    assert ctx.program_id == "t" and ctx.session_id is None
+
+
+def test_dynamo_unknown_key_is_still_rejected_with_trajectory_id_alone():
+    err = error_of({"nvext": {"agent_context": {"trajectory_id": "t", "sesion_id": "s"}}})
+    assert err.param == "nvext.agent_context.sesion_id" and err.status == 400
 
 
 def test_dynamo_wrong_type_is_named():
@@ -114,6 +141,51 @@ def test_agent_hints_set_priority_and_expected_output():
     ctx, _ = parse(body)
     assert (ctx.priority, ctx.expected_output_tokens, ctx.strict_priority) == (5, 200, 1)
     assert "nvext" not in body
+
+
+def test_speculative_prefill_hint_is_read_onto_the_context_and_stripped():
+    body = {
+        "model": "m",
+        "program_id": "p",
+        "nvext": {"agent_hints": {"speculative_prefill": True}},
+    }
+    ctx, _ = parse(body)
+    assert ctx.speculative_prefill is True
+    assert body == {"model": "m"}
+
+
+def test_speculative_prefill_must_be_a_boolean():
+    err = error_of({"program_id": "p", "nvext": {"agent_hints": {"speculative_prefill": "yes"}}})
+    assert err.param == "nvext.agent_hints.speculative_prefill"
+
+
+def test_an_unknown_hint_is_rejected_by_name():
+    err = error_of({"program_id": "p", "nvext": {"agent_hints": {"latency_sensitivity": 1.5}}})
+    assert err.param == "nvext.agent_hints.latency_sensitivity" and err.status == 400
+
+
+def test_an_allow_listed_hint_is_read_onto_the_context_and_stripped():
+    hints = {"priority": 2, "latency_sensitivity": 1.5, "cache_ttl": {"s": 30}}
+    body = {"model": "m", "program_id": "p", "nvext": {"agent_hints": hints}}
+    ctx, _ = parse(body, extra_agent_hints=["latency_sensitivity", "cache_ttl"])
+    assert ctx.priority == 2
+    assert ctx.extra_hints == (("latency_sensitivity", 1.5), ("cache_ttl", {"s": 30}))
+    assert ctx.hint("latency_sensitivity") == 1.5 and ctx.hint("absent") is None
+    assert body == {"model": "m"}
+
+
+def test_allow_listing_one_hint_still_rejects_others():
+    err = error_of(
+        {"program_id": "p", "nvext": {"agent_hints": {"latency_sensitivity": 1, "bogus": 1}}},
+        extra_agent_hints=["latency_sensitivity"],
+    )
+    assert err.param == "nvext.agent_hints.bogus"
+
+
+@pytest.mark.parametrize("names", [["osl"], ["not a name"], ["x", "x"]])
+def test_the_hint_allow_list_refuses_documented_bad_or_repeated_names(names):
+    with pytest.raises(ValueError, match="extra_agent_hints"):
+        AgentContextSettings(extra_agent_hints=names)
 
 
 def test_other_nvext_keys_are_kept():
@@ -151,6 +223,89 @@ def test_body_wins_over_headers():
 def test_a_bad_header_is_an_error_even_when_the_body_names_the_program():
     err = error_of({"program_id": "p"}, {"X-Dynamo-Session-ID": "x" * 300})
     assert err.param == "x-dynamo-session-id"
+
+
+def test_trajectory_headers_name_the_program_its_parent_and_end():
+    headers = {
+        "x-dynamo-trajectory-id": "t1",
+        "x-dynamo-parent-trajectory-id": "t0",
+        "x-dynamo-trajectory-final": "true",
+    }
+    ctx, _ = parse({}, headers)
+    assert (ctx.program_id, ctx.parent_program_id, ctx.final) == ("t1", "t0", True)
+    assert ctx.source is Convention.DYNAMO_HEADERS
+
+
+def test_trajectory_final_header_must_be_boolean():
+    err = error_of({}, {"x-dynamo-trajectory-id": "t1", "x-dynamo-trajectory-final": "soon"})
+    assert err.param == "X-Dynamo-Trajectory-Final" and err.status == 400
+
+
+@pytest.mark.parametrize("name", ["x-dynamo-trajectory-id", "x-dynamo-parent-trajectory-id"])
+def test_trajectory_headers_are_validated(name):
+    headers = {"x-dynamo-trajectory-id": "t1", name: " "}
+    assert error_of({}, headers).param == name
+
+
+def test_session_header_wins_over_trajectory_header():
+    headers = {
+        "X-Dynamo-Session-ID": "s1",
+        "X-Dynamo-Parent-Session-ID": "s0",
+        "x-dynamo-trajectory-id": "t1",
+        "x-dynamo-parent-trajectory-id": "t0",
+    }
+    ctx, _ = parse({}, headers)
+    assert (ctx.program_id, ctx.parent_program_id) == ("s1", "s0")
+
+
+def test_the_losing_trajectory_header_lends_no_parent_to_another_program():
+    headers = {
+        "X-Dynamo-Session-ID": "s1",
+        "x-dynamo-trajectory-id": "t1",
+        "x-dynamo-parent-trajectory-id": "t0",
+    }
+    ctx, _ = parse({}, headers)
+    assert (ctx.program_id, ctx.parent_program_id) == ("s1", None)
+
+
+def test_a_trajectory_parent_applies_when_both_headers_name_the_same_program():
+    headers = {
+        "X-Dynamo-Session-ID": "p",
+        "x-dynamo-trajectory-id": "p",
+        "x-dynamo-parent-trajectory-id": "p0",
+    }
+    ctx, _ = parse({}, headers)
+    assert (ctx.program_id, ctx.parent_program_id) == ("p", "p0")
+
+
+def test_either_final_header_ends_the_session_header_program():
+    headers = {"X-Dynamo-Session-ID": "s1", "x-dynamo-trajectory-final": "true"}
+    assert parse({}, headers)[0].final
+
+
+def test_body_wins_over_trajectory_header():
+    headers = {"x-dynamo-trajectory-id": "h", "x-dynamo-parent-trajectory-id": "h0"}
+    ctx, _ = parse({"nvext": {"agent_context": {"trajectory_id": "b"}}}, headers)
+    assert ctx.program_id == "b" and ctx.source is Convention.DYNAMO_BODY
+    assert ctx.parent_program_id is None
+
+
+def test_trajectory_header_wins_over_coding_agent_headers():
+    headers = {"x-dynamo-trajectory-id": "t", "x-claude-code-session-id": "cc"}
+    conventions = [Convention.DYNAMO_HEADERS, Convention.CODING_AGENTS]
+    assert parse({}, headers, conventions=conventions)[0].program_id == "t"
+
+
+def test_trajectory_headers_are_listed_for_stripping_under_dynamo_headers():
+    parser = ContextParser(AgentContextSettings())
+    for name in (
+        b"x-dynamo-trajectory-id",
+        b"x-dynamo-parent-trajectory-id",
+        b"x-dynamo-trajectory-final",
+    ):
+        assert name in parser.context_headers
+    off = ContextParser(AgentContextSettings(conventions=[Convention.THUNDERAGENT]))
+    assert b"x-dynamo-trajectory-id" not in off.context_headers
 
 
 def test_dynamo_header_wins_over_litellm_header():
@@ -200,14 +355,53 @@ def test_coding_agent_headers_are_off_by_default():
     assert ctx is None
 
 
-def test_claude_code_agent_is_a_sub_program_of_its_session():
-    conventions = [Convention.THUNDERAGENT, Convention.CODING_AGENTS]
-    ctx, _ = parse(
-        {},
-        {"x-claude-code-session-id": "s", "x-claude-code-agent-id": "a2"},
-        conventions=conventions,
-    )
-    assert ctx.program_id == "s/a2" and ctx.parent_program_id == "s"
+CODING = [Convention.THUNDERAGENT, Convention.DYNAMO_HEADERS, Convention.CODING_AGENTS]
+
+
+def test_claude_code_root_turn_is_its_session():
+    ctx, _ = parse({}, {"x-claude-code-session-id": "s"}, conventions=CODING)
+    assert (ctx.program_id, ctx.parent_program_id) == ("s", None)
+    assert ctx.source is Convention.CODING_AGENTS
+
+
+def test_claude_code_top_level_child_agent_is_its_agent_id_under_the_session():
+    # Dynamo's session-ids page (ai-dynamo/dynamo#10896): the agent id is the child's session,
+    # its parent is the parent agent id, else the root session.
+    headers = {"x-claude-code-session-id": "s", "x-claude-code-agent-id": "a2"}
+    ctx, _ = parse({}, headers, conventions=CODING)
+    assert (ctx.program_id, ctx.parent_program_id) == ("a2", "s")
+
+
+def test_claude_code_nested_child_agent_is_under_its_parent_agent():
+    headers = {
+        "x-claude-code-session-id": "s",
+        "x-claude-code-agent-id": "a3",
+        "x-claude-code-parent-agent-id": "a2",
+    }
+    ctx, _ = parse({}, headers, conventions=CODING)
+    assert (ctx.program_id, ctx.parent_program_id) == ("a3", "a2")
+
+
+def test_dynamo_session_header_wins_over_claude_code_headers():
+    headers = {
+        "X-Dynamo-Session-ID": "d",
+        "x-claude-code-session-id": "s",
+        "x-claude-code-agent-id": "a2",
+    }
+    ctx, _ = parse({}, headers, conventions=CODING)
+    assert (ctx.program_id, ctx.parent_program_id) == ("d", None)
+
+
+def test_a_final_header_applies_to_an_agent_native_program():
+    headers = {"x-claude-code-session-id": "s", "X-Dynamo-Session-Final": "true"}
+    ctx, _ = parse({}, headers, conventions=CODING)
+    assert ctx.program_id == "s" and ctx.final
+
+
+def test_codex_session_id_and_opencode_parent():
+    assert parse({}, {"session-id": "cx"}, conventions=CODING)[0].program_id == "cx"
+    ctx, _ = parse({}, {"x-session-id": "oc", "x-parent-session-id": "oc0"}, conventions=CODING)
+    assert (ctx.program_id, ctx.parent_program_id) == ("oc", "oc0")
 
 
 def test_operator_session_header():

@@ -109,3 +109,101 @@ def test_prefix_cache_hits_are_captured_for_a_program(gateway, vllm_engine):
     assert program["steps"] == 2
     # The repeat hits whole 128-token blocks of the first call's prompt.
     assert program["cached_tokens"] > 0 and program["cached_tokens"] % vllm_engine.block_size == 0
+
+
+# Every agent-context form, old and new, through thunder-mw to the real engine: (route, body
+# fields, headers, the program it names, that program's parent). Each request also carries
+# CONTROL, a field vLLM does not read: the engine logging it as ignored proves that its log
+# would show a context field that got through.
+CONTROL = "x_thunder_control"
+DYNAMO_FORMS = {
+    "program_id+docker_ids": (
+        "/v1/chat/completions", {"program_id": "f-ta", "docker_ids": ["box-f"]}, {}, "f-ta", None
+    ),
+    "extra_body.program_id": (
+        "/v1/chat/completions", {"extra_body": {"program_id": "f-eb"}}, {}, "f-eb", None
+    ),
+    "nvext.agent_context.trajectory_only": (
+        "/v1/chat/completions", {"nvext": {"agent_context": {"trajectory_id": "f-dt"}}}, {},
+        "f-dt", None,
+    ),
+    "nvext.agent_context.full": (
+        "/v1/chat/completions",
+        {"nvext": {"agent_context": {"session_type_id": "swe", "session_id": "f-s",
+                                     "trajectory_id": "f-df", "parent_trajectory_id": "f-dp",
+                                     "trajectory_final": False}}},
+        {}, "f-df", "f-dp",
+    ),
+    "nvext.agent_hints.speculative_prefill": (
+        "/v1/chat/completions",
+        {"program_id": "f-sp",
+         "nvext": {"agent_hints": {"priority": 3, "osl": 8, "speculative_prefill": True}}},
+        {}, "f-sp", None,
+    ),
+    "x-dynamo-trajectory-id": (
+        "/v1/chat/completions", {},
+        {"x-dynamo-trajectory-id": "f-th", "x-dynamo-parent-trajectory-id": "f-tp"},
+        "f-th", "f-tp",
+    ),
+    "X-Dynamo-Session-ID": (
+        "/v1/chat/completions", {},
+        {"X-Dynamo-Session-ID": "f-sh", "X-Dynamo-Parent-Session-ID": "f-shp"}, "f-sh", "f-shp",
+    ),
+    "session header over trajectory header": (
+        "/v1/chat/completions", {},
+        {"X-Dynamo-Session-ID": "f-win", "x-dynamo-trajectory-id": "f-lose"}, "f-win", None,
+    ),
+    "Claude Code child agent": (
+        "/v1/chat/completions", {},
+        {"x-claude-code-session-id": "f-cc", "x-claude-code-agent-id": "f-cc-a1"},
+        "f-cc-a1", "f-cc",
+    ),
+    "vllm_xargs.agentic_context": (
+        "/v1/chat/completions", {"vllm_xargs": {"agentic_context": {"program_id": "f-vx"}}}, {},
+        "f-vx", None,
+    ),
+    "metadata.session_id": ("/v1/chat/completions", {"metadata": {"session_id": "f-ll"}}, {},
+                            "f-ll", None),
+    "responses+program_id": ("/v1/responses", {"program_id": "f-rp"}, {}, "f-rp", None),
+    "responses+nvext.agent_context": (
+        "/v1/responses",
+        {"nvext": {"agent_context": {"trajectory_id": "f-rn"},
+                   "agent_hints": {"speculative_prefill": True}}},
+        {"x-dynamo-trajectory-final": "false"}, "f-rn", None,
+    ),
+}  # fmt: skip
+STRIPPED = {"program_id", "docker_ids", "extra_body", "nvext", "vllm_xargs", "metadata"}
+
+
+@pytest.fixture(scope="module")
+def all_forms_gateway(vllm_engine):
+    conventions = ["thunderagent", "dynamo_body", "dynamo_headers", "vllm_router", "litellm",
+                   "coding_agents"]  # fmt: skip
+    config = ThunderConfig(
+        backends=[{"name": "vllm-0", "url": vllm_engine.url}],
+        agent_context={"conventions": conventions},
+    )
+    with serving(create_app(config)) as gw:
+        yield gw
+
+
+@pytest.mark.parametrize("form", list(DYNAMO_FORMS))
+def test_the_real_engine_answers_each_form_with_the_context_stripped(
+    form, all_forms_gateway, vllm_engine
+):
+    path, fields, headers, program, parent = DYNAMO_FORMS[form]
+    if path == "/v1/responses":
+        body = {"model": vllm_engine.model, "input": "Say hi.", "max_output_tokens": 2}
+    else:
+        body = {"model": vllm_engine.model, "messages": PROMPT, "max_tokens": 2}
+    body = {**body, CONTROL: 1, **fields}
+    offset = vllm_engine.log_offset()
+    r = httpx.post(f"{all_forms_gateway.url}{path}", json=body, headers=headers, timeout=120)
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert (usage.get("completion_tokens") or usage.get("output_tokens")) > 0
+    view = httpx.get(f"{all_forms_gateway.url}/programs/{program}").json()
+    assert view["steps"] >= 1 and view["parent_program_id"] == parent, view
+    ignored = _ignored_after(vllm_engine, offset)
+    assert CONTROL in ignored, f"the engine's log shows no ignored fields at all: {ignored}"
+    assert not ignored & STRIPPED, ignored

@@ -18,8 +18,8 @@ def stack():
     with serving(engine) as es:
         cfg = ThunderConfig(backends=[{"name": "e", "url": es.url}])
         with serving(create_app(cfg)) as gw:
-            client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="sk-test", max_retries=0)
-            yield engine, gw, client
+            with openai.OpenAI(base_url=f"{gw.url}/v1", api_key="sk-test", max_retries=0) as client:
+                yield engine, gw, client
 
 
 def test_non_streaming_call_with_extra_body(stack):

@@ -31,13 +31,14 @@ class Stack:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
 
     def chat(self, key: str, program_id: str, headers: dict[str, str] | None = None) -> Any:
-        return self.client(key).chat.completions.create(
-            model="fake-model",
-            messages=MESSAGES,
-            max_tokens=2,
-            extra_body={"program_id": program_id},
-            extra_headers=headers,
-        )
+        with self.client(key) as client:
+            return client.chat.completions.create(
+                model="fake-model",
+                messages=MESSAGES,
+                max_tokens=2,
+                extra_body={"program_id": program_id},
+                extra_headers=headers,
+            )
 
     def release(self, program_id: str, headers: dict[str, str] | None = None) -> httpx.Response:
         return httpx.post(
@@ -151,10 +152,10 @@ def test_ownership_is_off_by_default(engine):
     config = ThunderConfig(backends=[{"name": "e", "url": engine.url}])
     with serving(create_app(config)) as gw:
         for key in ("sk-alice", "sk-bob"):
-            client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
-            client.chat.completions.create(
-                model="m", messages=MESSAGES, extra_body={"program_id": "agent-1"}
-            )
+            with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0) as client:
+                client.chat.completions.create(
+                    model="m", messages=MESSAGES, extra_body={"program_id": "agent-1"}
+                )
     assert len(engine.received) == 2
 
 

@@ -37,8 +37,13 @@ def test_engine_capacity_is_discovered(gateway, vllm_engine):
     assert backend["capacity_source"] == "engine"
 
 
-def test_openai_client_non_streaming_through_thunder_mw(gateway, vllm_engine):
-    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+@pytest.fixture
+def client(gateway):
+    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def test_openai_client_non_streaming_through_thunder_mw(gateway, vllm_engine, client):
     offset = vllm_engine.log_offset()
     answer = client.chat.completions.create(
         model=vllm_engine.model,
@@ -56,8 +61,7 @@ def test_openai_client_non_streaming_through_thunder_mw(gateway, vllm_engine):
     assert not ignored & {"program_id", "docker_ids"}, ignored
 
 
-def test_openai_client_streaming_through_thunder_mw(gateway, vllm_engine):
-    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+def test_openai_client_streaming_through_thunder_mw(gateway, vllm_engine, client):
     offset = vllm_engine.log_offset()
     chunks = list(
         client.chat.completions.create(

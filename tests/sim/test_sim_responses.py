@@ -107,17 +107,19 @@ def test_a_streamed_answer_sends_vllms_events_in_order_with_usage_at_the_end() -
 
 def test_the_openai_client_reads_both_forms() -> None:
     async def body(url: str) -> tuple[Any, list[Any]]:
-        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        whole = await client.responses.create(
-            model="sim-model",
-            instructions="Be brief.",
-            input=[{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
-            max_output_tokens=2,
-        )
-        stream = await client.responses.create(
-            model="sim-model", input="hi", max_output_tokens=2, stream=True
-        )
-        return whole, [event async for event in stream]
+        async with openai.AsyncOpenAI(
+            base_url=f"{url}/v1", api_key="unused", max_retries=0
+        ) as client:
+            whole = await client.responses.create(
+                model="sim-model",
+                instructions="Be brief.",
+                input=[{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+                max_output_tokens=2,
+            )
+            stream = await client.responses.create(
+                model="sim-model", input="hi", max_output_tokens=2, stream=True
+            )
+            return whole, [event async for event in stream]
 
     whole, streamed = _with_engine(body)
     assert whole.output_text and whole.usage.output_tokens == 2

@@ -8,6 +8,9 @@ or be n/a with its reason; one that passes would pass on nothing.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import httpx
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -58,4 +61,12 @@ def passthrough_proxy(engine_url: str, *, empty_program_views: bool = False) -> 
 
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH"]
     routes = [Route("/programs", no_programs, methods=["GET"])] if empty_program_views else []
-    return Starlette(routes=[*routes, Route("/{path:path}", forward, methods=methods)])
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await client.aclose()
+
+    return Starlette(
+        routes=[*routes, Route("/{path:path}", forward, methods=methods)], lifespan=lifespan
+    )

@@ -4,10 +4,10 @@ and caches that go cold when weights are updated (pure, simulated clock)."""
 from __future__ import annotations
 
 import pytest
+from test_scheduler_core import ctx, info, make, of, run_step
 
 from thunder_mw.policies.core import BackendMetrics, Forward, Hold, Resumed
 from thunder_mw.policies.program_table import ProgramState, Usage
-from test_scheduler_core import ctx, info, make, of, run_step
 
 
 # ------------------------------------------------------------------ adding

@@ -225,7 +225,7 @@ class Fleet:
         if mode != "wait":
             # The engines abort (or keep, paused inside them) what runs now.
             answers = await self._tell_all(lambda b: pause_call(b.flavor, mode))
-        if mode != "keep":
+        if mode != "keep" and scheduler.calls:
             try:
                 await asyncio.wait_for(scheduler.until(lambda: not scheduler.calls), timeout_s)
             except TimeoutError:

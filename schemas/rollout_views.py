@@ -4,9 +4,9 @@ msgspec structs that the routes encode and GET /openapi.json describes."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 from thunder_mw.schemas.views import BackendView
 
@@ -99,6 +99,7 @@ class WorkerAccepted(Struct, kw_only=True):
 
 # ---------------------------------------------------------------- weight-update cycles
 PauseMode = Literal["wait", "abort", "keep"]
+TimeoutS = Annotated[float, Meta(ge=0.1, le=86400)]
 
 
 class PauseRequest(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -107,7 +108,7 @@ class PauseRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     the engines keep in-flight calls paused inside them until generation continues."""
 
     mode: PauseMode = "wait"
-    timeout_s: float = 300.0
+    timeout_s: TimeoutS = 300.0
 
 
 class WeightUpdateRequest(Struct, kw_only=True):
@@ -117,7 +118,7 @@ class WeightUpdateRequest(Struct, kw_only=True):
     itself, get their prefix cache reset."""
 
     mode: PauseMode = "wait"
-    timeout_s: float = 300.0
+    timeout_s: TimeoutS = 300.0
     model_path: str | None = None
     load_format: str | None = None
     weight_version: str | None = None

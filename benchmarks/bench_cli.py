@@ -30,6 +30,7 @@ from thunder_mw.benchmarks.workloads import ProgramSpec, generate, load_trace
 
 PROXY_OVERHEAD = "proxy-overhead"
 IDLE_GAPS = "idle-gaps"
+ROLLOUT = "rollout"  # benchmarks/rollout.py: RL rollout waves through the live gateway
 
 
 class _Without:
@@ -50,7 +51,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scenario",
         required=True,
-        choices=[*SCENARIOS, PROXY_OVERHEAD, IDLE_GAPS],
+        choices=[*SCENARIOS, PROXY_OVERHEAD, IDLE_GAPS, ROLLOUT],
         help="Which scenario to run.",
     )
     parser.add_argument(
@@ -112,6 +113,12 @@ def run_bench(args: argparse.Namespace) -> int:
 
         output = ["--output", str(args.output)] if args.output else []
         return idle_gaps.main(["--seed", str(args.seed), *output])
+    if args.scenario == ROLLOUT:
+        from thunder_mw.benchmarks import rollout
+
+        return rollout.main(
+            ["--seed", str(args.seed), *(["--output", str(args.output)] if args.output else [])]
+        )
     if args.scenario == PROXY_OVERHEAD:
         from thunder_mw.benchmarks import proxy_overhead
 

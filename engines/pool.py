@@ -90,6 +90,7 @@ class Backend:
         self.last_error: str | None = None
         self.discovered_capacity: int | None = None
         self.planned_capacity: int | None = None
+        self.draining = False  # leaving the pool: takes no new call, finishes its own
         self.auth_header: tuple[bytes, bytes] | None = (
             (b"authorization", f"Bearer {settings.api_key.get_secret_value()}".encode())
             if settings.api_key
@@ -108,6 +109,7 @@ class Backend:
             url=self.url,
             type=self.settings.type,
             healthy=self.healthy,
+            draining=self.draining,
             capacity_tokens=self.capacity_tokens,
             capacity_source="config"
             if self.settings.capacity_tokens
@@ -131,31 +133,15 @@ class BackendPool:
         self.listeners: list[Callable[[Backend, BackendMetrics | None], None]] = []
         self.backends: list[Backend] = []
         self._by_label: dict[str, Backend] = {}
-        self._embedded: list[Any] = []
+        self._embedded: dict[str, Any] = {}  # label -> its embedded simulated engine
         self._probe_task: asyncio.Task[None] | None = None
         self._suspect_probes: dict[str, asyncio.Task[None]] = {}
         self._rr = 0
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        for i, settings in enumerate(self._settings):
-            if settings.type == "sim":
-                url = await self._start_embedded(settings, i)
-            else:
-                assert settings.url is not None
-                url = settings.url
-            backend = Backend(settings, url, self.labels[i])
-            if settings.plan is not None:
-                backend.planned_capacity = await asyncio.to_thread(planned_capacity, settings.plan)
-            backend.client = self._client(url, settings.keep_alive_s)
-            backend.engine = EngineClient(
-                url,
-                max_connections=self._server.max_connections_per_backend,
-                connect_timeout_s=self._server.connect_timeout_s,
-                read_timeout_s=self._server.read_timeout_s,
-                first_byte_timeout_s=self._server.first_byte_timeout_s,
-                keep_alive_s=settings.keep_alive_s,
-            )
+        for label, settings in zip(self.labels, self._settings, strict=True):
+            backend = await self._open(settings, label)
             self.backends.append(backend)
             self._by_label[backend.label] = backend
         await asyncio.gather(*(self.probe(b) for b in self.backends))
@@ -175,18 +161,90 @@ class BackendPool:
                 await b.client.aclose()
             if b.engine is not None:
                 await b.engine.aclose()
-        for engine in self._embedded:
+        for engine in self._embedded.values():
             await engine.stop()
 
-    async def _start_embedded(self, settings: BackendSettings, index: int) -> str:
+    async def _open(self, settings: BackendSettings, label: str) -> Backend:
+        """A backend's clients (and its embedded engine, for `type: sim`), not yet probed."""
+        if settings.type == "sim":
+            url = await self._start_embedded(settings, label)
+        else:
+            assert settings.url is not None
+            url = settings.url
+        backend = Backend(settings, url, label)
+        if settings.plan is not None:
+            backend.planned_capacity = await asyncio.to_thread(planned_capacity, settings.plan)
+        backend.client = self._client(url, settings.keep_alive_s)
+        backend.engine = EngineClient(
+            url,
+            max_connections=self._server.max_connections_per_backend,
+            connect_timeout_s=self._server.connect_timeout_s,
+            read_timeout_s=self._server.read_timeout_s,
+            first_byte_timeout_s=self._server.first_byte_timeout_s,
+            keep_alive_s=settings.keep_alive_s,
+        )
+        return backend
+
+    # ------------------------------------------------------------------ run-time changes
+    def conflict(self, settings: BackendSettings) -> str | None:
+        """Why `settings` cannot join the pool (a name or URL already in it), else None."""
+        label = settings.label
+        if label in self._by_label:
+            return f"a backend named {label!r} already exists"
+        if settings.url is not None and any(b.url == settings.url for b in self.backends):
+            return f"a backend at {settings.url} already exists"
+        return None
+
+    async def add(self, settings: BackendSettings) -> Backend:
+        """An engine joins at run time: opened, probed for health and capacity as configured
+        ones are, then listed (health, metrics and the dashboard see it at once)."""
+        problem = self.conflict(settings)
+        if problem is not None:
+            raise ValueError(problem)
+        label = settings.label
+        # Reserved now: a second add of the same name while this one probes is refused.
+        self._by_label[label] = backend = await self._open(settings, label)
+        try:
+            await self.probe(backend, notify=False)
+        except BaseException:
+            await self._close(backend)
+            raise
+        self.backends.append(backend)
+        state = "healthy" if backend.healthy else "down"
+        log.info("backend %s added at %s (%s)", label, backend.url, state)
+        return backend
+
+    async def remove(self, label: str) -> None:
+        """The engine leaves: unlisted, its clients closed, its embedded engine stopped."""
+        backend = self._by_label.pop(label, None)
+        if backend is None:
+            return
+        if backend in self.backends:
+            self.backends.remove(backend)
+        task = self._suspect_probes.pop(label, None)
+        if task is not None:
+            task.cancel()
+        await self._close(backend)
+        log.info("backend %s removed", label)
+
+    async def _close(self, backend: Backend) -> None:
+        if backend.client is not None:
+            await backend.client.aclose()
+        if backend.engine is not None:
+            await backend.engine.aclose()
+        engine = self._embedded.pop(backend.label, None)
+        if engine is not None:
+            await engine.stop()
+
+    async def _start_embedded(self, settings: BackendSettings, label: str) -> str:
         # Imported here: only demo configs need the simulator, and policies/middleware must
         # not depend on benchmarks/ otherwise.
         from thunder_mw.sim.embedded import EmbeddedEngine
 
         engine = EmbeddedEngine(settings.sim)
         url = await engine.start()
-        self._embedded.append(engine)
-        log.info("embedded simulated engine %s serving at %s", settings.name or index, url)
+        self._embedded[label] = engine
+        log.info("embedded simulated engine %s serving at %s", label, url)
         return url
 
     def _client(self, url: str, keep_alive_s: float) -> httpx.AsyncClient:
@@ -223,8 +281,10 @@ class BackendPool:
         return [b.label for b in self.backends if b.healthy]
 
     def any_healthy(self, exclude: str | None = None) -> Backend | None:
-        """A healthy backend for requests no program owns, round-robin."""
-        candidates = [b for b in self.backends if b.healthy and b.label != exclude]
+        """A healthy backend for requests no program owns, round-robin (never a draining one)."""
+        candidates = [
+            b for b in self.backends if b.healthy and not b.draining and b.label != exclude
+        ]
         if not candidates:
             return None
         self._rr = (self._rr + 1) % len(candidates)
@@ -283,9 +343,10 @@ class BackendPool:
             await asyncio.sleep(self._probe_interval_s)
             await asyncio.gather(*(self.probe(b) for b in self.backends), return_exceptions=True)
 
-    async def probe(self, backend: Backend) -> None:
+    async def probe(self, backend: Backend, notify: bool = True) -> None:
         """Health, then capacity and live signals; a failed probe opens the circuit, a good
-        one closes it. Capacity is re-read every time: a restarted engine may have changed."""
+        one closes it. Capacity is re-read every time: a restarted engine may have changed.
+        `notify=False`: the listeners are not told (a backend not yet listed)."""
         assert backend.client is not None
         metrics: BackendMetrics | None = None
         started = time.monotonic()
@@ -306,8 +367,9 @@ class BackendPool:
                 self.record_success(backend)
             with contextlib.suppress(httpx.HTTPError, OSError, ValueError, msgspec.DecodeError):
                 metrics = await self._scrape(backend)
-        for listener in self.listeners:
-            listener(backend, metrics)
+        if notify and self._by_label.get(backend.label) is backend:
+            for listener in self.listeners:
+                listener(backend, metrics)
 
     async def _scrape(self, backend: Backend) -> BackendMetrics | None:
         assert backend.client is not None

@@ -46,6 +46,7 @@ from thunder_mw.tools.refusal import ToolRefused
 
 if TYPE_CHECKING:
     from thunder_mw.middleware.program_ownership import ProgramOwnership
+    from thunder_mw.middleware.rollout_routes import RolloutRoutes
     from thunder_mw.observability.service import Observability
 
 _MAX_ADMIN_BODY = 64 * 1024
@@ -182,6 +183,7 @@ class AdminRoutes:
         *,
         observability: Observability,
         owners: ProgramOwnership | None = None,
+        rollout: RolloutRoutes | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.pool = pool
@@ -206,7 +208,8 @@ class AdminRoutes:
                     query_token_paths=frozenset(op.path for op in OPERATIONS if op.dashboard_token),
                 )
             )
-        self.routes = [_Route(op.path, getattr(self, op.endpoint), op.method) for op in OPERATIONS]
+        self.rollout = rollout
+        self.routes = [_Route(op.path, self._endpoint(op.endpoint), op.method) for op in OPERATIONS]
         self.app = Starlette(
             routes=self.routes,
             middleware=middleware,
@@ -221,6 +224,15 @@ class AdminRoutes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
+
+    def _endpoint(self, name: str) -> Callable[..., Any]:
+        """`rollout.x` names a method of the RL-rollout routes (middleware/rollout_routes.py)."""
+        owner, _, method = name.rpartition(".")
+        if owner == "rollout":
+            if self.rollout is None:
+                return _rollout_off
+            return getattr(self.rollout, method)  # type: ignore[no-any-return]
+        return getattr(self, name)  # type: ignore[no-any-return]
 
     async def _no_route(self, request: Request, exc: Exception) -> Response:
         """Starlette's 404 and 405, in the gateway's error shape. A 405's `Allow` lists what
@@ -374,6 +386,10 @@ def _profiles_off() -> Response:
     return _error(
         404, "profiles are off (observability.profiles.enabled)", None, "profiles_disabled"
     )
+
+
+async def _rollout_off(request: Request) -> Response:
+    return _error(404, "run-time engine control is not mounted here", None, "route_not_found")
 
 
 async def _client_gone(request: Request, exc: Exception) -> None:

@@ -16,11 +16,12 @@ from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.request_body import BodyError, ClientLeft, decode_object, read_body
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
 from thunder_mw.schemas.agent_context import AgentContext
-from thunder_mw.schemas.config import AgentContextSettings
+from thunder_mw.schemas.config import AgentContextSettings, Convention
 from thunder_mw.schemas.context_parsing import ContextError, ContextParser
+from thunder_mw.schemas.generate_context import RidError, program_from_rid
 
-# The inference routes whose bodies carry agent context.
-CONTEXT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+# The inference routes whose bodies carry agent context (`/generate`: SGLang's native API).
+CONTEXT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate"})
 
 _decode = msgspec.json.Decoder().decode
 
@@ -63,6 +64,8 @@ class AgentContextMiddleware:
             raw = await read_body(scope, receive, self.max_body_bytes)
             data = decode_object(raw)
             ctx, changed = self.parser.parse(data, scope["headers"])
+            if ctx is None and scope["path"] == "/generate":
+                ctx = self._from_rid(data)
         except (BodyError, ContextError) as exc:
             await send_error(send, exc.status, exc.message, exc.param, exc.code)
             return
@@ -88,6 +91,21 @@ class AgentContextMiddleware:
             if mode == "ephemeral":
                 ctx = AgentContext(program_id=self.new_program_id(), source=None, ephemeral=True)
         await self._call_downstream(scope, receive, send, ctx, body)
+
+    def _from_rid(self, data: dict[str, object]) -> AgentContext | None:
+        """SGLang `/generate`: a `rid` of `<program_id>::<rest>` names the program when
+        nothing else does (schemas/generate_context.py); the rid stays in the body."""
+        if Convention.THUNDERAGENT not in self.settings.conventions:
+            return None
+        try:
+            found = program_from_rid(data)
+        except RidError as exc:
+            raise ContextError(exc.message, exc.param, code="conflicting_program_ids") from None
+        if found is None:
+            return None
+        program_id, param = found
+        program_id = self.parser.check_id(program_id, param)
+        return AgentContext(program_id=program_id, source=Convention.THUNDERAGENT)
 
     async def _call_downstream(
         self,

@@ -18,9 +18,11 @@ from thunder_mw.middleware.agent_context import AgentContextMiddleware
 from thunder_mw.middleware.call_state import STATE_KEY, CallState
 from thunder_mw.middleware.call_timing import CallTiming
 from thunder_mw.middleware.errors import send_error
+from thunder_mw.middleware.fleet import Fleet
 from thunder_mw.middleware.forwarder import Forwarder
 from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.middleware.program_ownership import ProgramOwnership
+from thunder_mw.middleware.rollout_routes import RolloutRoutes
 from thunder_mw.middleware.scheduling import SchedulingMiddleware
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
 from thunder_mw.observability.metrics import GatewayMetrics
@@ -76,6 +78,7 @@ class _Core:
             on_missing_context=self.metrics.without_context.inc,
         )
         self.pipeline: ASGIApp = self.context_layer
+        self.fleet = Fleet(self.pool, self.scheduler)
         self.admin = AdminRoutes(
             self.scheduler,
             self.pool,
@@ -87,6 +90,7 @@ class _Core:
             self.tools,
             observability=self.observability,
             owners=self.owners,
+            rollout=RolloutRoutes(self.fleet, self.pool),
         )
 
         self.started = False
@@ -114,6 +118,7 @@ class _Core:
             if self.tools is not None:
                 await self.tools.stop()
             await self.observability.stop()
+            await self.fleet.stop()
             await self.scheduler.stop()
             await self.pool.stop()
 

@@ -76,6 +76,7 @@ class CallState:
         "forwarded_at",
         "held_s",
         "outcome",
+        "path",
         "receive",
         "status",
         "usage",
@@ -96,6 +97,12 @@ class CallState:
         self.status = 0
         self.usage: Usage | None = None
         self.outcome: Outcome | None = None
+        self.path = ""  # set by the forwarder: how to read the engine's usage
+
+    @property
+    def native(self) -> bool:
+        """SGLang's native `/generate` (usage in `meta_info`), not an OpenAI route."""
+        return self.path == "/generate"
 
     @property
     def stream(self) -> bool:

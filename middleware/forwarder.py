@@ -21,6 +21,7 @@ from thunder_mw.engines.client import (
     UpstreamResponse,
     as_upstream_error,
 )
+from thunder_mw.engines.generate_usage import StreamUsage, usage_of_answer
 from thunder_mw.engines.pool import Backend, BackendPool
 from thunder_mw.middleware.agent_context import CONTEXT_PATHS
 from thunder_mw.middleware.call_state import CallState, RequestBody, call_state
@@ -113,6 +114,7 @@ class Forwarder:
     # ------------------------------------------------------------------ inference
     async def _inference(self, scope: Scope, receive: Receive, send: Send) -> None:
         call = call_state(scope)
+        call.path = scope["path"]
         body = call.body
         if body is None:  # mounted without AgentContextMiddleware: decode here
             try:
@@ -127,7 +129,8 @@ class Forwarder:
         data = body.data
         stream = data.get("stream") is True
         hide_usage = False
-        if stream and scope["path"] != "/v1/responses":
+        # SGLang's native /generate reports its token counts in `meta_info` by itself.
+        if stream and scope["path"] not in ("/v1/responses", "/generate"):
             options = data.get("stream_options")
             if not (isinstance(options, dict) and options.get("include_usage") is True):
                 # The scheduler needs the engine's token counts; the client did not ask
@@ -254,7 +257,9 @@ class Forwarder:
             status, code = (504, "upstream_timeout") if exc.timeout else (502, "upstream_error")
             await send_error(send, status, str(exc), None, code)
             return
-        if response.status < 400:
+        if response.status < 400 and call.native:
+            call.usage = usage_of_answer(content)
+        elif response.status < 400:
             with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 call.usage = _usage_of(_decode_envelope(content))
         headers = self._response_headers(response)
@@ -288,6 +293,7 @@ class Forwarder:
             }
         )
         pending = b""
+        native = StreamUsage() if call.native else None
         next_chunk = response.chunks().__anext__
         try:
             while chunk:
@@ -295,7 +301,9 @@ class Forwarder:
                 cut = pending.rfind(b"\n\n")
                 if cut >= 0:
                     ready, pending = pending[: cut + 2], pending[cut + 2 :]
-                    if b'"usage"' in ready:
+                    if native is not None:
+                        call.usage = _follow_generate(native, ready) or call.usage
+                    elif b'"usage"' in ready:
                         ready = self._take_usage(ready, call, hide_usage)
                     if ready:
                         await send({"type": "http.response.body", "body": ready, "more_body": True})
@@ -414,6 +422,14 @@ def _data_of(event: bytes) -> bytes | None:
     end = line.find(b"\n")
     line = line if end < 0 else line[:end]
     return line[1:] if line.startswith(b" ") else line
+
+
+def _follow_generate(native: StreamUsage, ready: bytes) -> Usage | None:
+    """SGLang `/generate` stream: each `data:` event's `meta_info` has cumulative counts."""
+    for event in ready.split(b"\n\n"):
+        if event.startswith(b"data: {") and b'"meta_info"' in event:
+            native.feed(event[6:])
+    return native.usage
 
 
 async def _send_upstream_error(send: Send, backend: Backend, exc: UpstreamError) -> None:

@@ -9,6 +9,7 @@ this class owns only the futures and the timer task, all on one event loop (no l
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -68,6 +69,12 @@ class LiveScheduler:
             build_pipeline(policies),
         )
         self._waiters: dict[str, list[asyncio.Future[str]]] = {}
+        # Calls handed to each engine and not yet ended (a drain or a weight update waits
+        # for them), and the calls held at the gate while generation is paused.
+        self.calls: collections.Counter[str] = collections.Counter()
+        self._call_ended = asyncio.Event()
+        self.paused_generation = False
+        self._gated: list[asyncio.Future[None]] = []
         self._timer: asyncio.Task[None] | None = None
         self.listeners: list[Callable[[Action], None]] = []
         # Timers of other components (profile retention) ride on the scheduler's tick, so a
@@ -93,6 +100,7 @@ class LiveScheduler:
                         Rejected(503, "the gateway is shutting down", "shutting_down")
                     )
         self._waiters.clear()
+        self._open_gate(Rejected(503, "the gateway is shutting down", "shutting_down"))
 
     def drain(self) -> None:
         """Shutting down: answer every held request with 503 now (in-flight calls go on)
@@ -107,6 +115,7 @@ class LiveScheduler:
                     )
                     self._apply(self.core.on_abandoned(program_id, now))
         self._waiters.clear()
+        self._open_gate(Rejected(503, "the gateway is shutting down", "shutting_down"))
 
     async def _tick_loop(self) -> None:
         while True:
@@ -128,8 +137,15 @@ class LiveScheduler:
 
     # ------------------------------------------------------------------ the Scheduler protocol
     async def admit(self, call: CallState) -> str:
+        backend = await self._admit(call)
+        self.calls[backend] += 1
+        return backend
+
+    async def _admit(self, call: CallState) -> str:
         ctx = call.context
         assert ctx is not None
+        if self.paused_generation:
+            await self._wait_at_gate(call)
         decision, actions = self.core.on_request(ctx, request_info(call.body), self.clock())
         self._apply(actions)
         if isinstance(decision, Forward):
@@ -179,13 +195,25 @@ class LiveScheduler:
     # ------------------------------------------------------------------ the Admission protocol
     def finish(self, call: CallState, outcome: Outcome) -> None:
         assert call.context is not None
+        if call.backend is not None:
+            self.calls[call.backend] -= 1
+            if self.calls[call.backend] <= 0:
+                del self.calls[call.backend]
+        self._call_ended.set()
         program_id = call.context.program_id
         self._apply(self.core.on_finished(program_id, call.usage, outcome == "ok", self.clock()))
 
     def reroute(self, call: CallState, failed_backend: str) -> Backend | None:
         assert call.context is not None
         target = self.core.reroute(call.context.program_id, failed_backend, self.clock())
-        return self.pool.get(target) if target else None
+        backend = self.pool.get(target) if target else None
+        if backend is not None:
+            # The call moves (the forwarder sets call.backend to it next): so does its count.
+            self.calls[failed_backend] -= 1
+            if self.calls[failed_backend] <= 0:
+                del self.calls[failed_backend]
+            self.calls[backend.label] += 1
+        return backend
 
     def release(self, program_id: str) -> bool:
         released, actions = self.core.on_release(program_id, "release", self.clock())
@@ -197,6 +225,93 @@ class LiveScheduler:
 
     def program(self, program_id: str) -> Program | None:
         return self.core.table.get(program_id)
+
+    # ------------------------------------------------------------------ the fleet at run time
+    def add_backend(self, backend: Backend) -> None:
+        """A backend the pool has just opened and probed joins the scheduler."""
+        self._apply(
+            self.core.add_backend(
+                backend.label, backend.capacity_tokens, self.clock(), healthy=backend.healthy
+            )
+        )
+
+    def drain_backend(self, label: str) -> None:
+        self._apply(self.core.drain_backend(label, self.clock()))
+
+    def remove_backend(self, label: str) -> None:
+        self._apply(self.core.remove_backend(label, self.clock()))
+
+    def mark_cache_cold(self) -> None:
+        self._apply(self.core.mark_cache_cold(self.clock()))
+
+    def drained(self, label: str) -> bool:
+        """No program placed on `label` and no call in flight there: it may leave."""
+        return self.core.drained(label) and self.calls[label] == 0
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        """Returns once `done()` holds; re-checked whenever a call ends."""
+        while not done():
+            self._call_ended.clear()
+            await self._call_ended.wait()
+
+    # ------------------------------------------------------------------ the generation gate
+    @property
+    def gated_calls(self) -> int:
+        return sum(1 for fut in self._gated if not fut.done())
+
+    def pause_generation(self) -> None:
+        """New calls wait at the gate (held, not failed) until `continue_generation`."""
+        self.paused_generation = True
+
+    def continue_generation(self) -> int:
+        """Opens the gate: every held call goes on to be scheduled. Returns how many."""
+        self.paused_generation = False
+        return self._open_gate(None)
+
+    def _open_gate(self, error: Exception | None) -> int:
+        released = 0
+        gated, self._gated = self._gated, []
+        for fut in gated:
+            if not fut.done():
+                released += 1
+                if error is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(error)
+        return released
+
+    async def _wait_at_gate(self, call: CallState) -> None:
+        if self.draining:
+            raise Rejected(503, "the gateway is shutting down", "shutting_down")
+        if self.held >= self.max_held_requests:
+            raise Rejected(
+                429,
+                f"{self.held} requests are already waiting; retry later",
+                "queue_full",
+                [(b"retry-after", RETRY_AFTER_S)],
+            )
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._gated.append(fut)
+        receive = call.receive
+        gone = asyncio.ensure_future(_until_disconnect(receive)) if receive else None
+        self.held += 1
+        held_at = self.clock()
+        try:
+            if gone is None:
+                await fut
+                return
+            await asyncio.wait((fut, gone), return_when=asyncio.FIRST_COMPLETED)
+            if fut.done():
+                fut.result()
+                return
+            with contextlib.suppress(ValueError):
+                self._gated.remove(fut)
+            raise ClientGone()
+        finally:
+            self.held -= 1
+            call.held_s = (call.held_s or 0.0) + self.clock() - held_at
+            if gone is not None:
+                gone.cancel()
 
     # ------------------------------------------------------------------ actions
     def _drop_waiter(self, program_id: str, fut: asyncio.Future[str]) -> None:

@@ -14,6 +14,21 @@ from typing import Any
 
 import msgspec
 
+from thunder_mw.schemas.rollout_views import (
+    BackendChange,
+    BackendList,
+    BackendRequest,
+    GenerationState,
+    IsPaused,
+    IsSleeping,
+    PauseRequest,
+    WeightUpdateRequest,
+    WorkerAccepted,
+    WorkerChanged,
+    WorkerList,
+    WorkerRequest,
+    WorkerUrls,
+)
 from thunder_mw.schemas.views import (
     ID_RULES,
     DashboardState,
@@ -37,6 +52,26 @@ _HTML = "text/html; charset=utf-8"
 
 
 @dataclass(frozen=True)
+class Param:
+    """A path or query parameter besides `program_id`."""
+
+    name: str
+    where: str  # "path" | "query"
+    description: str
+    schema: tuple[tuple[str, Any], ...] = (("type", "string"), ("minLength", 1))
+    required: bool = True
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "in": self.where,
+            "required": self.required,
+            "description": self.description,
+            "schema": dict(self.schema),
+        }
+
+
+@dataclass(frozen=True)
 class Operation:
     """One admin route: where it is, which AdminApi method answers it, what it answers."""
 
@@ -52,6 +87,7 @@ class Operation:
     errors: tuple[int, ...] = ()  # besides 401, which every guarded route may answer
     public: bool = False  # needs no admin token
     dashboard_token: bool = False  # `?token=` stands in for the header
+    params: tuple[Param, ...] = ()
 
     @property
     def openapi_path(self) -> str:
@@ -163,6 +199,233 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
 )
 
+_URL = Param("url", "query", "The engine's base URL (http:// or https://).", (("type", "string"),))
+_MODE_DOC = "Held calls are never failed: new calls wait at the gateway until generation continues."
+_ROLLOUT = "RL rollout (docs/rl-rollout.md): "
+
+
+def _rollout(
+    path: str, method: str, endpoint: str, op_id: str, summary: str, answer: Any, **kw: Any
+) -> Operation:
+    return Operation(
+        path, method, "rollout." + endpoint, op_id, _ROLLOUT + summary, (answer,), **kw
+    )
+
+
+ROLLOUT_OPERATIONS: tuple[Operation, ...] = (
+    _rollout(
+        "/backends", "GET", "list_backends", "listBackends", "The engines in the pool.", BackendList
+    ),
+    _rollout(
+        "/backends",
+        "POST",
+        "add_backend",
+        "addBackend",
+        "Add an engine (the fields of a YAML `backends[]` entry); probed for health and "
+        "KV capacity, then programs may be placed on it.",
+        BackendChange,
+        status=201,
+        body=BackendRequest,
+        errors=(400, 409, 413),
+    ),
+    _rollout(
+        "/backends/{name:path}",
+        "DELETE",
+        "drain_backend",
+        "drainBackend",
+        "Drain an engine: no new programs, paused ones resume elsewhere, in-flight calls "
+        "finish, then it leaves the pool.",
+        BackendChange,
+        status=202,
+        errors=(404,),
+        params=(Param("name", "path", "The backend's name (its label in /health)."),),
+    ),
+    _rollout(
+        "/add_worker",
+        "POST",
+        "add_worker",
+        "addWorker",
+        "SGLang router's spelling of adding an (SGLang) engine.",
+        WorkerChanged,
+        errors=(400, 409),
+        params=(_URL,),
+    ),
+    _rollout(
+        "/remove_worker",
+        "POST",
+        "remove_worker",
+        "removeWorker",
+        "SGLang router's spelling of removing an engine (it drains).",
+        WorkerChanged,
+        errors=(400, 404),
+        params=(_URL,),
+    ),
+    _rollout(
+        "/list_workers",
+        "GET",
+        "list_workers",
+        "listWorkers",
+        "SGLang router's worker list: the URLs of engines taking calls.",
+        WorkerUrls,
+    ),
+    _rollout(
+        "/workers",
+        "GET",
+        "workers",
+        "listWorkersV2",
+        "SGLang model gateway's worker list.",
+        WorkerList,
+    ),
+    _rollout(
+        "/workers",
+        "POST",
+        "create_worker",
+        "createWorker",
+        "SGLang model gateway's spelling of adding an engine.",
+        WorkerAccepted,
+        status=202,
+        body=WorkerRequest,
+        errors=(400, 409, 413),
+    ),
+    _rollout(
+        "/workers/{worker_id:path}",
+        "DELETE",
+        "delete_worker",
+        "deleteWorker",
+        "SGLang model gateway's spelling of removing an engine (it drains).",
+        WorkerAccepted,
+        status=202,
+        errors=(404,),
+        params=(Param("worker_id", "path", "The worker's id (its name) or URL."),),
+    ),
+    _rollout(
+        "/generation",
+        "GET",
+        "generation",
+        "generationState",
+        "Whether generation is paused, and the calls held and in flight.",
+        GenerationState,
+    ),
+    _rollout(
+        "/generation/pause",
+        "POST",
+        "pause",
+        "pauseGeneration",
+        "Pause generation (`wait`, `abort` or `keep`). " + _MODE_DOC,
+        GenerationState,
+        body=PauseRequest,
+        errors=(400, 413, 504),
+    ),
+    _rollout(
+        "/generation/resume",
+        "POST",
+        "resume",
+        "resumeGeneration",
+        "Continue generation: the engines resume, held calls are scheduled.",
+        GenerationState,
+    ),
+    _rollout(
+        "/weights/update",
+        "POST",
+        "update_weights",
+        "updateWeights",
+        "A whole weight-update cycle: pause, update every engine, mark every cache cold, "
+        "resume. " + _MODE_DOC,
+        GenerationState,
+        body=WeightUpdateRequest,
+        errors=(400, 413, 504),
+    ),
+    _rollout(
+        "/pause_generation",
+        "POST",
+        "sglang_pause",
+        "sglangPauseGeneration",
+        "SGLang's spelling (`mode`: abort, retract, in_place).",
+        GenerationState,
+        errors=(400, 413, 504),
+    ),
+    _rollout(
+        "/continue_generation",
+        "POST",
+        "resume",
+        "sglangContinueGeneration",
+        "SGLang's spelling of resuming generation.",
+        GenerationState,
+    ),
+    _rollout(
+        "/update_weights_from_disk",
+        "POST",
+        "sglang_update",
+        "sglangUpdateWeights",
+        "SGLang's weight update, forwarded to every SGLang engine inside a pause "
+        "(`abort_all_requests: true` aborts in-flight calls).",
+        GenerationState,
+        errors=(400, 413, 504),
+    ),
+    _rollout(
+        "/flush_cache",
+        "POST",
+        "flush_cache",
+        "sglangFlushCache",
+        "Flush every engine's prefix cache; the scheduler counts caches cold.",
+        GenerationState,
+    ),
+    _rollout(
+        "/reset_prefix_cache",
+        "POST",
+        "flush_cache",
+        "vllmResetPrefixCache",
+        "vLLM's spelling of flushing every engine's prefix cache.",
+        GenerationState,
+    ),
+    _rollout(
+        "/pause",
+        "POST",
+        "vllm_pause",
+        "vllmPause",
+        "vLLM's spelling of pausing (`?mode=abort|wait|keep`).",
+        GenerationState,
+        errors=(400, 504),
+        params=(
+            Param(
+                "mode",
+                "query",
+                "abort (default), wait or keep.",
+                (("enum", ["abort", "wait", "keep"]),),
+                required=False,
+            ),
+        ),
+    ),
+    _rollout(
+        "/resume", "POST", "resume", "vllmResume", "vLLM's spelling of resuming.", GenerationState
+    ),
+    _rollout("/is_paused", "GET", "is_paused", "vllmIsPaused", "vLLM's pause state.", IsPaused),
+    _rollout(
+        "/sleep",
+        "POST",
+        "sleep",
+        "vllmSleep",
+        "vLLM's sleep: generation paused (calls held), engines asleep, caches cold.",
+        GenerationState,
+        errors=(400, 504),
+        params=(
+            Param("level", "query", "1 (default) or 2.", (("enum", ["1", "2"]),), required=False),
+        ),
+    ),
+    _rollout(
+        "/wake_up",
+        "POST",
+        "wake_up",
+        "vllmWakeUp",
+        "vLLM's wake-up: engines awake, held calls released.",
+        GenerationState,
+    ),
+    _rollout(
+        "/is_sleeping", "GET", "is_sleeping", "vllmIsSleeping", "vLLM's sleep state.", IsSleeping
+    ),
+)
+OPERATIONS = OPERATIONS + ROLLOUT_OPERATIONS
+
 # Shared error answers, by status: (component name, description).
 _ERRORS: dict[int, tuple[str, str]] = {
     400: ("BadRequest", "The body or an id is invalid; `param` names which."),
@@ -176,8 +439,13 @@ _ERRORS: dict[int, tuple[str, str]] = {
         "No such program, profile, template or route, or the feature is off (`code` says: "
         "`profiles_disabled`, `tools_disabled`).",
     ),
+    409: ("Conflict", "A backend with that name or URL is already in the pool."),
     413: ("TooLarge", "The body is over 64 KiB."),
     503: ("EngineDown", "The Docker engine is down: the sandbox could not be started."),
+    504: (
+        "PauseTimeout",
+        "Calls were still in flight after `timeout_s`: generation continues as before.",
+    ),
 }
 
 
@@ -223,6 +491,8 @@ def _operation(row: int, op: Operation, schemas: dict[tuple[int, int], Any]) -> 
                 "schema": {"type": "string", "minLength": 1},
             }
         ]
+    if op.params:
+        described.setdefault("parameters", []).extend(p.describe() for p in op.params)
     if op.body is not None:
         described["requestBody"] = {"required": True, "content": _content(_JSON, schemas[row, -1])}
     described["responses"] = responses

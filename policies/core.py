@@ -107,12 +107,16 @@ class BackendState:
     __slots__ = (
         "acting",
         "capacity",
+        "cold_since",
         "congested",
+        "draining",
         "healthy",
+        "hits_baseline",
         "label",
         "metrics",
         "pending_release",
         "preemptions_seen",
+        "queries_baseline",
         "reasoning",
         "reserved",
         "scale",
@@ -128,6 +132,14 @@ class BackendState:
         self.congested = False
         self.preemptions_seen: float | None = None
         self.metrics = BackendMetrics()
+        # Draining: admits nothing (the core treats it as unhealthy whatever probes say); it
+        # leaves once no program is placed on it.
+        self.draining = False
+        # The engine's cache was flushed (weights updated) at `cold_since`: the prefix-hit
+        # counters are read from these baselines on, so the expected hit rate starts afresh.
+        self.cold_since: float | None = None
+        self.hits_baseline = 0.0
+        self.queries_baseline = 0.0
         self.acting: LazyHeap[Program] = LazyHeap(is_live)
         self.reasoning: LazyHeap[Program] = LazyHeap(is_live)
 
@@ -140,6 +152,15 @@ class BackendState:
         if self.capacity is None:
             return None
         return self.capacity * self.scale * fraction
+
+    def prefix_hit_rate(self) -> float | None:
+        """The engine's prefix-cache hit rate since its cache was last cold (flushed by a
+        weight update, or the engine started): hits / queries, in tokens."""
+        hits, queries = self.metrics.prefix_hits_total, self.metrics.prefix_queries_total
+        if hits is None or queries is None:
+            return None
+        queries -= self.queries_baseline
+        return (hits - self.hits_baseline) / queries if queries > 0 else None
 
 
 def _live(program: Program, stamp: int) -> bool:
@@ -338,10 +359,87 @@ class SchedulerCore:
             self._learn_from_engine(backend, metrics)
         if healthy is not None and healthy != backend.healthy:
             if healthy:
-                backend.healthy = True
+                # A draining engine may answer its probes; it still admits nothing.
+                backend.healthy = not backend.draining
             else:
                 self._backend_down(backend, now)
         self._changed(label, now)
+        self._resume_pass(now)
+        return self._take()
+
+    def add_backend(
+        self, label: str, capacity: int | None, now: float, *, healthy: bool = True
+    ) -> list[Action]:
+        """An engine joined at run time: queued programs may be placed on it at once."""
+        self._actions = []
+        if label in self.backends:
+            raise ValueError(f"backend {label!r} already exists")
+        self.backends[label] = BackendState(label, capacity, healthy, _live)
+        self.counters["backends_added"] += 1
+        self._room_epoch += 1
+        self._changed(label, now)
+        self._resume_pass(now)
+        return self._take()
+
+    def drain_backend(self, label: str, now: float) -> list[Action]:
+        """Stop admitting to `label`: its idle programs leave it now (their next request is
+        placed elsewhere), paused programs homed there resume elsewhere, programs with a call
+        in flight leave it when that call ends. `drained(label)` says when none is left."""
+        self._actions = []
+        backend = self.backends.get(label)
+        if backend is None or backend.draining:
+            return self._take()
+        backend.draining = True
+        self.counters["backends_drained"] += 1
+        if backend.healthy:
+            self._backend_down(backend, now)
+        self._changed(label, now)
+        self._resume_pass(now)
+        return self._take()
+
+    def drained(self, label: str) -> bool:
+        """No ACTIVE program is placed on `label` (a removed backend counts as drained)."""
+        return self.table.programs_on(label) == 0
+
+    def remove_backend(self, label: str, now: float) -> list[Action]:
+        """The engine leaves. Programs still placed on it (a drain cut short) are unplaced
+        like an engine going down; nothing refers to the engine's state afterwards."""
+        self._actions = []
+        backend = self.backends.get(label)
+        if backend is None:
+            return self._take()
+        backend.draining = True
+        backend.healthy = False
+        for program in list(self.table):
+            if program.state is ProgramState.ACTIVE and program.backend == label:
+                self._unplace(program, now)
+                self._reindex(program)
+        del self.backends[label]
+        self.counters["backends_removed"] += 1
+        self._room_epoch += 1
+        self._resume_pass(now)
+        return self._take()
+
+    def mark_cache_cold(self, now: float, labels: Iterable[str] | None = None) -> list[Action]:
+        """The engines' KV caches were flushed (a weight update): nothing a program computed
+        is resident any more. Hit-rate baselines restart from the engines' current counters,
+        and programs not placed anywhere lose their home preference (recomputing costs the
+        same everywhere now; a move is no migration)."""
+        self._actions = []
+        chosen = set(self.backends if labels is None else labels)
+        for label in chosen:
+            backend = self.backends.get(label)
+            if backend is None:
+                continue
+            backend.cold_since = now
+            backend.hits_baseline = backend.metrics.prefix_hits_total or 0.0
+            backend.queries_baseline = backend.metrics.prefix_queries_total or 0.0
+            self.counters["cache_flushes"] += 1
+        for program in self.table:
+            if program.state is not ProgramState.ACTIVE and program.backend in chosen:
+                program.backend = None
+                self._reindex(program)
+        self._room_epoch += 1
         self._resume_pass(now)
         return self._take()
 
@@ -647,6 +745,9 @@ class SchedulerCore:
 
     def _learn_from_engine(self, backend: BackendState, metrics: BackendMetrics) -> None:
         backend.metrics = metrics
+        if (metrics.prefix_queries_total or 0.0) < backend.queries_baseline:
+            # The engine restarted since its cache went cold: its counters start from zero.
+            backend.hits_baseline = backend.queries_baseline = 0.0
         total = metrics.preemptions_total
         if total is None:
             return

@@ -41,6 +41,7 @@ class BackendView(Struct, kw_only=True):
     url: str | None
     type: str
     healthy: bool
+    draining: bool = False  # leaving: admits nothing, finishes its calls, then goes
     capacity_tokens: int | None
     capacity_source: Literal["config", "engine", "plan"] | None
     last_error: str | None

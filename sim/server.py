@@ -21,6 +21,7 @@ from thunder_mw.schemas.config import SimEngineSettings
 from thunder_mw.sim import metrics, responses_api
 from thunder_mw.sim.cost_model import get_profile
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
+from thunder_mw.sim.native_routes import native_routes
 from thunder_mw.sim.tokenizer import Tokenizer, load_tokenizer
 
 _json_encode = msgspec.json.Encoder().encode
@@ -131,6 +132,8 @@ class SimService:
         self.unknown_fields_seen: set[str] = set()
         self._ids = itertools.count()
         self._wake = asyncio.Event()
+        self.resumed = asyncio.Event()  # cleared while generation is paused (native_routes)
+        self.resumed.set()
         self._driver: asyncio.Task[None] | None = None
         self._gen_window: deque[tuple[float, int]] = deque(maxlen=64)
         self.started_at = time.time()
@@ -154,6 +157,10 @@ class SimService:
         engine = self.engine
         deadline = loop.time()
         while True:
+            if not self.resumed.is_set():
+                await self.resumed.wait()
+                deadline = loop.time()
+                continue
             if not engine.has_work:
                 self._wake.clear()
                 await self._wake.wait()
@@ -537,6 +544,8 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             Route("/v1/loads", loads, methods=["GET"]),
             Route("/flush_cache", reset_prefix_cache, methods=["POST"]),
         ]
+
+    routes += native_routes(svc)
 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         svc.start()

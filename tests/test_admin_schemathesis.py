@@ -42,7 +42,8 @@ def live_gateway() -> Iterator[ServerThread]:
     with serving(engine) as engine_server:
         config = ThunderConfig(
             backends=[{"url": engine_server.url}],
-            server={"admin_token": ADMIN_TOKEN},
+            # Fuzzed POST /backends bodies name engines that are not there: refused fast.
+            server={"admin_token": ADMIN_TOKEN, "connect_timeout_s": 0.5},
             tools={"docker": {"enabled": False}},
         )
         with serving(create_app(config)) as gateway:

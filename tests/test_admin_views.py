@@ -14,7 +14,7 @@ import pytest
 from thunder_mw import __version__
 from thunder_mw.middleware.app import ThunderGateway
 from thunder_mw.middleware.openapi import admin_openapi
-from thunder_mw.schemas import views
+from thunder_mw.schemas import rollout_views, views
 from thunder_mw.schemas.config import ThunderConfig
 
 PROGRAM = "views-program"
@@ -107,11 +107,12 @@ def test_the_components_are_the_schemas_of_the_view_structs():
     components = document["components"]["schemas"]
     structs = {
         name: value
-        for name, value in vars(views).items()
+        for module in (views, rollout_views)
+        for name, value in vars(module).items()
         if isinstance(value, type) and issubclass(value, msgspec.Struct)
     }
     for name, schema in components.items():
-        assert name in structs, f"component {name} is no struct of schemas/views.py"
+        assert name in structs, f"component {name} is no struct of schemas/(rollout_)views.py"
         (_, generated) = msgspec.json.schema_components(
             [structs[name]], ref_template=REF + "{name}"
         )

@@ -23,7 +23,7 @@ import yaml
 from thunder_mw.benchmarks.des import ClusterConfig
 from thunder_mw.benchmarks.engine_counters import read_counters
 from thunder_mw.benchmarks.replay import Replayer, ReplayResult
-from thunder_mw.benchmarks.server_process import wait_until_healthy
+from thunder_mw.benchmarks.server_process import stop_process, wait_until_healthy
 from thunder_mw.benchmarks.workloads import ProgramSpec
 from thunder_mw.policies.stats import percentile
 from thunder_mw.sim.ports import free_port
@@ -95,11 +95,7 @@ class Gateway:
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
+            stop_process(self._proc, timeout_s=20)
         self._dir.cleanup()
 
     @property

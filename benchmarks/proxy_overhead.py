@@ -35,7 +35,7 @@ import msgspec
 from thunder_mw.benchmarks import http_load
 from thunder_mw.benchmarks.fake_engine import STREAM_CHUNKS, new_event_loop
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
-from thunder_mw.benchmarks.server_process import wait_until_healthy
+from thunder_mw.benchmarks.server_process import stop_process, wait_until_healthy
 from thunder_mw.policies.stats import percentile
 from thunder_mw.sim.ports import free_port
 
@@ -117,12 +117,7 @@ def _process(
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         if proc.stdout is not None:
             proc.stdout.close()
 

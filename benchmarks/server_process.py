@@ -44,6 +44,16 @@ def wait_until_healthy(
     raise ServerNotReady(f"{url} not healthy within {timeout_s:.0f} s" + _log_tail(log_path))
 
 
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if the process is still there after `timeout_s`; reaped."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def _log_tail(log_path: Path | None, lines: int = 60) -> str:
     if log_path is None:
         return ""

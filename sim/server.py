@@ -319,13 +319,7 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
                 media_type="text/event-stream",
             )
         seq = pending.seq
-        try:
-            while seq.finish_reason is None:
-                pending.event.clear()
-                await pending.event.wait()
-        finally:
-            if seq.finish_reason is None:
-                engine.abort(seq.request_id)
+        await _finished(engine, pending)
         text = tokenizer.decode(engine.output_ids(seq))
         if chat:
             choice: dict[str, Any] = {
@@ -393,13 +387,7 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
         )
         if stream:
             return StreamingResponse(answer.events(pending), media_type="text/event-stream")
-        try:
-            while seq.finish_reason is None:
-                pending.event.clear()
-                await pending.event.wait()
-        finally:
-            if seq.finish_reason is None:
-                engine.abort(seq.request_id)
+        await _finished(engine, pending)
         text = tokenizer.decode(engine.output_ids(seq))
         item = responses_api.message_item(f"msg_{seq.request_id}", text, "completed")
         return _json(answer.final(seq, [item]))
@@ -720,3 +708,15 @@ def run_sim_engine(args: argparse.Namespace) -> int:
     app = create_sim_app(settings_from_args(args))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
+
+
+async def _finished(engine: Engine, pending: _Pending) -> None:
+    """Waits until the engine finishes `pending`'s sequence; aborts it if the wait is cut."""
+    seq = pending.seq
+    try:
+        while seq.finish_reason is None:
+            pending.event.clear()
+            await pending.event.wait()
+    finally:
+        if seq.finish_reason is None:
+            engine.abort(seq.request_id)

@@ -16,6 +16,8 @@ import httpx
 import pytest
 from asgi_servers import free_port
 
+from thunder_mw.benchmarks.server_process import stop_process
+
 REQUIRE_REAL_ENV = "THUNDER_MW_REQUIRE_REAL"
 
 
@@ -92,9 +94,4 @@ def running_peer(peer: Peer, backend_port: int, log: Path) -> Iterator[str]:
             time.sleep(0.2)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)

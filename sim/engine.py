@@ -173,6 +173,7 @@ class EngineStats:
     preempted_prefix_cache_hits: int = 0
     prompt_tokens: int = 0
     prompt_tokens_cached: int = 0
+    prompt_tokens_loaded: int = 0  # of the cached ones, loaded from the host/disk tier
     generation_tokens: int = 0
     num_preemptions: int = 0
     requests_finished: dict[str, int] = field(default_factory=dict)
@@ -478,6 +479,7 @@ class Engine:
             if seq.num_preemptions == 0 and seq.num_output == 0:
                 st.prompt_tokens += seq.prompt_len
                 st.prompt_tokens_cached += max(seq.num_cached_tokens, 0)
+                st.prompt_tokens_loaded += seq.num_loaded_tokens
             seq.num_output += 1
             st.generation_tokens += 1
             if seq.num_output >= seq.target:
@@ -521,6 +523,8 @@ class Engine:
             "used_tokens": used_blocks * self.config.block_size,
             "evictable_tokens": pool.num_evictable_cached() * self.config.block_size,
             "capacity_tokens": self.capacity_tokens,
+            "pinned_tokens": self.pinned_blocks * self.config.block_size,
+            "host_tokens": len(self.host_tier or ()) * self.config.block_size,
         }
 
     # -- internals -------------------------------------------------------------------------

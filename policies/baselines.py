@@ -274,6 +274,11 @@ class ProgressTtl(Stage):
         self._sorted: dict[str, list[float]] = {}
         self._deadlines: list[tuple[float, float, str]] = []  # (deadline, acting_since, id)
         self._rounds: dict[str, tuple[int, int]] = {}  # id -> (pauses seen, rounds served)
+        self._deadline_of: dict[str, float] = {}
+
+    def remaining(self, program: Program, now: float) -> float:
+        """Seconds until the program's armed TTL expires (0 when none is armed)."""
+        return max(0.0, self._deadline_of.get(program.program_id, now) - now)
 
     def predicted_ttl(self, session_type: str | None) -> float:
         cap = self.params.max_acting_ttl_s
@@ -312,6 +317,7 @@ class ProgressTtl(Stage):
             core.pause(program, now, "max_segment_yield")
             return
         deadline = now + self.predicted_ttl(program.session_type)
+        self._deadline_of[program.program_id] = deadline
         heapq.heappush(self._deadlines, (deadline, program.acting_since, program.program_id))
 
     def on_tick(self, core: SchedulerCore, now: float) -> None:
@@ -330,46 +336,66 @@ class ProgressTtl(Stage):
 
     def on_release(self, core: SchedulerCore, program: Program, reason: str, now: float) -> None:
         self._rounds.pop(program.program_id, None)
+        self._deadline_of.pop(program.program_id, None)
 
 
 # ---------------------------------------------------------------------------- batch_gain
 class BatchGainParams(StageParams):
-    step_fixed_s: float = Field(
-        6e-3, ge=0, description="Decode model: seconds per engine step (weights read)."
+    prefill_intercept_s: float = Field(
+        0.02, ge=0, description="Prefill cost model: seconds per re-prefill (its intercept)."
     )
-    step_per_request_s: float = Field(
-        3e-5, ge=0, description="Decode model: seconds per decoding request per step."
-    )
-    step_per_context_token_s: float = Field(
-        5e-8, ge=0, description="Decode model: seconds per context token per step (KV read)."
+    prefill_s_per_1k_tokens: float = Field(
+        0.03, ge=0, description="Prefill cost model: seconds per 1,000 context tokens."
     )
 
 
 class BatchGain(Stage):
-    """Batch-gain admission (the vLLM router's `enable_batch_gain_admission`, as read from
-    its binary: a decode-throughput model decides whether one more program raises an
-    engine's throughput): admit a program onto a non-empty engine only if its decode tokens
-    per second, modelled as b / (fixed + per_request x b + per_token x context), grow with
-    it. Long contexts added to a large batch lower it and wait."""
+    """Batch-gain admission (the vLLM router's `enable_batch_gain_admission`, read from its
+    binary's config keys and decision reasons; its arithmetic is not published): when the
+    queue's head fits nowhere, ACTING programs still within their Progress-TTL give their
+    room up early if the wait this saves the head (until their TTLs would have freed the
+    room) exceeds the re-prefill their eviction will cost them (the prefill cost model:
+    intercept + seconds per 1k context tokens)."""
 
     name = "batch_gain"
     Params = BatchGainParams
     params: BatchGainParams
 
-    def throughput(self, programs: int, context_tokens: float) -> float:
-        p = self.params
-        step = p.step_fixed_s + p.step_per_request_s * programs
-        step += p.step_per_context_token_s * context_tokens
-        return programs / step if step > 0 else 0.0
+    def bind(self, core: SchedulerCore) -> None:
+        self._ttl = next((s for s in core.stages if isinstance(s, ProgressTtl)), None)
+        admission = next((s for s in core.stages if s.name == "admission"), None)
+        self._high: float = getattr(admission.params, "high_watermark", 1.0) if admission else 1.0
 
-    def admits(
-        self, core: SchedulerCore, program: Program, backend: BackendState, tokens: int, now: float
-    ) -> bool:
-        running = core.table.programs_on(backend.label)
-        if running == 0:
-            return True
-        before = self.throughput(running, backend.reserved)
-        return self.throughput(running + 1, backend.reserved + tokens) > before
+    def recompute_s(self, tokens: int) -> float:
+        p = self.params
+        return p.prefill_intercept_s + p.prefill_s_per_1k_tokens * tokens / 1000
+
+    def on_queue_blocked(self, core: SchedulerCore, program: Program, now: float) -> bool:
+        need = core.footprint_for_resume(program)
+        for backend in sorted(core.healthy_backends(), key=lambda b: -core.room(b, self._high)):
+            limit = backend.limit(self._high)
+            if limit is None:
+                continue
+            shortfall = backend.reserved + need - limit
+            victims: list[Program] = []
+            saved = cost = 0.0
+            while shortfall > 0:
+                top = backend.acting.pop()
+                if top is None:
+                    break
+                victim = top[1]
+                victims.append(victim)
+                remaining = self._ttl.remaining(victim, now) if self._ttl is not None else 0.0
+                saved = max(saved, remaining)
+                cost += self.recompute_s(victim.context_tokens)
+                shortfall -= victim.reserved_tokens
+            if shortfall <= 0 and victims and saved > cost:
+                for victim in victims:
+                    core.pause(victim, now, "batch_gain_admit")
+                return True
+            for victim in victims:  # not worth it here: leave them as they were
+                backend.acting.push(core.victim_key(victim), victim, victim.version)
+        return False
 
 
 BASELINE_STAGES: dict[str, type[Stage]] = {

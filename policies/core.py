@@ -450,6 +450,10 @@ class SchedulerCore:
     def emit(self, action: Action) -> None:
         self._actions.append(action)
 
+    def victim_key(self, program: Program, acting: bool = True) -> Any:
+        """The pipeline's pause-order key for `program` (to push back a popped victim)."""
+        return self._victim_key(program, acting)
+
     def expected_tool_time(self, program: Program) -> float:
         return self.tool_time.expected(program.session_type, program.tool_time_ema_s)
 

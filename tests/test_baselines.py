@@ -227,20 +227,33 @@ def test_a_program_served_its_segment_yields_to_a_waiting_one():
     assert [r.program_id for r in of(actions, Resumed)] == ["b"]
 
 
-@pytest.mark.parametrize(("tokens", "admitted"), [(400_000, False), (1000, True)])
-def test_batch_gain_refuses_a_long_context_onto_a_busy_engine(tokens, admitted):
-    core = make(
-        [
-            {"admission": {"buffer_tokens_per_program": 0}},
-            {"batch_gain": {}},
-            {"migration": {}},
-        ],
-        capacities=(1_000_000,),
-    )
-    for i in range(32):
-        send(core, f"small{i}", 1000, 0)
-    decision, _ = core.on_request(ctx("new"), info(tokens), 1)
-    assert isinstance(decision, Forward) is admitted
+def gain_core():
+    policies = [
+        {"admission": {"buffer_tokens_per_program": 0}},
+        {"progress_ttl": {"max_acting_ttl_s": 20}},
+        {"batch_gain": {"prefill_intercept_s": 0.0, "prefill_s_per_1k_tokens": 0.1}},
+        {"migration": {}},
+    ]
+    return make(policies, capacities=(10_000,))
+
+
+def test_batch_gain_evicts_an_acting_program_early_when_the_wait_saved_outweighs_its_recompute():
+    core = gain_core()
+    send(core, "a", 4000, 0)
+    answer(core, "a", 4000, 1)  # acting, TTL armed until t = 21
+    decision, actions = core.on_request(ctx("b"), info(7000), 2)  # saves ~19 s, costs 0.4 s
+    assert isinstance(decision, Forward)
+    assert [p.reason for p in of(actions, Paused)] == ["batch_gain_admit"]
+
+
+def test_batch_gain_keeps_an_acting_program_whose_ttl_is_about_to_free_the_room():
+    core = gain_core()
+    send(core, "a", 9000, 0)
+    answer(core, "a", 9000, 1)  # TTL until t = 21; its recompute would cost 0.9 s
+    decision, actions = core.on_request(ctx("b"), info(7000), 20.5)
+    assert isinstance(decision, Hold) and not of(actions, Paused)
+    resumed = of(core.on_tick(21.5), Resumed)  # the TTL frees the room
+    assert [r.program_id for r in resumed] == ["b"]
 
 
 def test_the_vllm_router_program_preset_builds():

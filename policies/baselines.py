@@ -29,7 +29,7 @@ from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usag
 from thunder_mw.policies.stages import Stage, StageParams
 
 if TYPE_CHECKING:
-    from thunder_mw.policies.core import BackendState, SchedulerCore
+    from thunder_mw.policies.core import SchedulerCore
 
 
 # ---------------------------------------------------------------------------- kv_aware

@@ -31,7 +31,7 @@ from thunder_mw.benchmarks.workloads import ProgramSpec
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def gateway_config(

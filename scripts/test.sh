@@ -15,6 +15,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! python3 -c \
   mkdir -p .cache && echo "$want" >"$stamp"
 fi
 
+# The peer routers of the live benchmark (vllm-router, smg: Rust binaries in wheels, the
+# `peers` extra) for tests/test_peers_live.py; same rule: fatal only under
+# THUNDER_MW_REQUIRE_REAL=1, else their tests skip.
+if ! python3 -c 'from thunder_mw.benchmarks.peers import installed_as_pinned as ok; exit(not ok())' \
+  2>/dev/null && ! python3 -m pip install --quiet --disable-pip-version-check -e '.[peers]'; then
+  if [ "${THUNDER_MW_REQUIRE_REAL:-0}" = "1" ]; then
+    echo "test.sh: peer routers (the peers extra) failed to install and THUNDER_MW_REQUIRE_REAL=1" >&2
+    exit 1
+  fi
+  echo "test.sh: peer routers (the peers extra) failed to install; their tests will be skipped" >&2
+fi
+
 # The real vLLM engine is heavy (~3.4 GB, cached under .cache/). Where it cannot be set up,
 # its tests skip, unless THUNDER_MW_REQUIRE_REAL=1 (CI), which makes that a failure.
 if ! bash scripts/setup_real_engines.sh; then

@@ -337,10 +337,10 @@ def kv_tokens_of(scenario: Scenario) -> int:
     """KV tokens per engine: the scenario's, else its cost profile's own capacity."""
     if scenario.kv_tokens is not None:
         return scenario.kv_tokens
-    capacity = getattr(get_profile(scenario.profile), "capacity_tokens", None)
+    capacity = get_profile(scenario.profile).capacity_tokens
     if not capacity:
         raise ValueError(f"{scenario.name}: profile {scenario.profile!r} has no KV capacity")
-    return int(capacity)
+    return int(capacity * scenario.kv_scale)
 
 
 def engine_options(scenario: Scenario, policy: str) -> tuple[tuple[str, Any], ...]:
@@ -370,7 +370,12 @@ def _run_job(scenario: Scenario, job: Job, trace: Path | None) -> tuple[Job, dic
     if job.wave:
         arrivals = Arrivals("batch")
     else:
-        arrivals = Arrivals(scenario.arrival, concurrency if scenario.arrival == "closed" else None)
+        closed = scenario.arrival == "closed"
+        arrivals = Arrivals(
+            scenario.arrival,
+            concurrency if closed else None,
+            stop_at_window_end=closed and scenario.stop_at_window_end,
+        )
     started = time.perf_counter()
     result = simulate(programs, POLICIES[job.policy], cluster, arrivals, job.policy)
     out: dict[str, Any] = {

@@ -90,12 +90,15 @@ class Arrivals:
     starting when one ends).
 
     A closed loop's steady-state window opens once `warmup_programs` top-level programs have
-    finished (default: the concurrency, i.e. the first wave has turned over) and closes
-    when the last program starts (from then on concurrency only falls)."""
+    finished (default: half the concurrency, so the synchronised first wave has mixed) and
+    closes when the last program starts (from then on concurrency only falls).
+    `stop_at_window_end` ends the run there: the drain after it measures nothing steady (JCT
+    figures then cover the programs finished by then, and the rest count as unfinished)."""
 
     mode: str = "batch"
     concurrency: int | None = None
     warmup_programs: int | None = None
+    stop_at_window_end: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ("batch", "staggered", "closed"):
@@ -260,12 +263,15 @@ class Simulation:
             self._on_sample,
             self._on_kick,
         )
+        stop = self.arrivals.stop_at_window_end
         while events and self._open:
             t, kind, _, payload = pop(events)
             if t > horizon:
                 break
             self.now = t
             handlers[kind](payload)
+            if stop and self._steps_at_last_start is not None:
+                break  # the steady window closed: the drain measures nothing steady
         return self._result()
 
     # ------------------------------------------------------------------ clients
@@ -387,7 +393,7 @@ class Simulation:
         if spec.parent_id is None:
             self._active_top -= 1
             self._top_finished += 1
-            warmup = self.arrivals.warmup_programs or self.arrivals.concurrency or 0
+            warmup = self.arrivals.warmup_programs or (self.arrivals.concurrency or 0) // 2
             if self._warm is None and self._top_finished >= warmup:
                 self._warm = (self.now, self.steps_done, self.output_tokens, self._top_finished)
             if self.arrivals.mode == "closed":
@@ -527,16 +533,20 @@ class Simulation:
     # ------------------------------------------------------------------ results
     def _result(self) -> RunResult:
         runs = list(self.runs.values())
-        for run in runs:  # still open at the horizon
+        truncated = self.arrivals.stop_at_window_end and self._steps_at_last_start is not None
+        unfinished = 0
+        for run in runs:  # still open at the horizon (or when the steady window closed)
             if run.done_at is None:
-                run.failed = True
+                unfinished += 1
+                run.failed = not truncated
                 if run.held:
                     run.held_s += self.now - run.held_since
-        top_done = [r for r in runs if r.spec.parent_id is None and not r.failed]
-        completed = [r for r in runs if not r.failed]
+        finished = [r for r in runs if r.done_at is not None]
+        top_done = [r for r in finished if r.spec.parent_id is None and not r.failed]
+        completed = [r for r in finished if not r.failed]
         never_started = len(self.top) - self._next_top
         jct = sorted(r.done_at - r.arrived_at for r in top_done if r.done_at is not None)
-        makespan = max((r.done_at for r in runs if r.done_at is not None), default=self.now)
+        makespan = self.now if truncated else max((r.done_at for r in finished), default=self.now)
         stats = [b.engine.stats for b in self.backends.values()]
         hits = sum(s.prefix_cache_hits for s in stats)
         queries = sum(s.prefix_cache_queries for s in stats)
@@ -585,7 +595,11 @@ class Simulation:
             if makespan
             else 0.0,
             "programs_completed": len(completed),
-            "programs_failed": len(runs) - len(completed) + never_started,
+            "programs_failed": len(runs)
+            - len(completed)
+            + never_started
+            - (unfinished if truncated else 0),
+            "programs_unfinished": unfinished if truncated else 0,
             "steps": self.steps_done,
             "output_tokens": self.output_tokens,
             "makespan_s": round(makespan, 1),

@@ -164,3 +164,12 @@ def test_a_published_scenario_writes_the_figures_beside_the_measured_ones(tmp_pa
     assert {w["policy"] for w in report["wave"]} == {"vllm", "thunderagent"}
     steady = {r["policy"]: r for r in report["steady"]}
     assert steady["vllm"]["steps_per_min_steady"]["n"] == 2
+
+
+def test_a_run_stopped_when_the_window_closes_counts_open_programs_as_unfinished():
+    arrivals = Arrivals("closed", 8, stop_at_window_end=True)
+    m = simulate(swe(40), POLICIES["sticky"], SMALL, arrivals).metrics
+    full = simulate(swe(40), POLICIES["sticky"], SMALL, Arrivals("closed", 8)).metrics
+    assert m["steps_per_min_steady"] == full["steps_per_min_steady"]
+    assert m["programs_unfinished"] > 0 and m["programs_failed"] == 0
+    assert m["makespan_s"] < full["makespan_s"]

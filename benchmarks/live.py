@@ -219,16 +219,20 @@ def live_metrics(
     }
 
 
-def steady_metrics(result: ReplayResult, time_scale: float, concurrency: int) -> dict[str, Any]:
+def steady_metrics(
+    result: ReplayResult, time_scale: float, concurrency: int, warmup_programs: int | None = None
+) -> dict[str, Any]:
     """Steps/min of a closed loop at full concurrency after warm-up, in benchmarks/des.py's
-    window: it opens when `concurrency` top-level programs have finished (the first wave has
-    turned over) and closes when the last program starts (concurrency only falls after)."""
+    window: it opens when `warmup_programs` top-level programs have finished (as des.py's
+    `Arrivals`: default half the concurrency) and closes when the last program starts
+    (concurrency only falls after)."""
+    warmup = max(1, warmup_programs or concurrency // 2)
     top = [p for p in result.programs if p.top_level]
     ends = sorted(p.done_at for p in top if p.done_at and not p.failed)
-    if not top or len(ends) < concurrency:
+    if not top or len(ends) < warmup:
         return {"steps_per_min_steady": None, "steady_window_s": 0.0, "warmup_s": None}
     t0 = result.started_at
-    warm, last_start = ends[concurrency - 1], max(p.arrived_at for p in top)
+    warm, last_start = ends[warmup - 1], max(p.arrived_at for p in top)
     if last_start <= warm:
         return {"steps_per_min_steady": None, "steady_window_s": 0.0, "warmup_s": None}
     steps = sum(

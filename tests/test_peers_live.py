@@ -101,8 +101,9 @@ def test_a_missing_peer_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_steady_window_runs_from_the_first_wave_turning_over_to_the_last_start() -> None:
-    # A closed loop of 2: programs end at 10 and 20 (window opens at 20, the 2nd end) and
-    # the last one starts at 30; only calls done inside (20, 30] count.
+    # A closed loop of 4 (warm-up: 2 programs, half of it): programs end at 10 and 20
+    # (window opens at 20, the 2nd end) and the last one starts at 30; only calls done
+    # inside (20, 30] count.
     def program(pid: str, start: float, end: float, calls: list[float]) -> ProgramRecord:
         record = ProgramRecord(pid, True, start, done_at=end)
         record.calls = [CallRecord(pid, i, t, done_at=t, status=200) for i, t in enumerate(calls)]
@@ -118,5 +119,5 @@ def test_steady_window_runs_from_the_first_wave_turning_over_to_the_last_start()
             program("d", 30.0, 40.0, [40.0]),
         ],
     )
-    steady = steady_metrics(result, time_scale=2.0, concurrency=2)
+    steady = steady_metrics(result, time_scale=2.0, concurrency=4)
     assert steady == {"steps_per_min_steady": 6.0, "steady_window_s": 20.0, "warmup_s": 40.0}

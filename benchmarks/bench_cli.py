@@ -23,14 +23,22 @@ from pathlib import Path
 from typing import Any
 
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, simulate
+from thunder_mw.benchmarks.reproduction import (
+    HOST_TIER_RATIO,
+    format_reproduction,
+    host_tier_options,
+    summarise_runs,
+)
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
-from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS, Scenario
+from thunder_mw.benchmarks.scenarios import POLICIES, POLICY_ENGINE_OPTIONS, SCENARIOS, Scenario
 from thunder_mw.benchmarks.workloads import PRESETS as WORKLOADS
 from thunder_mw.benchmarks.workloads import ProgramSpec, generate, load_trace
+from thunder_mw.sim.cost_model import get_profile
 
 PROXY_OVERHEAD = "proxy-overhead"
 IDLE_GAPS = "idle-gaps"
 ROLLOUT = "rollout"  # benchmarks/rollout.py: RL rollout waves through the live gateway
+LIVE_PEERS = "live-peers"  # benchmarks/peers.py: the real peer routers live, or their stand-ins
 
 
 class _Without:
@@ -51,7 +59,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scenario",
         required=True,
-        choices=[*SCENARIOS, PROXY_OVERHEAD, IDLE_GAPS, ROLLOUT],
+        choices=[*SCENARIOS, PROXY_OVERHEAD, IDLE_GAPS, ROLLOUT, LIVE_PEERS],
         help="Which scenario to run.",
     )
     parser.add_argument(
@@ -97,6 +105,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     des.add_argument("--kv-tokens", type=int, help="KV cache capacity per engine, in tokens.")
     des.add_argument("--workload", choices=list(WORKLOADS), help="Workload preset.")
     des.add_argument("--trace", type=Path, help="Replay this JSONL trace instead of a preset.")
+    des.add_argument(
+        "--seeds", type=int, help="Seeds of the main point (default: the scenario's; --seed first)."
+    )
     des.add_argument("--no-sweep", action="store_true", help="Skip the concurrency sweep.")
     des.add_argument("--no-plots", action="store_true", help="Do not write PNG plots.")
     des.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="Worker processes.")
@@ -126,6 +137,10 @@ def run_bench(args: argparse.Namespace) -> int:
             args.output = args.results_dir / proxy_overhead.DEFAULT_OUTPUT.name
         proxy_overhead.run(args)
         return 0
+    if args.scenario == LIVE_PEERS:
+        from thunder_mw.benchmarks import peers
+
+        return peers.run_bench(args)
     scenario = _with_overrides(SCENARIOS[args.scenario], args)
     policies = args.policies.split(",") if args.policies else list(scenario.policies)
     unknown = [p for p in policies if p not in POLICIES]
@@ -145,10 +160,14 @@ def run_bench(args: argparse.Namespace) -> int:
         sweep=not args.no_sweep,
         jobs=args.jobs,
         total=args.programs,
+        seeds=args.seeds,
     )
     _write_report(report, output)
     print(format_table(report))
-    print(f"\nwritten to {output}")
+    reproduction = format_reproduction(report)
+    if reproduction:
+        print(reproduction)
+    print(f"\nwall {report['wall_s']} s; written to {output}")
     if not args.no_plots:
         written = write_plots(report, output.with_suffix(""))
         for path in written:
@@ -228,14 +247,14 @@ def run_live_scenario(
     programs = _workload(scenario, count, seed, None)
     cluster = ClusterConfig(
         engines=scenario.engines,
-        kv_tokens=scenario.kv_tokens,
+        kv_tokens=kv_tokens_of(scenario),
         max_model_len=scenario.max_model_len,
         profile=scenario.profile,
         seed=seed,
     )
     results: list[dict[str, Any]] = []
-    spread: dict[str, Any] = {}
-    agreement: list[Any] = []
+    spread: dict[str, dict[str, Any]] = {}
+    agreement: list[dict[str, Any]] = []
     for policy in policies:
         runs = [
             run_live(
@@ -279,7 +298,7 @@ def run_live_scenario(
             "workload": scenario.workload,
             "engines": scenario.engines,
             "programs": count,
-            "kv_tokens_per_engine": scenario.kv_tokens,
+            "kv_tokens_per_engine": kv_tokens_of(scenario),
             "profile": scenario.profile,
             "max_model_len": scenario.max_model_len,
             "time_scale": time_scale,
@@ -317,7 +336,9 @@ class Job:
     engines: int
     per_engine: int
     programs: int
-    main: bool
+    main: bool  # the scenario's main point (full records: JCT samples, time series)
+    seed: int = 0
+    wave: bool = False  # the one-wave (RL batch) run: concurrency programs, all at t=0
 
 
 def _workload(
@@ -330,30 +351,102 @@ def _workload(
     )
 
 
-def _run_job(
-    scenario: Scenario, job: Job, seed: int, trace: Path | None
-) -> tuple[Job, dict[str, Any]]:
-    programs = _workload(scenario, job.programs, seed, trace)
-    cluster = ClusterConfig(
-        engines=job.engines,
-        kv_tokens=scenario.kv_tokens,
+def kv_tokens_of(scenario: Scenario) -> int:
+    """KV tokens per engine: the scenario's, else its cost profile's own capacity."""
+    if scenario.kv_tokens is not None:
+        return scenario.kv_tokens
+    capacity = get_profile(scenario.profile).capacity_tokens
+    if not capacity:
+        raise ValueError(f"{scenario.name}: profile {scenario.profile!r} has no KV capacity")
+    return int(capacity * scenario.kv_scale)
+
+
+def engine_options(scenario: Scenario, policy: str) -> tuple[tuple[str, Any], ...]:
+    """EngineConfig fields for `policy`'s engines in `scenario` (the host KV tier)."""
+    host = scenario.host_tier or POLICY_ENGINE_OPTIONS.get(policy, {}).get("host_tier", False)
+    if not host:
+        return ()
+    tokens = scenario.host_kv_tokens or HOST_TIER_RATIO * kv_tokens_of(scenario)
+    return host_tier_options(int(tokens))
+
+
+def cluster_for(scenario: Scenario, policy: str, engines: int, seed: int) -> ClusterConfig:
+    return ClusterConfig(
+        engines=engines,
+        kv_tokens=kv_tokens_of(scenario),
         max_model_len=scenario.max_model_len,
         profile=scenario.profile,
         seed=seed,
+        engine_options=engine_options(scenario, policy),
     )
+
+
+def _run_job(scenario: Scenario, job: Job, trace: Path | None) -> tuple[Job, dict[str, Any]]:
+    programs = _workload(scenario, job.programs, job.seed, trace)
+    cluster = cluster_for(scenario, job.policy, job.engines, job.seed)
     concurrency = job.engines * job.per_engine
-    arrivals = Arrivals(scenario.arrival, concurrency if scenario.arrival == "closed" else None)
+    if job.wave:
+        arrivals = Arrivals("batch")
+    else:
+        closed = scenario.arrival == "closed"
+        arrivals = Arrivals(
+            scenario.arrival,
+            concurrency if closed else None,
+            stop_at_window_end=closed and scenario.stop_at_window_end,
+        )
     started = time.perf_counter()
     result = simulate(programs, POLICIES[job.policy], cluster, arrivals, job.policy)
     out: dict[str, Any] = {
         "metrics": result.metrics,
         "wall_s": round(time.perf_counter() - started, 2),
     }
-    if job.main:
+    if job.main and job.seed == 0 and not job.wave:
         out["jct_s"] = result.jct_s
         out["timeseries"] = result.timeseries
         out["counters"] = result.counters
     return job, out
+
+
+def plan_jobs(
+    scenario: Scenario,
+    policies: list[str],
+    seed: int = 0,
+    sweep: bool = True,
+    total: int | None = None,
+    seeds: int | None = None,
+) -> list[Job]:
+    """Every run a scenario needs: the main point per policy and seed, the sweep points
+    (every seed when `sweep_seeds`), and the one-wave run per policy when `wave`."""
+    n_seeds = seeds or scenario.seeds
+
+    def programs_for(engines: int, per_engine: int, factor: float) -> int:
+        return max(1, round(engines * per_engine * factor))
+
+    main_n = total or programs_for(
+        scenario.engines, scenario.programs_per_engine, scenario.total_factor
+    )
+    work = [
+        Job(p, scenario.engines, scenario.programs_per_engine, main_n, True, seed + k)
+        for k in range(n_seeds)
+        for p in policies
+    ]
+    if sweep:
+        sweep_seeds = range(n_seeds) if scenario.sweep_seeds else range(1)
+        work += [
+            Job(p, engines, per, programs_for(engines, per, scenario.sweep_factor), False, seed + k)
+            for engines, per in scenario.sweep
+            for k in sweep_seeds
+            for p in policies
+        ]
+    if scenario.wave:
+        wave_n = scenario.engines * scenario.programs_per_engine
+        work += [
+            Job(p, scenario.engines, scenario.programs_per_engine, wave_n, True, seed, True)
+            for p in policies
+        ]
+    # Largest first, so the pool's last straggler is a small run.
+    work.sort(key=lambda j: -j.programs * j.engines)
+    return work
 
 
 def run_scenario(
@@ -364,41 +457,21 @@ def run_scenario(
     sweep: bool = True,
     jobs: int = 1,
     total: int | None = None,
+    seeds: int | None = None,
 ) -> dict[str, Any]:
     """Every policy on the main configuration (and the sweep): the result document."""
     started = time.perf_counter()
-
-    def programs_for(engines: int, per_engine: int, factor: float | None = None) -> int:
-        return max(1, round(engines * per_engine * (factor or scenario.total_factor)))
-
-    work = [
-        Job(
-            p,
-            scenario.engines,
-            scenario.programs_per_engine,
-            total or programs_for(scenario.engines, scenario.programs_per_engine),
-            True,
-        )
-        for p in policies
-    ]
-    if sweep and trace is None:
-        work += [
-            Job(p, engines, per, programs_for(engines, per, scenario.sweep_factor), False)
-            for engines, per in scenario.sweep
-            for p in policies
-        ]
-    # Largest first, so the pool's last straggler is a small run.
-    work.sort(key=lambda j: -j.programs)
+    work = plan_jobs(scenario, policies, seed, sweep and trace is None, total, seeds)
     done: list[tuple[Job, dict[str, Any]]] = []
     if jobs > 1 and len(work) > 1:
         portable = replace(scenario, targets=())  # targets hold closures; workers need none
         with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
-            futures = [pool.submit(_run_job, portable, j, seed, trace) for j in work]
+            futures = [pool.submit(_run_job, portable, j, trace) for j in work]
             done = [f.result() for f in futures]
     else:
-        done = [_run_job(scenario, j, seed, trace) for j in work]
+        done = [_run_job(scenario, j, trace) for j in work]
 
-    main = {job.policy: out for job, out in done if job.main}
+    main = {job.policy: out for job, out in done if job.main and job.seed == seed and not job.wave}
     results = [{"policy": p, **main[p]["metrics"]} for p in policies]
     sweep_rows = [
         {
@@ -408,25 +481,41 @@ def run_scenario(
             "concurrency": job.engines * job.per_engine,
             "programs": job.programs,
             "main": job.main,
+            "seed": job.seed,
+            "wave": job.wave,
             **out["metrics"],
         }
         for job, out in done
     ]
-    sweep_rows.sort(key=lambda r: (r["engines"], r["concurrency"], policies.index(r["policy"])))
+    sweep_rows.sort(
+        key=lambda r: (
+            r["engines"],
+            r["concurrency"],
+            r["wave"],
+            r["seed"],
+            policies.index(r["policy"]),
+        )
+    )
     by_policy = {r["policy"]: r for r in results}
     targets = [
         dict(zip(("value", "met"), t.check(by_policy), strict=True), target=t.name, goal=t.goal)
         for t in scenario.targets
     ]
-    main_programs = work[0].programs if total else None
     config = {
         "workload": str(trace) if trace else scenario.workload,
         "engines": scenario.engines,
         "programs_per_engine": scenario.programs_per_engine,
         "concurrency": scenario.concurrency,
-        "programs": main_programs or programs_for(scenario.engines, scenario.programs_per_engine),
+        "programs": work[0].programs
+        if total
+        else next(j.programs for j in work if j.main and not j.wave),
         "arrival": scenario.arrival,
-        "kv_tokens_per_engine": scenario.kv_tokens,
+        "total_factor": scenario.total_factor,
+        "seeds": sorted({j.seed for j in work}),
+        "kv_tokens_per_engine": kv_tokens_of(scenario),
+        "host_tier": {
+            p: dict(engine_options(scenario, p)) for p in policies if engine_options(scenario, p)
+        },
         "profile": scenario.profile,
         "max_model_len": scenario.max_model_len,
         "cluster_defaults": asdict(ClusterConfig()),
@@ -434,7 +523,7 @@ def run_scenario(
         "policies": {p: POLICIES[p] for p in policies},
         "description": scenario.description,
     }
-    return {
+    report: dict[str, Any] = {
         "scenario": scenario.name,
         "mode": "des",
         "seed": seed,
@@ -445,10 +534,13 @@ def run_scenario(
         "timeseries": {p: main[p]["timeseries"] for p in policies},
         "jct_s": {p: main[p]["jct_s"] for p in policies},
         "run_wall_s": {p: main[p]["wall_s"] for p in policies},
-        "wall_s": round(time.perf_counter() - started, 1),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}",
     }
+    report.update(summarise_runs(scenario, policies, sweep_rows))
+    report["wall_s"] = round(time.perf_counter() - started, 1)
+    report["machine"] = (
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
+    return report
 
 
 # ---------------------------------------------------------------------------------- output

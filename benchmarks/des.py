@@ -67,6 +67,9 @@ class ClusterConfig:
     send_max_tokens: bool = True  # clients send max_tokens (+ ignore_eos): the field's method
     horizon_s: float = 24 * 3600.0  # programs unfinished by then count as failed
     seed: int = 0
+    # Further EngineConfig fields for every engine (e.g. the simulator's host KV tier),
+    # as (name, value) pairs so the config stays hashable and picklable.
+    engine_options: tuple[tuple[str, Any], ...] = ()
 
     def engine_config(self, i: int) -> EngineConfig:
         return EngineConfig(
@@ -77,6 +80,7 @@ class ClusterConfig:
             max_model_len=self.max_model_len,
             profile=self.profile,
             seed=self.seed + i,
+            **dict(self.engine_options),
         )
 
 
@@ -84,10 +88,18 @@ class ClusterConfig:
 class Arrivals:
     """How clients start programs: `batch` (all at t=0), `staggered` (each at its
     `arrival_s`), or `closed` (at most `concurrency` top-level programs at a time, the next
-    starting when one ends)."""
+    starting when one ends).
+
+    A closed loop's steady-state window opens once `warmup_programs` top-level programs have
+    finished (default: half the concurrency, so the synchronised first wave has mixed) and
+    closes when the last program starts (from then on concurrency only falls).
+    `stop_at_window_end` ends the run there: the drain after it measures nothing steady (JCT
+    figures then cover the programs finished by then, and the rest count as unfinished)."""
 
     mode: str = "batch"
     concurrency: int | None = None
+    warmup_programs: int | None = None
+    stop_at_window_end: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ("batch", "staggered", "closed"):
@@ -222,6 +234,10 @@ class Simulation:
         self._busy_time = 0.0
         self._steps_at_last_start: int | None = None
         self._last_start = 0.0
+        self._output_at_last_start = 0
+        self._top_finished = 0
+        self._warm: tuple[float, int, int, int] | None = None  # t, steps, output, finished
+        self._top_finished_at_last_start = 0
         self._imbalance_n = 0
         self._series_t: list[float] = []
         self._series_kv: dict[str, list[float]] = {label: [] for label in self.backends}
@@ -248,12 +264,15 @@ class Simulation:
             self._on_sample,
             self._on_kick,
         )
+        stop = self.arrivals.stop_at_window_end
         while events and self._open:
             t, kind, _, payload = pop(events)
             if t > horizon:
                 break
             self.now = t
             handlers[kind](payload)
+            if stop and self._steps_at_last_start is not None:
+                break  # the steady window closed: the drain measures nothing steady
         return self._result()
 
     # ------------------------------------------------------------------ clients
@@ -275,6 +294,8 @@ class Simulation:
             if self._next_top == len(self.top):
                 # The pool is empty: concurrency only falls from here (the steady window ends).
                 self._steps_at_last_start = self.steps_done
+                self._output_at_last_start = self.output_tokens
+                self._top_finished_at_last_start = self._top_finished
                 self._last_start = t
 
     def _start(self, spec: ProgramSpec, t: float) -> None:
@@ -303,7 +324,7 @@ class Simulation:
         decision, actions = self.core.on_request(run.ctx, RequestInfo(chars, max_tokens), self.now)
         self._apply(actions)
         if isinstance(decision, Forward):
-            self._dispatch(run, decision.backend)
+            self._dispatch(run, decision.backend, decision.kv_ttl_s)
         elif isinstance(decision, Hold):
             run.held = True
             run.held_since = self.now
@@ -319,12 +340,12 @@ class Simulation:
             ids = self._system[key] = system_ids(spec.session_type, spec.system_tokens)
         return ids
 
-    def _dispatch(self, run: _Program, label: str) -> None:
+    def _dispatch(self, run: _Program, label: str, kv_ttl_s: float | None = None) -> None:
         backend = self.backends[label]
         engine = backend.engine
         spec = run.spec
         call = spec.calls[run.call]
-        params = SamplingParams(max_tokens=call.output_tokens, ignore_eos=True)
+        params = _sampling_params(call.output_tokens, kv_ttl_s)
         error = engine.validate(run.prompt, params)
         if error is not None:
             self.calls_failed += 1
@@ -342,8 +363,13 @@ class Simulation:
         else:
             new = call.growth_tokens + 1
         self.first_time_tokens += new
+        engine.advance(self.now)  # the engine's clock (TTL pins) follows simulated time
         seq = engine.add_request(
-            f"{spec.program_id}#{run.call}", run.prompt, params, listener=_LISTENER
+            f"{spec.program_id}#{run.call}",
+            run.prompt,
+            params,
+            listener=_LISTENER,
+            program_id=spec.program_id,
         )
         seq.user_data = run
         if not backend.busy and not backend.kick_pending:
@@ -367,6 +393,10 @@ class Simulation:
         spec = run.spec
         if spec.parent_id is None:
             self._active_top -= 1
+            self._top_finished += 1
+            warmup = self.arrivals.warmup_programs or (self.arrivals.concurrency or 0) // 2
+            if self._warm is None and self._top_finished >= warmup:
+                self._warm = (self.now, self.steps_done, self.output_tokens, self._top_finished)
             if self.arrivals.mode == "closed":
                 self._start_next(self.now)
         else:
@@ -398,7 +428,7 @@ class Simulation:
                 if run is not None and run.held:
                     run.held = False
                     run.held_s += self.now - run.held_since
-                    self._dispatch(run, action.backend)
+                    self._dispatch(run, action.backend, action.kv_ttl_s)
             elif isinstance(action, Reject):
                 run = self.runs.get(action.program_id)
                 if run is not None and run.held:
@@ -418,6 +448,7 @@ class Simulation:
             self._step(backend)
 
     def _step(self, backend: _Backend) -> None:
+        backend.engine.advance(self.now)
         result = backend.engine.step()
         if result is None:
             return
@@ -503,25 +534,27 @@ class Simulation:
     # ------------------------------------------------------------------ results
     def _result(self) -> RunResult:
         runs = list(self.runs.values())
-        for run in runs:  # still open at the horizon
+        truncated = self.arrivals.stop_at_window_end and self._steps_at_last_start is not None
+        unfinished = 0
+        for run in runs:  # still open at the horizon (or when the steady window closed)
             if run.done_at is None:
-                run.failed = True
+                unfinished += 1
+                run.failed = not truncated
                 if run.held:
                     run.held_s += self.now - run.held_since
-        top_done = [r for r in runs if r.spec.parent_id is None and not r.failed]
-        completed = [r for r in runs if not r.failed]
+        finished = [r for r in runs if r.done_at is not None]
+        top_done = [r for r in finished if r.spec.parent_id is None and not r.failed]
+        completed = [r for r in finished if not r.failed]
         never_started = len(self.top) - self._next_top
         jct = sorted(r.done_at - r.arrived_at for r in top_done if r.done_at is not None)
-        makespan = max((r.done_at for r in runs if r.done_at is not None), default=self.now)
+        makespan = self.now if truncated else max((r.done_at for r in finished), default=self.now)
         stats = [b.engine.stats for b in self.backends.values()]
         hits = sum(s.prefix_cache_hits for s in stats)
         queries = sum(s.prefix_cache_queries for s in stats)
         ttft = sorted(self.ttft)
         minutes = makespan / 60 if makespan > 0 else math.inf
         median_jct = percentile(jct, 50) if jct else None
-        steady_steps, steady_s = self.steps_done, makespan
-        if self._steps_at_last_start is not None and self._last_start > 0:
-            steady_steps, steady_s = self._steps_at_last_start, self._last_start
+        steady = self._steady_window()
         capacity = sum(b.engine.capacity_tokens for b in self.backends.values())
         # Offered load while every client is busy (closed loop: until the pool ran dry).
         full = len(self._series_t)
@@ -530,7 +563,7 @@ class Simulation:
         resident = self._resident[: max(1, full)]
         metrics: dict[str, Any] = {
             "steps_per_min": round(self.steps_done / minutes, 2),
-            "steps_per_min_steady": round(60 * steady_steps / steady_s, 2) if steady_s else 0.0,
+            **steady,
             "output_tokens_per_s": round(self.output_tokens / makespan, 1) if makespan else 0.0,
             "jct_mean_s": round(sum(jct) / len(jct), 2) if jct else None,
             "jct_p50_s": _r(median_jct),
@@ -563,7 +596,11 @@ class Simulation:
             if makespan
             else 0.0,
             "programs_completed": len(completed),
-            "programs_failed": len(runs) - len(completed) + never_started,
+            "programs_failed": len(runs)
+            - len(completed)
+            + never_started
+            - (unfinished if truncated else 0),
+            "programs_unfinished": unfinished if truncated else 0,
             "steps": self.steps_done,
             "output_tokens": self.output_tokens,
             "makespan_s": round(makespan, 1),
@@ -577,6 +614,26 @@ class Simulation:
             counters=dict(self.core.counters),
         )
 
+    def _steady_window(self) -> dict[str, Any]:
+        """Throughput at full concurrency after warm-up (see `Arrivals`); None without one."""
+        warm, end = self._warm, self._last_start
+        if warm is None or self._steps_at_last_start is None or end <= warm[0]:
+            return {
+                "steps_per_min_steady": None,
+                "output_tokens_per_s_steady": None,
+                "steady_window_s": 0.0,
+                "steady_programs_done": 0,
+                "warmup_s": round(warm[0], 1) if warm else None,
+            }
+        span = end - warm[0]
+        return {
+            "steps_per_min_steady": round(60 * (self._steps_at_last_start - warm[1]) / span, 2),
+            "output_tokens_per_s_steady": round((self._output_at_last_start - warm[2]) / span, 1),
+            "steady_window_s": round(span, 1),
+            "steady_programs_done": self._top_finished_at_last_start - warm[3],
+            "warmup_s": round(warm[0], 1),
+        }
+
     def _timeseries(self, max_points: int = 400) -> dict[str, Any]:
         t = self._series_t
         stride = max(1, math.ceil(len(t) / max_points))
@@ -584,6 +641,11 @@ class Simulation:
             "t_s": [round(x, 1) for x in t[::stride]],
             "kv_usage": {k: [round(u, 4) for u in v[::stride]] for k, v in self._series_kv.items()},
         }
+
+
+def _sampling_params(max_tokens: int, kv_ttl_s: float | None) -> SamplingParams:
+    """Fixed output length (max_tokens + ignore_eos), and the TTL pin a stage asked for."""
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, kv_ttl_s=kv_ttl_s)
 
 
 def _r(x: float | None, digits: int = 2) -> float | None:

@@ -52,6 +52,28 @@ def gateway_config(
                 },
             }
         )
+    return _config(backends, cluster, pipeline, time_scale, port)
+
+
+def engines_gateway_config(
+    urls: list[str],
+    cluster: ClusterConfig,
+    pipeline: list[dict[str, Any]],
+    time_scale: float,
+    port: int,
+) -> dict[str, Any]:
+    """The gateway in front of engines already running at `urls` (vLLM's API)."""
+    backends = [{"name": f"e{i}", "type": "vllm", "url": url} for i, url in enumerate(urls)]
+    return _config(backends, cluster, pipeline, time_scale, port)
+
+
+def _config(
+    backends: list[dict[str, Any]],
+    cluster: ClusterConfig,
+    pipeline: list[dict[str, Any]],
+    time_scale: float,
+    port: int,
+) -> dict[str, Any]:
     return {
         "server": {
             "host": "127.0.0.1",
@@ -131,12 +153,22 @@ def run_live(
     return {"policy": policy, **live_metrics(result, time_scale, before, after)}
 
 
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def live_metrics(
-    result: ReplayResult, time_scale: float, before: dict[str, float], after: dict[str, float]
+    result: ReplayResult,
+    time_scale: float,
+    before: dict[str, float],
+    after: dict[str, float],
+    concurrency: int | None = None,
 ) -> dict[str, Any]:
-    """The harness's metrics, from what the client saw (times scaled to simulated seconds)."""
+    """The harness's metrics, from what the client saw (times scaled to simulated seconds).
+    `concurrency`: the replay was a closed loop of that many, so steady state is added."""
     t0 = result.started_at
     calls = [c for p in result.programs for c in p.calls if c.status == 200]
+    failed_calls = sum(1 for p in result.programs for c in p.calls if c.status != 200)
     done = [p for p in result.programs if p.top_level and not p.failed and p.done_at]
     jct = sorted((p.done_at - p.arrived_at) * time_scale for p in done if p.done_at)
     ttft = sorted(
@@ -146,19 +178,53 @@ def live_metrics(
     makespan = (last - t0) * time_scale
     output = sum(c.completion_tokens for c in calls)
     queries = after["queries"] - before["queries"]
+    steady = steady_metrics(result, time_scale, concurrency) if concurrency else {}
     return {
         "steps_per_min": round(len(calls) / (makespan / 60), 2) if makespan else 0.0,
+        **steady,
         "output_tokens_per_s": round(output / makespan, 1) if makespan else 0.0,
         "jct_mean_s": round(sum(jct) / len(jct), 2) if jct else None,
-        "jct_p95_s": percentile(jct, 95) if jct else None,
-        "jct_p99_s": percentile(jct, 99) if jct else None,
-        "ttft_p99_s": percentile(ttft, 99) if ttft else None,
-        "ttft_max_s": ttft[-1] if ttft else None,
+        "jct_p95_s": _round(percentile(jct, 95)) if jct else None,
+        "jct_p99_s": _round(percentile(jct, 99)) if jct else None,
+        "jct_max_s": round(jct[-1], 2) if jct else None,
+        "ttft_p99_s": _round(percentile(ttft, 99), 3) if ttft else None,
+        "ttft_max_s": _round(ttft[-1] if ttft else None, 3),
         "prefix_hit_rate": round((after["hits"] - before["hits"]) / queries, 4) if queries else 0.0,
         "preemptions": int(after["preemptions"] - before["preemptions"]),
         "programs_completed": sum(1 for p in result.programs if not p.failed),
         "programs_failed": sum(1 for p in result.programs if p.failed),
+        "failed_calls": failed_calls,
         "steps": len(calls),
         "makespan_s": round(makespan, 1),
         "wall_s": round(result.finished_at - t0, 1),
+    }
+
+
+def steady_metrics(
+    result: ReplayResult, time_scale: float, concurrency: int, warmup_programs: int | None = None
+) -> dict[str, Any]:
+    """Steps/min of a closed loop at full concurrency after warm-up, in benchmarks/des.py's
+    window: it opens when `warmup_programs` top-level programs have finished (as des.py's
+    `Arrivals`: default half the concurrency) and closes when the last program starts
+    (concurrency only falls after)."""
+    warmup = max(1, warmup_programs or concurrency // 2)
+    top = [p for p in result.programs if p.top_level]
+    ends = sorted(p.done_at for p in top if p.done_at and not p.failed)
+    if not top or len(ends) < warmup:
+        return {"steps_per_min_steady": None, "steady_window_s": 0.0, "warmup_s": None}
+    t0 = result.started_at
+    warm, last_start = ends[warmup - 1], max(p.arrived_at for p in top)
+    if last_start <= warm:
+        return {"steps_per_min_steady": None, "steady_window_s": 0.0, "warmup_s": None}
+    steps = sum(
+        1
+        for p in result.programs
+        for c in p.calls
+        if c.status == 200 and c.done_at and warm < c.done_at <= last_start
+    )
+    span = (last_start - warm) * time_scale
+    return {
+        "steps_per_min_steady": round(60 * steps / span, 2),
+        "steady_window_s": round(span, 1),
+        "warmup_s": round((warm - t0) * time_scale, 1),
     }

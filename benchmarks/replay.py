@@ -13,6 +13,9 @@ one; a failed release is recorded, not raised, so a run's results survive its la
 With `vocab_size` set (a real engine), prompts go as token-id lists and answers come back as
 token ids (`return_token_ids`), so the engine sees exactly the ids the workload names and a
 program's next prompt extends its last one token for token, whatever the model's tokenizer.
+`identity` says how a target learns the program (thunder-mw's `program_id` by default; a
+peer router's own body field or header instead), and `run(..., concurrency=C)` replays a
+closed loop: at most C top-level programs at a time, the next starting when one ends.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +40,16 @@ from thunder_mw.engines.pooled_connections import (
 CLIENT_KEEP_ALIVE_S = 4.0
 
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+# (program id, call index, is the program's last call) -> (body fields, headers)
+Identity = Callable[[str, int, bool], tuple[dict[str, Any], dict[str, str]]]
+
+
+def thunder_identity(
+    program_id: str, index: int, last: bool
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """thunder-mw's (and ThunderAgent's) convention: `program_id` in the body."""
+    return {"program_id": program_id}, {}
 
 
 def render(ids: list[int]) -> str:
@@ -93,6 +106,7 @@ class Replayer:
         request_timeout_s: float = 600.0,
         vocab_size: int | None = None,
         progress: Callable[[Replayer], None] | None = None,
+        identity: Identity = thunder_identity,
     ) -> None:
         """`stream=False` measures no time to first token but spares the client (and the
         gateway) a chunk per token: for runs whose point is throughput on a busy machine.
@@ -114,8 +128,13 @@ class Replayer:
         self.started_at: float | None = None
         self.progress = progress
         self._fresh: aiohttp.ClientSession | None = None
+        self.identity = identity
 
-    async def run(self, programs: list[ProgramSpec]) -> ReplayResult:
+    async def run(
+        self, programs: list[ProgramSpec], concurrency: int | None = None
+    ) -> ReplayResult:
+        """Every program, each at its `arrival_s`; with `concurrency`, a closed loop instead
+        (arrival times ignored: a program starts when a slot frees)."""
         connector = KeepAliveConnector(keep_alive_s=CLIENT_KEEP_ALIVE_S, limit=0)
         started = self.started_at = time.monotonic()
         async with (
@@ -125,7 +144,12 @@ class Replayer:
             ) as fresh,
         ):
             self._fresh = fresh
-            await asyncio.gather(*(self._program(session, spec, started) for spec in programs))
+            if concurrency is None:
+                runs = [self._program(session, spec, started) for spec in programs]
+            else:
+                queue = iter(programs)
+                runs = [self._loop(session, queue, started) for _ in range(concurrency)]
+            await asyncio.gather(*runs)
         return self.partial_result()
 
     def partial_result(self) -> ReplayResult:
@@ -134,18 +158,28 @@ class Replayer:
         return ReplayResult(started, time.monotonic(), self.records, self.stale_retries)
 
     async def _post(
-        self, session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
     ) -> aiohttp.ClientResponse:
         """POST, and once more on a fresh connection when the pooled one it went out on turned
         out closed by the server (which then saw nothing of it)."""
         forget_reuse()
         try:
-            return await session.post(url, json=body)
+            return await session.post(url, json=body, headers=headers)
         except (aiohttp.ClientError, OSError) as exc:
             if self._fresh is None or not lost_on_a_reused_connection(exc):
                 raise
             self.stale_retries += 1
-            return await self._fresh.post(url, json=body)
+            return await self._fresh.post(url, json=body, headers=headers)
+
+    async def _loop(
+        self, session: aiohttp.ClientSession, queue: Iterator[ProgramSpec], t0: float
+    ) -> None:
+        for spec in queue:
+            await self._program(session, spec, t0, closed=True)
 
     async def _sleep(self, sim_s: float) -> None:
         if sim_s > 0:
@@ -162,8 +196,11 @@ class Replayer:
             self._system[key] = self._encode(system_ids(spec.session_type, spec.system_tokens))
         return self._system[key]
 
-    async def _program(self, session: aiohttp.ClientSession, spec: ProgramSpec, t0: float) -> None:
-        await self._sleep(spec.arrival_s)
+    async def _program(
+        self, session: aiohttp.ClientSession, spec: ProgramSpec, t0: float, closed: bool = False
+    ) -> None:
+        if not closed:
+            await self._sleep(spec.arrival_s)
         record = ProgramRecord(spec.program_id, spec.parent_id is None, time.monotonic())
         self.records.append(record)
         await self._sleep(spec.start_s)
@@ -175,7 +212,10 @@ class Replayer:
                 if index == 0 or call.reset
                 else prompt + growth
             )
-            result = await self._call(session, spec.program_id, index, prompt, call.output_tokens)
+            last = index == len(spec.calls) - 1
+            result = await self._call(
+                session, spec.program_id, index, prompt, call.output_tokens, last
+            )
             record.calls.append(result[0])
             self.calls_done += 1
             if result[0].status != 200:
@@ -212,13 +252,15 @@ class Replayer:
         index: int,
         prompt: str | list[int],
         output_tokens: int,
+        last: bool = False,
     ) -> tuple[CallRecord, Any]:
+        fields, headers = self.identity(program_id, index, last)
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt,
             "max_tokens": output_tokens,
             "ignore_eos": True,
-            "program_id": program_id,
+            **fields,
         }
         if self.vocab_size is not None:
             body["return_token_ids"] = True
@@ -228,7 +270,8 @@ class Replayer:
         record = CallRecord(program_id, index, time.monotonic())
         text: list[Any] = []
         try:
-            async with await self._post(session, f"{self.url}/v1/completions", body) as r:
+            url = f"{self.url}/v1/completions"
+            async with await self._post(session, url, body, headers) as r:
                 record.status = r.status
                 if r.status != 200:
                     await r.read()

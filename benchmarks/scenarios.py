@@ -1,9 +1,16 @@
 """The named scenarios of `thunder-mw bench`, the policies they compare, and their targets.
 
-A scenario is a workload preset x a simulated fleet x a concurrency, run once per policy;
-some add a concurrency sweep. A policy is a name for a pipeline (the YAML `policies:`
-list): the presets of policies/stages.py, plus variants of thunder-mw's stage params used
-to find which rule costs what (name them with `--policies`).
+A scenario is a workload preset x a simulated fleet x a concurrency, run once per policy
+(and per seed); some add a concurrency sweep. A policy is a name for a pipeline (the YAML
+`policies:` list): thunder-mw's, the original's rules and the baselines users run
+(policies/stages.py, policies/baselines.py), plus variants of thunder-mw's stage params
+used to find which rule costs what (name them with `--policies`). A few baselines are
+engine features rather than gateway rules (`offload`: engines with a host KV tier); their
+engine options are in POLICY_ENGINE_OPTIONS.
+
+The `paper-*`, `dynamo-minimax`, `cluster-scaling` and `hicache-batch192` scenarios
+reproduce published setups: each carries the published figures (`Published`) that
+`thunder-mw bench` puts next to the measured ones.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from thunder_mw.policies.stages import PRESETS as PIPELINE_PRESETS
+from thunder_mw.policies.pipeline import PRESETS as PIPELINE_PRESETS
 
 DEFAULT_POLICIES = ("round_robin", "sticky", "thunderagent", "thunder-mw")
 
@@ -25,6 +32,10 @@ def _thunder_mw(**overrides: dict[str, Any]) -> list[dict[str, Any]]:
 
 POLICIES: dict[str, list[dict[str, Any]]] = {
     **PIPELINE_PRESETS,
+    # Affinity over engines that have a host KV tier (the tier is an engine option,
+    # POLICY_ENGINE_OPTIONS): vLLM's offloading connector / LMCache / SGLang HiCache
+    # behind a consistent-hashing router.
+    "offload": [{"session_affinity": {}}],
     # Diagnostic variants of the default pipeline: one rule changed each.
     "thunder-mw/acting-0.5": _thunder_mw(**{"state-aware-pause": {"acting_token_weight": 0.5}}),
     "thunder-mw/acting-0": _thunder_mw(**{"state-aware-pause": {"acting_token_weight": 0.0}}),
@@ -46,6 +57,27 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
         **{"state-aware-pause": {"acting_token_weight": 0.0}},
     ),
 }
+
+
+# Engine options a policy brings with it (merged over the scenario's): `host_tier` gives
+# every engine the host KV tier the scenario sizes (`host_kv_tokens`).
+POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {"offload": {"host_tier": True}}
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A published figure a scenario reproduces: `policy` over `baseline` on `metric`."""
+
+    figure: str  # what the source shows, in its words
+    source: str  # where (paper section, post)
+    ratio: float  # the published ratio (policy / baseline)
+    policy: str = "thunderagent"  # the simulator's stand-in for the system measured
+    baseline: str = "vllm"  # the simulator's stand-in for what it was measured against
+    metric: str = "steps_per_min_steady"
+    engines: int | None = None  # the fleet size it belongs to (None: the main point)
+    programs_per_engine: int | None = None
+    absolute: tuple[float, float] | None = None  # (policy, baseline) in the source's unit
+    unit: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +137,7 @@ class Scenario:
     # rollout batch, measured by the time to finish it (longer closed loops cost minutes).
     total_factor: float = 1.0
     sweep_factor: float = 1.0  # the same for the sweep's points
-    kv_tokens: int = 131_072
+    kv_tokens: int | None = 131_072  # None: the cost profile's own capacity
     profile: str = "h100-8b"
     max_model_len: int = 65_536
     arrival: str = "closed"
@@ -119,6 +151,20 @@ class Scenario:
     token_scale: float = 1.0  # every token count of the preset x this
     tool_time_scale: float = 1.0  # every time of the preset (tools, start-up) x this
     max_tool_s: float | None = None  # clip on the scaled tool time
+    # Steady state (closed loop, total_factor > 1): seeds of the main point (and of the sweep
+    # when sweep_seeds), and whether to add the one-wave (RL batch) run per policy, seed 0.
+    seeds: int = 1
+    sweep_seeds: bool = False
+    wave: bool = False
+    host_kv_tokens: int | None = None  # host KV tier per engine (every policy; None: none)
+    host_tier: bool = False  # every policy's engines have the host tier
+    # Scale-down for wall time: KV tokens per engine = the profile's capacity x this, with
+    # the programs per engine scaled alike (resident contexts / capacity unchanged).
+    kv_scale: float = 1.0
+    # Steady runs end when the window closes (the drain after it measures nothing steady);
+    # their JCT figures cover the programs finished by then, the wave run has the whole tail.
+    stop_at_window_end: bool = False
+    published: tuple[Published, ...] = ()
 
     @property
     def concurrency(self) -> int:
@@ -224,3 +270,232 @@ SCENARIOS: dict[str, Scenario] = {
         ),
     ),
 }
+
+
+# ------------------------------------------------------------------ published setups
+# Figures from the issue that asks for them (ThunderAgent, arXiv 2602.13692 §5, Figure 4 and
+# Table 2; its launch post; Dynamo's port), quoted there from the sources. Figure 4's labels
+# at the highest concurrency read as ThunderAgent / vLLM and Continuum / vLLM.
+PAPER = "ThunderAgent, arXiv 2602.13692, §5 Figure 4 (highest concurrency)"
+TABLE2 = "ThunderAgent, arXiv 2602.13692, §5 Table 2 (RL rollout, 144 programs, 2x 8xH100)"
+LAUNCH = "ThunderAgent launch post (Together AI)"
+DYNAMO = "Dynamo's port of the ThunderAgent scheduler, 2x TP4 MiniMax-M2 on one 8xH100 node"
+
+# Closed loop: each run starts concurrency x STEADY_FACTOR programs, measured from the first
+# wave's turnover (warm-up: a concurrency's worth of programs finished) to the last start,
+# a window in which about a concurrency's worth of programs finish (96-576 here: no single
+# program decides it). The paper's axis is the same: a fixed number of programs in flight,
+# each replaced when it ends. 2.0 keeps the largest scenario under 5 minutes on 2 cores.
+STEADY_FACTOR = 2.0
+SINGLE_ENGINE_POLICIES = ("vllm", "continuum", "vllm_router_program", "thunderagent", "thunder-mw")
+FLEET_POLICIES = (
+    "round_robin",
+    "session_affinity",
+    "kv_aware",
+    "vllm_router_program",
+    "thunderagent",
+    "thunder-mw",
+)
+
+
+def _figure4(label: str, thunder: float, continuum: float) -> tuple[Published, ...]:
+    return (
+        Published(f"Figure 4, {label}: ThunderAgent / vLLM", PAPER, thunder),
+        Published(f"Figure 4, {label}: Continuum / vLLM", PAPER, continuum, policy="continuum"),
+    )
+
+
+def _paper(name: str, description: str, workload: str, profile: str, **kw: Any) -> Scenario:
+    """One engine, the Figure 4 concurrency sweep (24/48/72/96 programs), steady state."""
+    defaults: dict[str, Any] = dict(
+        name=name,
+        description=description,
+        workload=workload,
+        engines=1,
+        programs_per_engine=96,
+        sweep=((1, 24), (1, 48), (1, 72)),
+        total_factor=STEADY_FACTOR,
+        sweep_factor=STEADY_FACTOR,
+        kv_tokens=None,
+        profile=profile,
+        max_model_len=131_072,
+        policies=SINGLE_ENGINE_POLICIES,
+        seeds=3,
+        wave=True,
+        stop_at_window_end=True,
+    )
+    defaults.update(kw)
+    return Scenario(**defaults)
+
+
+PUBLISHED_SCENARIOS: dict[str, Scenario] = {
+    "paper-swe-glm46": _paper(
+        "paper-swe-glm46",
+        "mini-SWE-agent on GLM-4.6 FP8, TP8 on one 8xH100 node, 24-96 programs (Figure 4)",
+        "mini-swe-agent-glm46",
+        "h100x8-glm46-fp8",
+        published=_figure4("SWE-agent-GLM4.6", 2.65, 1.52),
+    ),
+    "paper-openhands-glm46": _paper(
+        "paper-openhands-glm46",
+        "OpenHands on GLM-4.6 FP8, TP8 on one 8xH100 node, 24-96 programs (Figure 4)",
+        "openhands-glm46",
+        "h100x8-glm46-fp8",
+        published=_figure4("OpenHands-GLM4.6", 3.58, 1.08),
+    ),
+    "paper-toolorchestra-qwen3-8b": _paper(
+        "paper-toolorchestra-qwen3-8b",
+        "ToolOrchestra orchestrator on Qwen3-8B FP16 on one RTX 5090, 24-96 programs (Figure 4)",
+        "toolorchestra-qwen3-8b",
+        "rtx5090-qwen3-8b",
+        max_model_len=40_960,
+        published=_figure4("ToolOrchestra-Qwen3-8B", 1.48, 0.65),
+    ),
+    "paper-rollout-2node": Scenario(
+        name="paper-rollout-2node",
+        description="RL rollout: 144 mini-SWE-agent programs on two GLM-4.6 8xH100 engines, "
+        "against a KV-aware gateway (Table 2's vLLM + SGLang gateway)",
+        workload="mini-swe-agent-glm46",
+        engines=2,
+        programs_per_engine=72,
+        total_factor=STEADY_FACTOR,
+        kv_tokens=None,
+        profile="h100x8-glm46-fp8",
+        max_model_len=131_072,
+        policies=FLEET_POLICIES,
+        seeds=3,
+        wave=True,
+        stop_at_window_end=True,
+        published=(
+            Published(
+                "Table 2, mini-SWE-agent: ThunderAgent / vLLM + SGLang gateway (steps/min)",
+                TABLE2,
+                671.8 / 375.4,
+                baseline="kv_aware",
+                absolute=(671.8, 375.4),
+                unit="steps/min",
+            ),
+        ),
+    ),
+    "paper-rollout-2node-openhands": Scenario(
+        name="paper-rollout-2node-openhands",
+        description="RL rollout: 144 OpenHands programs on two GLM-4.6 8xH100 engines, "
+        "against a KV-aware gateway (Table 2)",
+        workload="openhands-glm46",
+        engines=2,
+        programs_per_engine=72,
+        total_factor=STEADY_FACTOR,
+        kv_tokens=None,
+        profile="h100x8-glm46-fp8",
+        max_model_len=131_072,
+        policies=FLEET_POLICIES,
+        seeds=3,
+        wave=True,
+        stop_at_window_end=True,
+        published=(
+            Published(
+                "Table 2, OpenHands: ThunderAgent / vLLM + SGLang gateway (steps/min)",
+                TABLE2,
+                270.8 / 69.1,
+                baseline="kv_aware",
+                absolute=(270.8, 69.1),
+                unit="steps/min",
+            ),
+        ),
+    ),
+    "dynamo-minimax": Scenario(
+        name="dynamo-minimax",
+        description="SWE-bench-Lite agents on two TP4 MiniMax-M2 FP8 replicas of one 8xH100 "
+        "node, against a KV-aware router (Dynamo's KvRouter)",
+        workload="swe-agent-minimax-m2",
+        engines=2,
+        programs_per_engine=48,
+        sweep=((2, 16), (2, 32), (2, 64)),
+        total_factor=STEADY_FACTOR,
+        sweep_factor=STEADY_FACTOR,
+        kv_tokens=None,
+        profile="h100x4-minimax-m2-fp8",
+        max_model_len=131_072,
+        policies=FLEET_POLICIES,
+        seeds=3,
+        wave=True,
+        stop_at_window_end=True,
+        published=(
+            Published(
+                "ThunderAgent scheduler in Dynamo / Dynamo KvRouter: +12-16 % (midpoint)",
+                DYNAMO,
+                1.14,
+                baseline="kv_aware",
+            ),
+        ),
+    ),
+    "cluster-scaling": Scenario(
+        name="cluster-scaling",
+        description="mini-SWE-agent on 2, 4 and 8 GLM-4.6 8xH100 engines (16-64 GPUs), "
+        "72 programs per engine as Table 2, against a KV-aware gateway; scaled by 1/2 for "
+        "wall time (36 programs per engine on half the KV: the same overflow)",
+        workload="mini-swe-agent-glm46",
+        engines=2,
+        programs_per_engine=36,
+        kv_scale=0.5,
+        sweep=((4, 36), (8, 36)),
+        total_factor=STEADY_FACTOR,
+        sweep_factor=STEADY_FACTOR,
+        kv_tokens=None,
+        profile="h100x8-glm46-fp8",
+        max_model_len=131_072,
+        policies=("kv_aware", "thunderagent", "thunder-mw"),
+        seeds=3,
+        sweep_seeds=True,
+        stop_at_window_end=True,
+        published=(
+            Published(
+                "16 GPUs: ThunderAgent / SGLang gateway",
+                LAUNCH,
+                1.79,
+                baseline="kv_aware",
+                engines=2,
+                absolute=(671.0, 671.0 / 1.79),
+                unit="steps/min",
+            ),
+            Published(
+                "64 GPUs: ThunderAgent / SGLang gateway",
+                LAUNCH,
+                2.39,
+                baseline="kv_aware",
+                engines=8,
+                absolute=(2248.0, 2248.0 / 2.39),
+                unit="steps/min",
+            ),
+        ),
+    ),
+    "hicache-batch192": Scenario(
+        name="hicache-batch192",
+        description="192 mini-SWE-agent programs on one GLM-4.6 8xH100 engine with a host KV "
+        "tier (SGLang HiCache), every policy on the same tiered engine",
+        workload="mini-swe-agent-glm46",
+        engines=1,
+        programs_per_engine=192,
+        total_factor=STEADY_FACTOR,
+        kv_tokens=None,
+        profile="h100x8-glm46-fp8",
+        max_model_len=131_072,
+        host_tier=True,
+        policies=("offload", "vllm_router_program", "thunderagent", "thunder-mw"),
+        seeds=3,
+        wave=True,
+        stop_at_window_end=True,
+        published=(
+            Published(
+                "batch 192 with HiCache: ThunderAgent / SGLang, output tok/s",
+                LAUNCH,
+                803 / 390,
+                baseline="offload",
+                metric="output_tokens_per_s_steady",
+                absolute=(803.0, 390.0),
+                unit="tok/s",
+            ),
+        ),
+    ),
+}
+SCENARIOS.update(PUBLISHED_SCENARIOS)

@@ -178,6 +178,90 @@ PRESETS: dict[str, WorkloadPreset] = {
         output_tokens=LogNormal(60, 0.6, 8, 1024),
         tool_s=LogNormal(8.0, 1.2, 0.5, 600),
     ),
+    # -- The published regimes' reasoning models (ThunderAgent arXiv 2602.13692 §5; Dynamo's
+    # MiniMax-M2 run). They run far more turns, with longer outputs (reasoning included) and
+    # longer tool results, than the 8B presets above; tool times stay those of the tools.
+    # Sources: SWE-agent on SWE-Bench Pro, 4 models incl. GLM-4.5: median 29-78 steps per
+    # trajectory (nilenso.github.io/swe-bench-pro-cost-token-time-analysis); Claude Code with
+    # GLM-4.5 on CC-Bench: 60-86 assistant messages and 2.4-4.9 M input tokens per task, i.e.
+    # ~30-57 k tokens of context per call (huggingface.co/datasets/zai-org/CC-Bench-trajectories);
+    # TraceLab: ~523 output tokens per step with reasoning, ~84 steps per coding session;
+    # SWE-smith tool times (the swe-agent preset's). Medians below are our reading of these,
+    # not measured traces of these exact pairs.
+    # mini-SWE-agent + GLM-4.6 (thinking): ~34 steps, ~600-token outputs, bash outputs of
+    # ~650 tokens on average: contexts end near 45 k tokens (p90 ~75 k; GLM-4.6 allows 200 k).
+    "mini-swe-agent-glm46": WorkloadPreset(
+        name="mini-swe-agent-glm46",
+        description="mini-SWE-agent + GLM-4.6 (thinking): ~34 steps, contexts to ~45 k tokens",
+        turns=LogNormal(30.0, 0.5, 6, 150),
+        system_tokens=1500,
+        task_tokens=LogNormal(700, 0.6, 100, 6000),
+        tool_result_tokens=LogNormal(400, 1.0, 10, 16000),
+        output_tokens=LogNormal(500, 0.6, 32, 8192),
+        tool_s=LogNormal(0.49, 2.15, 0.05, 600),
+        instant_tool_share=0.61,
+        start_s=LogNormal(7.6, 0.3),
+    ),
+    # OpenHands CodeAct + GLM-4.6: ~46 steps (CC-Bench's 60-86 messages per task), a ~6 k
+    # system prompt with tool schemas, larger observations, and a condenser that summarises
+    # a context past 100 k tokens into ~8 k.
+    "openhands-glm46": WorkloadPreset(
+        name="openhands-glm46",
+        description="OpenHands + GLM-4.6: ~46 steps, 6 k system prompt, contexts to ~50 k",
+        turns=LogNormal(50.0, 0.5, 8, 200),
+        system_tokens=6000,
+        task_tokens=LogNormal(900, 0.6, 100, 8000),
+        tool_result_tokens=LogNormal(450, 1.1, 10, 16000),
+        output_tokens=LogNormal(500, 0.6, 32, 8192),
+        tool_s=LogNormal(0.49, 2.15, 0.05, 600),
+        instant_tool_share=0.61,
+        start_s=LogNormal(7.6, 0.3),
+        compact_at_tokens=100_000,
+        compact_to_tokens=8000,
+        subagent_share=0.005,
+        subagent_preset="mini-swe-agent-glm46",
+    ),
+    # mini-SWE-agent + Qwen3-235B-A22B (thinking mode: longer reasoning per step than GLM-4.6;
+    # native context 32 k, 131 k with YaRN per its model card; the harness's max_model_len
+    # compacts past it).
+    "swe-agent-qwen3-235b": WorkloadPreset(
+        name="swe-agent-qwen3-235b",
+        description="mini-SWE-agent + Qwen3-235B-A22B (thinking): ~34 steps, ~850-token outputs",
+        turns=LogNormal(30.0, 0.5, 6, 150),
+        system_tokens=1500,
+        task_tokens=LogNormal(700, 0.6, 100, 6000),
+        tool_result_tokens=LogNormal(400, 1.0, 10, 16000),
+        output_tokens=LogNormal(700, 0.6, 32, 8192),
+        tool_s=LogNormal(0.49, 2.15, 0.05, 600),
+        instant_tool_share=0.61,
+        start_s=LogNormal(7.6, 0.3),
+    ),
+    # SWE-agent + MiniMax-M2 on SWE-bench-Lite (Dynamo's run): an interleaved-thinking model
+    # whose reasoning stays in the context, ~45 steps of ~700 tokens.
+    "swe-agent-minimax-m2": WorkloadPreset(
+        name="swe-agent-minimax-m2",
+        description="SWE-agent + MiniMax-M2 (interleaved thinking): ~45 steps, ~700-token outputs",
+        turns=LogNormal(40.0, 0.5, 8, 200),
+        system_tokens=2000,
+        task_tokens=LogNormal(700, 0.6, 100, 6000),
+        tool_result_tokens=LogNormal(400, 1.0, 10, 16000),
+        output_tokens=LogNormal(600, 0.6, 32, 8192),
+        tool_s=LogNormal(0.49, 2.15, 0.05, 600),
+        instant_tool_share=0.61,
+        start_s=LogNormal(7.6, 0.3),
+    ),
+    # ToolOrchestra's orchestrator (Qwen3-8B, thinking): more and longer calls than the plain
+    # tool-orchestra preset (reasoning before each tool choice), the same long expert/API calls.
+    "toolorchestra-qwen3-8b": WorkloadPreset(
+        name="toolorchestra-qwen3-8b",
+        description="ToolOrchestra orchestrator on Qwen3-8B: ~8 reasoning calls, long tool calls",
+        turns=LogNormal(8.0, 0.5, 2, 30),
+        system_tokens=3000,
+        task_tokens=LogNormal(300, 0.6, 50, 2000),
+        tool_result_tokens=LogNormal(1000, 0.8, 20, 12000),
+        output_tokens=LogNormal(300, 0.8, 16, 4096),
+        tool_s=LogNormal(8.0, 1.2, 0.5, 600),
+    ),
     # Chat: a few turns of ShareGPT-like exchanges (~277 output tokens) with user think time.
     "chat": WorkloadPreset(
         name="chat",

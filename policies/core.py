@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 class Forward(msgspec.Struct, frozen=True):
     program_id: str
     backend: str
+    # Keep the call's KV resident this long after it ends (an engine with TTL pinning,
+    # as Continuum's; None: the engine's own eviction). Set by a stage's `kv_ttl` hook.
+    kv_ttl_s: float | None = None
 
 
 class Hold(msgspec.Struct, frozen=True):
@@ -53,6 +56,7 @@ class Resumed(msgspec.Struct, frozen=True):
     previous_backend: str | None
     forced: bool
     admitted: bool  # first placement of a new program, not a resume after a pause
+    kv_ttl_s: float | None = None  # as Forward.kv_ttl_s, for the held requests
 
     @property
     def migrated(self) -> bool:
@@ -223,6 +227,8 @@ class SchedulerCore:
         program.last_prompt_chars = info.prompt_chars
         program.last_active_at = now
         request_tokens = self._request_tokens(program, info)
+        # Stages see the arriving request's footprint (route decides per request on it).
+        program.request_tokens = request_tokens
         for stage in self.stages:
             stage.on_request(self, program, now)
         backend = self.backends.get(program.backend) if program.backend else None
@@ -232,16 +238,15 @@ class SchedulerCore:
                 self._move(program, routed)
             program.in_flight += 1
             program.phase = Phase.REASONING
-            program.request_tokens = request_tokens
             self._reserve(program, max(request_tokens, program.reserved_tokens))
             self._reindex(program)
             assert program.backend is not None
             self._changed(program.backend, now)
-            return Forward(program.program_id, program.backend), self._take()
+            forward = Forward(program.program_id, program.backend, self._kv_ttl(program, now))
+            return forward, self._take()
         if program.state is ProgramState.ACTIVE:
             self._unplace(program, now)  # its backend is down: wait to be placed elsewhere
         program.waiting += 1
-        program.request_tokens = request_tokens
         if program.queued_at is None:
             program.queued_at = now
             self.queued += 1
@@ -250,7 +255,8 @@ class SchedulerCore:
         self._resume_pass(now)
         if program.state is ProgramState.ACTIVE and program.backend is not None:
             # Admitted in this very event: the arriving request runs now.
-            return Forward(program.program_id, program.backend), self._take()
+            forward = Forward(program.program_id, program.backend, self._kv_ttl(program, now))
+            return forward, self._take()
         return Hold(program.program_id), self._take()
 
     def on_finished(
@@ -518,7 +524,8 @@ class SchedulerCore:
         self.counters[
             "forced_resumes" if forced else ("admissions" if admitted else "resumes")
         ] += 1
-        self._actions.append(Resumed(program.program_id, backend, previous, forced, admitted))
+        ttl = self._kv_ttl(program, now) if program.in_flight else None
+        self._actions.append(Resumed(program.program_id, backend, previous, forced, admitted, ttl))
         self._changed(backend, now)
 
     def release(self, program: Program, reason: str, now: float) -> None:
@@ -526,6 +533,10 @@ class SchedulerCore:
 
     def emit(self, action: Action) -> None:
         self._actions.append(action)
+
+    def victim_key(self, program: Program, acting: bool = True) -> Any:
+        """The pipeline's pause-order key for `program` (to push back a popped victim)."""
+        return self._victim_key(program, acting)
 
     def expected_tool_time(self, program: Program) -> float:
         return self.tool_time.expected(program.session_type, program.tool_time_ema_s)
@@ -696,6 +707,13 @@ class SchedulerCore:
             target = stage.route(self, program, now)
             if target is not None:
                 return target
+        return None
+
+    def _kv_ttl(self, program: Program, now: float) -> float | None:
+        for stage in self.stages:
+            ttl = stage.kv_ttl(self, program, now)
+            if ttl is not None:
+                return ttl
         return None
 
     def _place(self, program: Program, now: float) -> str | None:

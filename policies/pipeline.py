@@ -7,7 +7,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from thunder_mw.policies.stages import BUILTIN_STAGES, DEFAULT_PIPELINE, PRESETS, Stage
+from thunder_mw.policies.baselines import BASELINE_PRESETS, BASELINE_STAGES
+from thunder_mw.policies.stages import BUILTIN_STAGES as CORE_STAGES
+from thunder_mw.policies.stages import DEFAULT_PIPELINE, Stage
+from thunder_mw.policies.stages import PRESETS as CORE_PRESETS
+
+# Every stage and preset a `policies:` list may name: thunder-mw's, the original's rules and
+# the baselines users run (policies/baselines.py).
+BUILTIN_STAGES: dict[str, type[Stage]] = {**CORE_STAGES, **BASELINE_STAGES}
+PRESETS: dict[str, list[dict[str, Any]]] = {**CORE_PRESETS, **BASELINE_PRESETS}
 
 
 class PipelineError(ValueError):

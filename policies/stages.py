@@ -52,6 +52,11 @@ class Stage:
         """Sort key of the global queue: the smallest is resumed first."""
         return None
 
+    def kv_ttl(self, core: SchedulerCore, program: Program, now: float) -> float | None:
+        """Seconds the engine should keep this request's KV after it ends (an engine with
+        TTL pinning); None = no opinion, 0 = no pin."""
+        return None
+
     # -- vetoes (every stage must agree)
     def admits(
         self, core: SchedulerCore, program: Program, backend: BackendState, tokens: int, now: float

@@ -201,6 +201,25 @@ class SimEngineSettings(_Section):
         description="A `tokenizers` tokenizer.json to count tokens like a real model "
         "(default: a fixed rule, about four characters per token).",
     )
+    host_kv_tokens: int = Field(
+        0,
+        ge=0,
+        description="Host-memory KV tier, in tokens (0: none). Full blocks evicted from the "
+        "GPU are kept there (LRU) and loaded back on a prefix hit instead of recomputed, as "
+        "vLLM's offloading connector, LMCache and SGLang HiCache do.",
+    )
+    host_kv_load_tokens_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="Host-to-GPU load speed of the host tier, tokens/s (default: the "
+        "profile's PCIe bandwidth over its KV bytes per token).",
+    )
+    disk_kv_tokens: int = Field(
+        0, ge=0, description="Disk KV tier below the host tier, in tokens (0: none)."
+    )
+    disk_kv_load_tokens_per_s: float | None = Field(
+        None, gt=0, description="Load speed of the disk tier, tokens/s (required with it)."
+    )
 
 
 class CapacityPlanSettings(_Section):

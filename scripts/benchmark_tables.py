@@ -54,6 +54,92 @@ def tables(name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+PUBLISHED = [
+    "paper-swe-glm46",
+    "paper-openhands-glm46",
+    "paper-toolorchestra-qwen3-8b",
+    "paper-rollout-2node",
+    "paper-rollout-2node-openhands",
+    "dynamo-minimax",
+    "cluster-scaling",
+    "hicache-batch192",
+]
+LEAD = ("thunder-mw", "thunderagent")
+
+
+def _spread(s: dict | None) -> str:
+    if not s:
+        return "-"
+    return f"{cell(s['median'])} ({cell(s['min'])}-{cell(s['max'])})"
+
+
+def reproduction(names: list[str]) -> str:
+    """One row per published figure: published ratio, simulated ratio, gap, verdict."""
+    lines = [
+        "| scenario | figure | published | simulated (seeds min-max) | gap | reproduced | "
+        "thunder-mw over the same baseline |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            continue
+        report = json.loads(path.read_text())
+        for r in report.get("reproduction", []):
+            measured = r["measured_ratio"]
+            sim = (
+                "-"
+                if measured is None
+                else (
+                    f"{measured:.2f} ({r['measured_ratio_min']:.2f}-{r['measured_ratio_max']:.2f})"
+                )
+            )
+            gap = "-" if r["gap"] is None else f"{r['gap']:+.0%}"
+            ours = "-" if r["thunder_mw_ratio"] is None else f"{r['thunder_mw_ratio']:.2f}"
+            lines.append(
+                f"| `{name}` | {r['figure']} | {r['published_ratio']:.2f} | {sim} | {gap} | "
+                f"{'yes' if r['reproduced'] else '**no**'} | {ours} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def steady(names: list[str]) -> str:
+    """Steady-state steps/min per scenario at its main point: thunder-mw, the original's
+    rules and the strongest other policy (median, min-max over seeds), with the wall time."""
+    lines = [
+        "| scenario | thunder-mw | thunderagent | strongest baseline | thunder-mw / it | wall s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            continue
+        report = json.loads(path.read_text())
+        c = report["config"]
+        main = {
+            r["policy"]: r
+            for r in report.get("steady", [])
+            if (r["engines"], r["programs_per_engine"]) == (c["engines"], c["programs_per_engine"])
+        }
+        others = {p: r for p, r in main.items() if p not in LEAD}
+        if not others or "thunder-mw" not in main:
+            continue
+        best = max(others, key=lambda p: others[p]["steps_per_min_steady"]["median"])
+        ours = main["thunder-mw"]["steps_per_min_steady"]
+        theirs = others[best]["steps_per_min_steady"]
+        ta = main.get("thunderagent", {}).get("steps_per_min_steady")
+        lines.append(
+            f"| `{name}` | {_spread(ours)} | {_spread(ta)} | {best} {_spread(theirs)} | "
+            f"{ours['median'] / theirs['median']:.2f} | {report['wall_s']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
-    names = sys.argv[1:] or ["swe-agent-knee", "tool-orchestra-knee", "chat-control"]
-    print("\n".join(tables(n) for n in names))
+    if sys.argv[1:2] == ["--reproduction"]:
+        names = sys.argv[2:] or PUBLISHED
+        print(steady(names))
+        print(reproduction(names))
+    else:
+        names = sys.argv[1:] or ["swe-agent-knee", "tool-orchestra-knee", "chat-control"]
+        print("\n".join(tables(n) for n in names))

@@ -11,6 +11,17 @@ Each `step()` does what one vLLM engine step does (vllm/v1/core/sched/scheduler.
    for the whole sequence so far (vLLM's scheduler_reserve_full_isl);
 3. the step's duration comes from the cost model; finished requests free their blocks.
 
+Two features a stock vLLM lacks, for the baselines users run:
+- a host KV tier (`EngineConfig.host_kv_tokens`, optional disk below it): full blocks evicted
+  from the GPU are kept in host memory (LRU, sim/kv_cache.KvTier); a waiting request whose
+  prefix continues into them loads them at `host_load_tokens_per_s` instead of recomputing
+  them (vLLM's offloading connector, LMCache, SGLang HiCache). The load time is added to the
+  step that admits the request; loaded tokens count as cached tokens in its usage.
+- TTL pinning (Continuum): a request with `SamplingParams.kv_ttl_s` keeps its full blocks
+  pinned (not evictable) after it finishes, until the TTL runs out on the engine's clock
+  (`advance(now)` sets it) or the program's next request arrives (same `program_id`, or a
+  request whose cached prefix covers the whole pinned context).
+
 Decoding requests are advanced lazily: per step only requests that cross a block boundary
 or finish are touched, so a step with hundreds of running requests costs microseconds.
 """
@@ -18,13 +29,14 @@ or finish are touched, so a step with hundreds of running requests costs microse
 from __future__ import annotations
 
 import enum
+import heapq
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from thunder_mw.sim.cost_model import StepCost, get_profile
-from thunder_mw.sim.kv_cache import ROOT_HASH, BlockHash, BlockPool
+from thunder_mw.sim.kv_cache import ROOT_HASH, BlockHash, BlockPool, KvTier
 
 
 class Status(enum.Enum):
@@ -51,6 +63,15 @@ class EngineConfig:
     max_model_len: int = 32768
     profile: str = "h100-8b"
     seed: int = 0
+    # Host KV tier, in tokens (0: none). Load speed in tokens/s; None: the profile's PCIe
+    # link over its KV bytes per token (StepCost.host_load_tokens_per_s).
+    host_kv_tokens: int = 0
+    host_load_tokens_per_s: float | None = None
+    # Disk tier below the host one (0: none); it needs its own load speed.
+    disk_kv_tokens: int = 0
+    disk_load_tokens_per_s: float | None = None
+    # KV bytes per token, for the byte counters of the offload metrics (None: the profile's).
+    kv_bytes_per_token: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +79,9 @@ class SamplingParams:
     max_tokens: int | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
+    # Continuum's TTL: keep this request's KV pinned for this many seconds after it finishes
+    # (None or 0: freed as usual). The vLLM router's `kv_retention_ttl_seconds`.
+    kv_ttl_s: float | None = None
 
 
 class Sequence:
@@ -73,12 +97,15 @@ class Sequence:
         "decoding",
         "finish_reason",
         "finish_step",
+        "kv_ttl_s",
         "listener",
         "num_cached_blocks",
         "num_cached_tokens",
         "num_computed",
+        "num_loaded_tokens",
         "num_output",
         "num_preemptions",
+        "program_id",
         "prompt",
         "prompt_len",
         "request_id",
@@ -98,8 +125,12 @@ class Sequence:
         stop_reason: str,
         listener: Any = None,
         stream: bool = False,
+        program_id: str | None = None,
+        kv_ttl_s: float | None = None,
     ) -> None:
         self.request_id = request_id
+        self.program_id = program_id
+        self.kv_ttl_s = kv_ttl_s
         self.prompt = prompt
         self.prompt_len = len(prompt)
         self.target = target  # output tokens it will produce
@@ -113,6 +144,7 @@ class Sequence:
         self.num_computed = 0
         self.num_output = 0
         self.num_cached_tokens = -1  # prefix hit at first admission, reported in usage
+        self.num_loaded_tokens = 0  # of which loaded from the host/disk tier
         self.num_preemptions = 0
         self.run_no = -1
         self.decoding = False
@@ -141,11 +173,30 @@ class EngineStats:
     preempted_prefix_cache_hits: int = 0
     prompt_tokens: int = 0
     prompt_tokens_cached: int = 0
+    prompt_tokens_loaded: int = 0  # of the cached ones, loaded from the host/disk tier
     generation_tokens: int = 0
     num_preemptions: int = 0
     requests_finished: dict[str, int] = field(default_factory=dict)
     steps: int = 0
     busy_seconds: float = 0.0
+    # Host/disk tier (vLLM's connector counters): tokens past the GPU hit looked up, and
+    # found; cached prompt tokens by the tier that held them, counted at admission.
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
+    cached_by_source: dict[str, int] = field(default_factory=dict)
+    kv_load_tokens: int = 0
+    kv_load_seconds: float = 0.0
+    # TTL pins: made, ended by their program's next request, ended by their TTL.
+    pins_created: int = 0
+    pins_released: int = 0
+    pins_expired: int = 0
+
+
+@dataclass(slots=True)
+class _Pin:
+    blocks: list[int]  # in eviction order (tail first), as they are freed
+    expires_at: float
+    key: str
 
 
 @dataclass(slots=True)
@@ -170,8 +221,15 @@ class Engine:
     ) -> None:
         self.config = config
         self.cost = cost or get_profile(config.profile)
-        self.pool = BlockPool(config.num_blocks, config.block_size)
+        self.host_tier = self._build_tiers(config, self.cost)
+        self.kv_bytes_per_token = config.kv_bytes_per_token or self.cost.kv_bytes_per_token
+        self.pool = BlockPool(config.num_blocks, config.block_size, self.host_tier)
         self.stats = EngineStats()
+        self._pins: dict[str, _Pin] = {}
+        self._pin_expiry: list[tuple[float, int, str]] = []  # heap; stale entries skipped
+        self._pin_of_block: dict[int, str] = {}  # a pin's last block -> its key
+        self._pin_serial = 0
+        self._load_seconds = 0.0  # host/disk loads of the step being built
         self.now = 0.0  # simulated seconds spent in steps
         self.step_no = 0
         self._filler = filler_ids or [0]
@@ -251,9 +309,18 @@ class Engine:
         params: SamplingParams | None = None,
         listener: Listener | None = None,
         stream: bool = False,
+        program_id: str | None = None,
     ) -> Sequence:
-        target, reason = self.target_length(prompt, params or SamplingParams())
-        seq = Sequence(request_id, prompt, target, reason, listener, stream)
+        """Queue a request. `program_id` names the agent program it belongs to: its arrival
+        ends a TTL pin the program's previous request left (see `SamplingParams.kv_ttl_s`)."""
+        params = params or SamplingParams()
+        target, reason = self.target_length(prompt, params)
+        seq = Sequence(
+            request_id, prompt, target, reason, listener, stream, program_id, params.kv_ttl_s
+        )
+        if program_id is not None and program_id in self._pins:
+            self._release_pin(program_id)
+            self.stats.pins_released += 1
         self._waiting.append(seq)
         self._by_id[request_id] = seq
         return seq
@@ -278,10 +345,30 @@ class Engine:
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()
 
+    def advance(self, now: float) -> None:
+        """Move the engine's clock to `now` (the caller's: the harness's simulated time, the
+        server's scaled wall time) if it is later, and end the TTL pins that ran out. Steps
+        advance the clock by their duration; idle time passes only through this call."""
+        if now > self.now:
+            self.now = now
+        self._expire_pins()
+
+    @property
+    def pinned_blocks(self) -> int:
+        """Blocks held by TTL pins (a block two pins share counts twice)."""
+        return sum(len(p.blocks) for p in self._pins.values())
+
+    def pin_of(self, key: str) -> tuple[int, float] | None:
+        """(blocks, expiry time) of the pin a program (or a request without one) left."""
+        pin = self._pins.get(key)
+        return None if pin is None else (len(pin.blocks), pin.expires_at)
+
     def step(self) -> StepResult | None:
         """Run one engine step; None when there is nothing to do."""
         if not self._running and not self._waiting:
             return None
+        if self._pins:
+            self._expire_pins()
         self.step_no += 1
         s = self.step_no
         bs = self.config.block_size
@@ -368,11 +455,15 @@ class Engine:
                 scheduled_prefill.append((seq, num_new))
                 budget -= num_new
 
-        # 3. The forward pass.
+        # 3. The forward pass, after loading what the admitted requests found in the tiers.
         n_dec = self._n_decoding
         ctx = self._sum_k0 + n_dec * s  # Σ (computed before this step + 1)
         prefill_tokens = sum(n for _, n in scheduled_prefill)
-        duration = self.cost.step_seconds(prefill_tokens, n_dec, ctx)
+        duration = self.cost.step_seconds(prefill_tokens, n_dec, ctx) + self._load_seconds
+        self._load_seconds = 0.0
+        if not self._running and self._pins and not preempted:
+            # Nothing fits while pins hold the blocks: the engine waits for the next expiry.
+            duration = max(duration, min(p.expires_at for p in self._pins.values()) - self.now)
         self.now += duration
         st = self.stats
         st.steps += 1
@@ -388,6 +479,7 @@ class Engine:
             if seq.num_preemptions == 0 and seq.num_output == 0:
                 st.prompt_tokens += seq.prompt_len
                 st.prompt_tokens_cached += max(seq.num_cached_tokens, 0)
+                st.prompt_tokens_loaded += seq.num_loaded_tokens
             seq.num_output += 1
             st.generation_tokens += 1
             if seq.num_output >= seq.target:
@@ -431,6 +523,8 @@ class Engine:
             "used_tokens": used_blocks * self.config.block_size,
             "evictable_tokens": pool.num_evictable_cached() * self.config.block_size,
             "capacity_tokens": self.capacity_tokens,
+            "pinned_tokens": self.pinned_blocks * self.config.block_size,
+            "host_tokens": len(self.host_tier or ()) * self.config.block_size,
         }
 
     # -- internals -------------------------------------------------------------------------
@@ -441,31 +535,70 @@ class Engine:
         num_tokens = seq.num_tokens
         hashes = self._hashes_upto(seq, num_tokens // bs)
         # The last token is always computed: it produces the next token's logits.
-        hit = pool.longest_hit(hashes, (num_tokens - 1) // bs)
+        max_blocks = (num_tokens - 1) // bs
+        hit = pool.longest_hit(hashes, max_blocks)
         hit_tokens = len(hit) * bs
-        num_new = min(num_tokens - hit_tokens, budget)
+        tiers = self._tier_hits(hashes, len(hit), max_blocks) if self.host_tier else []
+        loaded_tokens = len(tiers) * bs
+        num_new = min(num_tokens - hit_tokens - loaded_tokens, budget)
         evictable = pool.num_evictable(hit)
         full_need = -(-num_tokens // bs) - len(hit) + evictable
         if full_need > pool.num_free:
             return 0
         pool.touch(hit)
+        if self._pin_of_block and hit:
+            # The program's next request: its prefix covers the whole pinned context.
+            key = self._pin_of_block.get(hit[-1])
+            if key is not None:
+                self._release_pin(key)
+                self.stats.pins_released += 1
+        st = self.stats
+        if tiers:
+            # Read before allocating: the blocks allocation evicts may push these out.
+            seconds = 0.0
+            for i, tier in enumerate(tiers):
+                tier.load(hashes[len(hit) + i])
+                seconds += bs / tier.load_tokens_per_s
+            self._load_seconds += seconds
+            st.kv_load_tokens += loaded_tokens
+            st.kv_load_seconds += seconds
         seq.blocks = hit
         seq.num_cached_blocks = len(hit)
-        new = -(-(hit_tokens + num_new) // bs) - len(hit)
+        new = -(-(hit_tokens + loaded_tokens + num_new) // bs) - len(hit)
         if new > 0:
             seq.blocks.extend(pool.allocate(new))
-        seq.num_computed = hit_tokens
-        self._cache_full_blocks(seq, min(hit_tokens + num_new, num_tokens))
-        st = self.stats
+        seq.num_computed = hit_tokens + loaded_tokens
+        self._cache_full_blocks(seq, min(hit_tokens + loaded_tokens + num_new, num_tokens))
         if seq.num_preemptions:
             st.preempted_prefix_cache_queries += num_tokens
             st.preempted_prefix_cache_hits += hit_tokens
         else:
             st.prefix_cache_queries += num_tokens
             st.prefix_cache_hits += hit_tokens
+            if self.host_tier is not None:
+                st.external_prefix_cache_queries += num_tokens - hit_tokens
+                st.external_prefix_cache_hits += loaded_tokens
+            by_source = st.cached_by_source
+            if hit_tokens:
+                by_source["device"] = by_source.get("device", 0) + hit_tokens
+            for tier in tiers:
+                by_source[tier.name] = by_source.get(tier.name, 0) + bs
         if seq.num_cached_tokens < 0:
-            seq.num_cached_tokens = hit_tokens
+            seq.num_cached_tokens = hit_tokens + loaded_tokens
+            seq.num_loaded_tokens = loaded_tokens
         return num_new
+
+    def _tier_hits(self, hashes: list[BlockHash], start: int, max_blocks: int) -> list[KvTier]:
+        """The tier holding each block from `start` on, up to the first block none holds."""
+        out: list[KvTier] = []
+        for i in range(start, min(max_blocks, len(hashes))):
+            tier = self.host_tier
+            while tier is not None and hashes[i] not in tier:
+                tier = tier.lower
+            if tier is None:
+                break
+            out.append(tier)
+        return out
 
     def _cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         bs = self.config.block_size
@@ -561,7 +694,10 @@ class Engine:
         self._leave_running(seq, s)
         # The last sampled token never had its KV computed; blocks hold num_computed tokens.
         self._cache_full_blocks(seq, seq.num_computed)
-        self.pool.free(reversed(seq.blocks))
+        pool = self.pool
+        pool.free(reversed(seq.blocks))
+        if seq.kv_ttl_s and seq.num_cached_blocks:
+            self._pin(seq)
         seq.blocks = []
         seq.status = Status.FINISHED
         seq.finish_step = s
@@ -570,6 +706,58 @@ class Engine:
         done[seq.stop_reason] = done.get(seq.stop_reason, 0) + 1
         self._by_id.pop(seq.request_id, None)
         finished.append(seq)
+
+    # -- TTL pins and tiers ----------------------------------------------------------------
+    def _pin(self, seq: Sequence) -> None:
+        """Hold a finished request's full blocks (a reference each) until its TTL ends."""
+        key = seq.program_id or seq.request_id
+        if key in self._pins:
+            self._release_pin(key)
+        blocks = seq.blocks[: seq.num_cached_blocks]
+        self.pool.touch(blocks)
+        assert seq.kv_ttl_s is not None
+        pin = _Pin(list(reversed(blocks)), self.now + seq.kv_ttl_s, key)
+        self._pins[key] = pin
+        self._pin_of_block[blocks[-1]] = key
+        self._pin_serial += 1
+        heapq.heappush(self._pin_expiry, (pin.expires_at, self._pin_serial, key))
+        self.stats.pins_created += 1
+
+    def _release_pin(self, key: str) -> None:
+        pin = self._pins.pop(key)
+        if self._pin_of_block.get(pin.blocks[0]) == key:
+            del self._pin_of_block[pin.blocks[0]]
+        # Back to the free queue, tail first like a finished request's blocks.
+        self.pool.free(pin.blocks)
+
+    def _expire_pins(self) -> None:
+        heap = self._pin_expiry
+        while heap and heap[0][0] <= self.now:
+            expires_at, _, key = heapq.heappop(heap)
+            pin = self._pins.get(key)
+            if pin is not None and pin.expires_at == expires_at:
+                self._release_pin(key)
+                self.stats.pins_expired += 1
+
+    @staticmethod
+    def _build_tiers(config: EngineConfig, cost: StepCost) -> KvTier | None:
+        bs = config.block_size
+        if config.host_kv_tokens <= 0:
+            if config.disk_kv_tokens > 0:
+                raise ValueError("a disk KV tier needs a host tier above it (host_kv_tokens)")
+            return None
+        disk = None
+        if config.disk_kv_tokens > 0:
+            if not config.disk_load_tokens_per_s:
+                raise ValueError("the disk KV tier needs disk_load_tokens_per_s")
+            disk = KvTier("disk", config.disk_kv_tokens // bs, config.disk_load_tokens_per_s)
+        speed = config.host_load_tokens_per_s or cost.host_load_tokens_per_s()
+        if not speed:
+            raise ValueError(
+                f"the host KV tier needs host_load_tokens_per_s: profile {config.profile!r} "
+                "states no PCIe link and KV bytes per token"
+            )
+        return KvTier("host", config.host_kv_tokens // bs, speed, disk)
 
 
 def _run_order(seq: Sequence) -> int:

@@ -9,6 +9,12 @@ Mirrors `vllm/v1/core/block_pool.py` (vLLM 0.32) where it decides which tokens h
 - freed blocks with a hash join the tail in the order given (callers free a request's
   blocks tail first, so a prompt's tail is evicted before its head); freed blocks without
   a hash go to the head, they are reused first.
+
+`KvTier` is the host-memory (or disk) tier behind it, with the semantics of vLLM's
+offloading connector, LMCache and SGLang HiCache (write-back): a full block evicted from the
+GPU is stored there under its chain hash, LRU again; a block evicted from the host tier goes
+to the tier below it (disk), if any. A later prefix hit on a stored block is loaded back
+instead of recomputed; the copy stays in the tier (as the host copies of those engines do).
 """
 
 from __future__ import annotations
@@ -43,12 +49,94 @@ def block_hashes(
     return out
 
 
+class KvTier:
+    """A host-memory or disk KV store of full blocks, by chain hash, evicting LRU."""
+
+    __slots__ = (
+        "_lru",
+        "capacity_blocks",
+        "evicted_blocks",
+        "load_tokens_per_s",
+        "loaded_blocks",
+        "lower",
+        "name",
+        "stored_blocks",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        capacity_blocks: int,
+        load_tokens_per_s: float,
+        lower: KvTier | None = None,
+    ) -> None:
+        if capacity_blocks < 1:
+            raise ValueError(f"the {name} KV tier needs at least one block")
+        if load_tokens_per_s <= 0:
+            raise ValueError(f"the {name} KV tier needs a positive load speed (tokens/s)")
+        self.name = name
+        self.capacity_blocks = capacity_blocks
+        self.load_tokens_per_s = load_tokens_per_s
+        self.lower = lower
+        self._lru: OrderedDict[BlockHash, None] = OrderedDict()  # head = next evicted
+        self.stored_blocks = 0  # blocks written into this tier (GPU→host, host→disk)
+        self.evicted_blocks = 0  # blocks dropped from this tier (to the lower one, if any)
+        self.loaded_blocks = 0  # blocks loaded back to the GPU from this tier
+
+    def __contains__(self, block_hash: BlockHash) -> bool:
+        return block_hash in self._lru
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def usage(self) -> float:
+        return len(self._lru) / self.capacity_blocks
+
+    def store(self, block_hash: BlockHash) -> None:
+        """Keep a block the tier above evicted; a copy already here becomes most recent."""
+        lru = self._lru
+        if block_hash in lru:
+            lru.move_to_end(block_hash)
+            return
+        if len(lru) >= self.capacity_blocks:
+            old = lru.popitem(last=False)[0]
+            self.evicted_blocks += 1
+            if self.lower is not None:
+                self.lower.store(old)
+        lru[block_hash] = None
+        self.stored_blocks += 1
+
+    def load(self, block_hash: BlockHash) -> None:
+        """A block read back to the GPU: it stays here, most recently used."""
+        if block_hash in self._lru:
+            self._lru.move_to_end(block_hash)
+        self.loaded_blocks += 1
+
+    def lru_order(self) -> list[BlockHash]:
+        """Stored hashes, next evicted first; for tests and debugging."""
+        return list(self._lru)
+
+    def clear(self) -> None:
+        self._lru.clear()
+        if self.lower is not None:
+            self.lower.clear()
+
+
 class BlockPool:
     """All KV blocks of one engine: reference counts, cached hashes and the free queue."""
 
-    __slots__ = ("_by_hash", "_dups", "_free", "_hash", "_ref", "block_size", "num_blocks")
+    __slots__ = (
+        "_by_hash",
+        "_dups",
+        "_free",
+        "_hash",
+        "_ref",
+        "block_size",
+        "num_blocks",
+        "tier",
+    )
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, tier: KvTier | None = None) -> None:
         if num_blocks < 2:
             raise ValueError("num_blocks must be at least 2 (block 0 is the null block)")
         self.num_blocks = num_blocks
@@ -60,6 +148,8 @@ class BlockPool:
         self._by_hash: dict[BlockHash, int] = {}
         # Two requests can fill identical blocks at once; vLLM keeps both under one hash.
         self._dups: dict[BlockHash, list[int]] = {}
+        # Where evicted full blocks go (None: they are dropped, as in a stock engine).
+        self.tier = tier
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -173,15 +263,20 @@ class BlockPool:
             self._by_hash[block_hash] = block
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash; refused (False) while any request holds blocks."""
+        """Forget every cached hash, the tiers' too; refused (False) while any request holds
+        blocks."""
         if len(self._free) != self.num_blocks - 1:
             return False
         self._hash = [None] * self.num_blocks
         self._by_hash.clear()
         self._dups.clear()
+        if self.tier is not None:
+            self.tier.clear()
         return True
 
     def _uncache(self, block: int, block_hash: BlockHash) -> None:
+        if self.tier is not None:
+            self.tier.store(block_hash)
         self._hash[block] = None
         if self._by_hash.get(block_hash) == block:
             dups = self._dups.get(block_hash)

@@ -123,6 +123,34 @@ class _VllmCollector(_EngineCollector):
             st.num_preemptions,
         )
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens)
+        by_source = CounterMetricFamily(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            labels=[*labels, "source"],
+            created=svc.started_at,
+        )
+        local_hits = st.prompt_tokens_cached - st.prompt_tokens_loaded
+        for source, value in (
+            ("local_compute", st.prompt_tokens - st.prompt_tokens_cached),
+            ("local_cache_hit", local_hits),
+            ("external_kv_transfer", st.prompt_tokens_loaded),
+        ):
+            by_source.add_metric([*values, source], value)
+        yield by_source
+        yield counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, "
+            "in terms of number of queried tokens.",
+            st.external_prefix_cache_queries,
+        )
+        yield counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, "
+            "in terms of number of cached tokens.",
+            st.external_prefix_cache_hits,
+        )
+        if eng.host_tier is not None:
+            yield from _vllm_offload(svc, labels, values)
         yield counter(
             "vllm:prompt_tokens_cached",
             "Number of cached prompt tokens (local + external).",
@@ -163,6 +191,56 @@ class _VllmCollector(_EngineCollector):
         yield info
 
 
+def _vllm_offload(svc: SimService, labels: list[str], values: list[str]) -> Iterator[Metric]:
+    """What vLLM 0.32 exposes with its native offloading connector (`--kv-offloading-size`):
+    cached prompt tokens by tier (vllm/v1/metrics/loggers.py) and the connector's transfer
+    counters (distributed/kv_transfer/kv_connector/v1/offloading/metrics.py). Store time is
+    not modelled (stores overlap the steps), so vllm:kv_offload_store_time is not emitted."""
+    eng = svc.engine
+    st = eng.stats
+    tier = eng.host_tier
+    assert tier is not None
+    bs = eng.config.block_size
+    cached = CounterMetricFamily(
+        "vllm:prompt_tokens_cached_by_source",
+        "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), "
+        "host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
+        "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
+        "vllm:external_prefix_cache_hits.",
+        labels=[*labels, "source"],
+        created=svc.started_at,
+    )
+    for source in ("device", "host", "p2p", "disk", "external_unspecified"):
+        cached.add_metric([*values, source], st.cached_by_source.get(source, 0))
+    yield cached
+    kv_bytes = eng.kv_bytes_per_token
+    if kv_bytes:
+        stored_blocks = tier.stored_blocks
+        for name, doc, value in (
+            (
+                "vllm:kv_offload_load_bytes",
+                "Total bytes loaded from offload storage to GPU.",
+                st.kv_load_tokens * kv_bytes,
+            ),
+            (
+                "vllm:kv_offload_store_bytes",
+                "Total bytes stored from GPU to offload storage.",
+                stored_blocks * bs * kv_bytes,
+            ),
+        ):
+            c = CounterMetricFamily(name, doc, labels=labels, created=svc.started_at)
+            c.add_metric(values, value)
+            yield c
+    load_time = CounterMetricFamily(
+        "vllm:kv_offload_load_time",
+        "Total load time from offload storage to GPU, in seconds.",
+        labels=labels,
+        created=svc.started_at,
+    )
+    load_time.add_metric(values, st.kv_load_seconds)
+    yield load_time
+
+
 class _SglangCollector(_EngineCollector):
     def collect(self) -> Iterator[Metric]:
         svc = self._service
@@ -174,6 +252,7 @@ class _SglangCollector(_EngineCollector):
         gauge, counter = _one_sample_families(labels, values, svc.started_at)
 
         queries = st.prefix_cache_queries
+        cached_tokens = st.prefix_cache_hits + st.external_prefix_cache_hits
         yield gauge(
             "sglang:num_running_reqs", "The number of running requests.", snap["num_running"]
         )
@@ -200,7 +279,7 @@ class _SglangCollector(_EngineCollector):
         yield gauge(
             "sglang:cache_hit_rate",
             "The prefix cache hit rate.",
-            st.prefix_cache_hits / queries if queries else 0.0,
+            cached_tokens / queries if queries else 0.0,
         )
         yield gauge("sglang:num_paused_reqs", "The number of paused requests.", 0)
         yield gauge(
@@ -216,9 +295,7 @@ class _SglangCollector(_EngineCollector):
             "Number of generation tokens processed.",
             st.generation_tokens,
         )
-        yield counter(
-            "sglang:cached_tokens", "Number of cached prompt tokens.", st.prefix_cache_hits
-        )
+        yield counter("sglang:cached_tokens", "Number of cached prompt tokens.", cached_tokens)
         yield counter(
             "sglang:num_requests",
             "The number of processed requests.",
@@ -227,6 +304,36 @@ class _SglangCollector(_EngineCollector):
         yield counter(
             "sglang:num_retracted_requests", "The number of retracted requests.", st.num_preemptions
         )
+        tier = eng.host_tier
+        if tier is not None:
+            # HiCache's series, by the names tools scraping SGLang read (SGLang's own source
+            # was not at hand): host pool occupancy, GPU->host backups, host->GPU loads.
+            bs = eng.config.block_size
+            yield gauge(
+                "sglang:hicache_host_used_tokens",
+                "Tokens held in the HiCache host pool.",
+                len(tier) * bs,
+            )
+            yield gauge(
+                "sglang:hicache_host_total_tokens",
+                "Capacity of the HiCache host pool in tokens.",
+                tier.capacity_blocks * bs,
+            )
+            for name, doc, value in (
+                (
+                    "sglang:hicache_backup_tokens",
+                    "Tokens backed up from device to host.",
+                    tier.stored_blocks * bs,
+                ),
+                (
+                    "sglang:load_back_tokens",
+                    "Tokens loaded back from host to device.",
+                    tier.loaded_blocks * bs,
+                ),
+            ):
+                c = CounterMetricFamily(name, doc, labels=[*labels, "pool"], created=svc.started_at)
+                c.add_metric([*values, "kv"], value)
+                yield c
 
 
 def render(service: SimService) -> bytes:

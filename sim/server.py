@@ -125,6 +125,10 @@ class SimService:
             max_model_len=settings.max_model_len,
             profile=settings.profile,
             seed=settings.seed,
+            host_kv_tokens=settings.host_kv_tokens,
+            host_load_tokens_per_s=settings.host_kv_load_tokens_per_s,
+            disk_kv_tokens=settings.disk_kv_tokens,
+            disk_load_tokens_per_s=settings.disk_kv_load_tokens_per_s,
         )
         self.engine = Engine(config, self.tokenizer.filler_ids, get_profile(settings.profile))
         self.unknown_field_count = 0
@@ -163,7 +167,10 @@ class SimService:
                 continue
             if not engine.has_work:
                 self._wake.clear()
+                idle_from = loop.time()
                 await self._wake.wait()
+                # Idle time passes on the engine's clock too (TTL pins run out in it).
+                engine.advance(engine.now + (loop.time() - idle_from) * self.time_scale)
                 deadline = loop.time()
                 continue
             result = engine.step()
@@ -185,10 +192,18 @@ class SimService:
         (t0, g0), (t1, g1) = self._gen_window[0], self._gen_window[-1]
         return (g1 - g0) / (t1 - t0) if t1 > t0 else 0.0
 
-    def submit(self, prompt: list[int], params: SamplingParams, stream: bool) -> _Pending:
+    def submit(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        stream: bool,
+        program_id: str | None = None,
+    ) -> _Pending:
         pending = _Pending()
         rid = f"sim-{next(self._ids)}"
-        seq = self.engine.add_request(rid, prompt, params, listener=pending, stream=stream)
+        seq = self.engine.add_request(
+            rid, prompt, params, listener=pending, stream=stream, program_id=program_id
+        )
         seq.user_data = pending
         pending.seq = seq
         self._wake.set()
@@ -230,6 +245,14 @@ class _Pending:
         pass
 
 
+def _agentic_context(body: dict[str, Any]) -> dict[str, Any]:
+    """The vLLM router's per-request program context (`vllm_xargs.agentic_context`): the
+    engine reads `program_id` and `kv_retention_ttl_seconds` from it for TTL pinning."""
+    xargs = body.get("vllm_xargs")
+    ctx = xargs.get("agentic_context") if isinstance(xargs, dict) else None
+    return ctx if isinstance(ctx, dict) else {}
+
+
 def _error(status: int, message: str, err_type: str, param: str | None = None) -> Response:
     body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
     return Response(_json_encode(body), status, media_type="application/json")
@@ -263,10 +286,12 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             max_tokens = body.get("max_tokens")
         if max_tokens is None and not chat and svc.flavor == "vllm":
             max_tokens = 16  # vLLM's /v1/completions default
+        ttl = _agentic_context(body).get("kv_retention_ttl_seconds")
         return SamplingParams(
             max_tokens=max_tokens,
             min_tokens=int(body.get("min_tokens") or 0),
             ignore_eos=bool(body.get("ignore_eos", False)),
+            kv_ttl_s=float(ttl) if isinstance(ttl, int | float) and ttl > 0 else None,
         )
 
     def usage(seq: Sequence) -> dict[str, Any]:
@@ -309,7 +334,10 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
         if problem:
             return _error(400, problem, "BadRequestError")
         stream = bool(body.get("stream", False))
-        pending = svc.submit(prompt_ids, params, stream)
+        program = _agentic_context(body).get("program_id")
+        pending = svc.submit(
+            prompt_ids, params, stream, program if isinstance(program, str) else None
+        )
         rid = ("chatcmpl-" if chat else "cmpl-") + pending.seq.request_id
         created = int(time.time())
         if stream:
@@ -503,6 +531,14 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
                     "prompt_tokens": st.prompt_tokens,
                     "generation_tokens": st.generation_tokens,
                     "steps": st.steps,
+                    "external_prefix_cache_queries": st.external_prefix_cache_queries,
+                    "external_prefix_cache_hits": st.external_prefix_cache_hits,
+                    "cached_by_source": st.cached_by_source,
+                    "kv_load_tokens": st.kv_load_tokens,
+                    "kv_load_seconds": st.kv_load_seconds,
+                    "pins_created": st.pins_created,
+                    "pins_released": st.pins_released,
+                    "pins_expired": st.pins_expired,
                 },
             }
         )
@@ -681,6 +717,22 @@ def add_sim_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-name", default=d.model_name)
     parser.add_argument("--tokenizer-file", default=None, help="a tokenizers tokenizer.json")
     parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument(
+        "--host-kv-tokens",
+        type=int,
+        default=d.host_kv_tokens,
+        help="host-memory KV tier in tokens (0: none): evicted blocks load back on a hit",
+    )
+    parser.add_argument(
+        "--host-kv-load-tokens-per-s",
+        type=float,
+        default=d.host_kv_load_tokens_per_s,
+        help="host tier load speed (default: the profile's PCIe link / its KV bytes per token)",
+    )
+    parser.add_argument("--disk-kv-tokens", type=int, default=d.disk_kv_tokens)
+    parser.add_argument(
+        "--disk-kv-load-tokens-per-s", type=float, default=d.disk_kv_load_tokens_per_s
+    )
     parser.add_argument("--log-level", default="warning")
 
 
@@ -697,6 +749,10 @@ def settings_from_args(args: argparse.Namespace) -> SimEngineSettings:
         model_name=args.model_name,
         tokenizer_file=args.tokenizer_file,
         seed=args.seed,
+        host_kv_tokens=args.host_kv_tokens,
+        host_kv_load_tokens_per_s=args.host_kv_load_tokens_per_s,
+        disk_kv_tokens=args.disk_kv_tokens,
+        disk_kv_load_tokens_per_s=args.disk_kv_load_tokens_per_s,
     )
 
 

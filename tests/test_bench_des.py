@@ -110,9 +110,9 @@ def test_round_robin_sends_each_call_of_a_program_to_the_next_engine():
     sim = Simulation(swe(2), POLICIES["round_robin"], SMALL, Arrivals("closed", 1))
     original = sim._dispatch
 
-    def spy(run, label):
+    def spy(run, label, *rest):
         forwards.append((run.spec.program_id, label))
-        original(run, label)
+        original(run, label, *rest)
 
     sim._dispatch = spy  # type: ignore[method-assign]
     sim.run()

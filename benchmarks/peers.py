@@ -1,0 +1,839 @@
+"""The routers users run in front of vLLM today, started from their PyPI wheels in front of
+the same simulated engines and replay as thunder-mw, so the live benchmark compares them.
+
+Peers (the `peers` extra installs them): vLLM's router (`vllm-router`, with its program
+scheduler or its cache-aware policy) and SGLang's model gateway (`smg`, cache-aware or
+consistent hashing). Each system sees the program id the way its own documentation asks:
+
+| system | program identity |
+|---|---|
+| thunder-mw, round_robin (`thunder-mw serve`) | body `program_id`; `/programs/release` at the end |
+| vllm-router/program | body `vllm_xargs.agentic_context` {program_id, step_id, expected_resume} |
+| vllm-router/cache_aware, smg/cache_aware | none (they route on the prompt's prefix) |
+| smg/consistent_hashing | header `X-SMG-Routing-Key: <program id>` |
+
+Each run gets fresh engines (`thunder-mw sim-engine` processes, so every prefix cache starts
+empty) and a fresh router, all on 127.0.0.1 with free ports; the peers' Prometheus exporters
+(port 29000 by default) are moved to free loopback ports too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from thunder_mw.benchmarks.des import ClusterConfig
+from thunder_mw.benchmarks.engine_counters import delta, read_counters
+from thunder_mw.benchmarks.live import Gateway, engines_gateway_config, live_metrics
+from thunder_mw.benchmarks.replay import Identity, Replayer, thunder_identity
+from thunder_mw.benchmarks.result_files import RESULTS_DIR
+from thunder_mw.benchmarks.scenarios import Scenario
+from thunder_mw.benchmarks.workloads import ProgramSpec, generate
+from thunder_mw.sim.ports import free_port
+
+# The versions the committed results were measured with (pyproject's `peers` extra).
+PEER_PACKAGES = {"vllm-router": "vllm-router==0.1.17", "smg": "smg==1.13.0"}
+INSTALL_HINT = (
+    "pip install 'thunder-mw[peers]'  (or: pip install " + " ".join(PEER_PACKAGES.values()) + ")"
+)
+
+
+class PeerMissing(RuntimeError):
+    """A peer router's executable is not installed."""
+
+
+def peer_executable(name: str) -> str:
+    """The path of peer `name`'s executable, or PeerMissing saying how to install it."""
+    found = shutil.which(name) or _beside_python(name)
+    if found is None:
+        raise PeerMissing(f"{name} is not installed: {INSTALL_HINT}")
+    return found
+
+
+def _beside_python(name: str) -> str | None:
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else None
+
+
+def installed_as_pinned() -> bool:
+    """Every peer installed, at the version the `peers` extra pins (scripts/test.sh asks)."""
+    pins = {name: spec.split("==")[1] for name, spec in PEER_PACKAGES.items()}
+    return not missing_peers() and peer_versions() == pins
+
+
+def missing_peers() -> list[str]:
+    """The peers' executables that are not installed."""
+    return [
+        name for name in PEER_PACKAGES if shutil.which(name) is None and not _beside_python(name)
+    ]
+
+
+# ------------------------------------------------------------------------------ identity
+def no_identity(program_id: str, index: int, last: bool) -> tuple[dict[str, Any], dict[str, str]]:
+    return {}, {}
+
+
+def vllm_router_identity(
+    program_id: str, index: int, last: bool
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """vLLM router's program scheduler: `vllm_xargs.agentic_context`; `expected_resume`
+    false on a program's last call is how it learns the program is over."""
+    context = {"program_id": program_id, "step_id": index, "expected_resume": not last}
+    return {"vllm_xargs": {"agentic_context": context}}, {}
+
+
+def smg_key_identity(
+    program_id: str, index: int, last: bool
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """SGLang gateway's consistent hashing: the routing key header."""
+    return {}, {"X-SMG-Routing-Key": program_id}
+
+
+# ------------------------------------------------------------------------------ systems
+@dataclass(frozen=True, slots=True)
+class System:
+    """One router configuration under test."""
+
+    name: str
+    kind: str  # "thunder-mw" (thunder-mw serve), "vllm-router" or "smg"
+    stand_in: str  # the DES policy modelled on it (benchmarks/scenarios.py)
+    identity: Identity = no_identity
+    flags: tuple[str, ...] = ()
+    pipeline: str | None = None  # kind thunder-mw: the policy preset it runs
+    notes: str = ""
+
+
+SYSTEMS: dict[str, System] = {
+    s.name: s
+    for s in (
+        System("thunder-mw", "thunder-mw", "thunder-mw", thunder_identity, pipeline="thunder-mw"),
+        System(
+            "round_robin",
+            "thunder-mw",
+            "round_robin",
+            thunder_identity,
+            pipeline="round_robin",
+            notes="thunder-mw serve with the round_robin preset: per request, the DES's own "
+            "round robin (the control for live-vs-DES agreement)",
+        ),
+        System(
+            "vllm-router/program",
+            "vllm-router",
+            "vllm_router_program",
+            vllm_router_identity,
+            ("--policy", "cache_aware", "--enable-program-scheduling"),
+        ),
+        System(
+            "vllm-router/cache_aware", "vllm-router", "kv_aware", flags=("--policy", "cache_aware")
+        ),
+        System("smg/cache_aware", "smg", "kv_aware", flags=("--policy", "cache_aware")),
+        System(
+            "smg/consistent_hashing",
+            "smg",
+            "session_affinity",
+            smg_key_identity,
+            ("--policy", "consistent_hashing"),
+        ),
+    )
+}
+DEFAULT_SYSTEMS = tuple(SYSTEMS)
+
+
+def peer_argv(
+    system: System, urls: list[str], port: int, metrics_port: int, kv_tokens: int
+) -> list[str]:
+    """The command line that starts `system` (a peer) in front of engines at `urls`."""
+    loopback = ["--host", "127.0.0.1", "--port", str(port)]
+    metrics = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
+    if system.kind == "vllm-router":
+        argv = [peer_executable("vllm-router"), *loopback, "--worker-urls", *urls, *metrics]
+        argv += ["--log-level", "info", *system.flags]
+        if "--enable-program-scheduling" in system.flags:
+            # What a user would set: the engines' KV capacity (without it the scheduler runs
+            # on its own ledger). Everything else stays at its defaults.
+            config = f'{{"token_capacity_per_dp_rank": {kv_tokens}}}'
+            argv += ["--program-scheduling-config-json", config]
+        return argv
+    if system.kind == "smg":
+        argv = [peer_executable("smg"), "launch", *loopback, "--worker-urls", *urls, *metrics]
+        # No 10 s drain when the benchmark stops it (nothing is in flight by then).
+        return [*argv, "--log-level", "info", "--shutdown-grace-period-secs", "0", *system.flags]
+    raise ValueError(f"{system.name} is not a peer")
+
+
+# ------------------------------------------------------------------------------ processes
+class Process:
+    """A child process with its log in a temporary folder, stopped on exit."""
+
+    def __init__(self, argv: list[str], name: str) -> None:
+        self.name = name
+        self._dir = tempfile.TemporaryDirectory(prefix=f"thunder-peer-{name.replace('/', '-')}-")
+        self.log_path = Path(self._dir.name) / "log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"},
+            )
+
+    def wait_ready(self, probe: Callable[[], bool], timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited ({self.proc.returncode}): {self.log_tail()}"
+                )
+            try:
+                if probe():
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not ready within {timeout_s:.0f} s: {self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_tail(self, chars: int = 2000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def close(self) -> None:
+        self.stop()
+        self._dir.cleanup()
+
+
+def _ok(url: str) -> bool:
+    return httpx.get(url, timeout=2).status_code == 200
+
+
+@contextmanager
+def sim_engines(cluster: ClusterConfig, time_scale: float) -> Iterator[list[str]]:
+    """`cluster.engines` fresh `thunder-mw sim-engine` processes (vLLM flavour); their URLs."""
+    with ExitStack() as stack:
+        urls, procs = [], []
+        for i in range(cluster.engines):
+            engine = cluster.engine_config(i)
+            port = free_port()
+            argv = [sys.executable, "-m", "thunder_mw.cli.main", "sim-engine", "--flavor", "vllm"]
+            argv += ["--host", "127.0.0.1", "--port", str(port)]
+            argv += ["--num-blocks", str(engine.num_blocks), "--block-size", str(engine.block_size)]
+            argv += ["--max-num-seqs", str(engine.max_num_seqs)]
+            argv += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
+            argv += ["--max-model-len", str(engine.max_model_len), "--profile", engine.profile]
+            argv += ["--time-scale", str(time_scale), "--seed", str(engine.seed)]
+            proc = Process(argv, f"sim-engine-{i}")
+            stack.callback(proc.close)
+            urls.append(f"http://127.0.0.1:{port}")
+            procs.append(proc)
+        for proc, url in zip(procs, urls, strict=True):
+            proc.wait_ready(partial(_ok, f"{url}/health"))
+        yield urls
+
+
+@dataclass
+class Router:
+    """A running system under test: its URL, and where its evidence comes from."""
+
+    system: System
+    url: str
+    process: Process | None = None
+    gateway: Gateway | None = None
+    metrics_url: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def schedules_programs(self) -> bool:
+        return "--enable-program-scheduling" in self.system.flags
+
+    def collect(self) -> None:
+        """What the router itself says it did (read after a run, before it stops)."""
+        if self.schedules_programs:
+            diag = httpx.get(f"{self.url}/scheduling/diagnostics", timeout=10).json()
+            self.evidence["diagnostics"] = summarize_diagnostics(diag)
+        if self.process is not None:
+            self.evidence["log"] = summarize_log(self.process.log_text())
+        if self.metrics_url is not None:
+            try:
+                text = httpx.get(self.metrics_url, timeout=5).text
+                self.evidence["metrics"] = router_metrics(text)
+            except httpx.HTTPError as exc:
+                self.evidence["metrics_error"] = str(exc)
+
+
+@contextmanager
+def start_router(
+    system: System,
+    urls: list[str],
+    cluster: ClusterConfig,
+    time_scale: float,
+) -> Iterator[Router]:
+    """`system` in front of the engines at `urls`, ready to serve, for a `with` block."""
+    port = free_port()
+    if system.kind == "thunder-mw":
+        from thunder_mw.benchmarks.scenarios import POLICIES
+
+        assert system.pipeline is not None
+        config = engines_gateway_config(urls, cluster, POLICIES[system.pipeline], time_scale, port)
+        with Gateway(config) as gateway:
+            yield Router(system, gateway.url, gateway=gateway)
+        return
+    metrics_port = free_port()
+    proc = Process(peer_argv(system, urls, port, metrics_port, cluster.kv_tokens), system.name)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_ready(lambda: _serves(url, system))
+        yield Router(
+            system, url, process=proc, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics"
+        )
+    finally:
+        proc.close()
+
+
+def _serves(url: str, system: System) -> bool:
+    """Ready = its readiness route answers 200 and it lists a model (its workers are in)."""
+    if not _ok(f"{url}/readiness"):
+        return False
+    models = httpx.get(f"{url}/v1/models", timeout=2)
+    return models.status_code == 200 and bool(models.json().get("data"))
+
+
+# ------------------------------------------------------------------------------ evidence
+def summarize_diagnostics(diag: dict[str, Any]) -> dict[str, Any]:
+    """The vLLM router's /scheduling/diagnostics, reduced to what explains a run."""
+    ranks = diag.get("ranks") or []
+    keep = (
+        "configured_token_capacity",
+        "router_estimated_used_tokens",
+        "vllm_kv_cache_usage",
+        "capacity_accounting_source",
+        "router_active_programs",
+        "router_paused_reasoning_programs",
+        "router_paused_acting_programs",
+        "router_queued_programs",
+        "observation_fresh",
+    )
+    states: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for rank in ranks:
+        for program in rank.get("programs") or ():
+            key = f"{program.get('state')}/{program.get('status')}"
+            states[key] = states.get(key, 0) + 1
+            reason = str(program.get("pause_reason"))
+            reasons[reason] = reasons.get(reason, 0) + 1
+    top = {k: v for k, v in diag.items() if not isinstance(v, list | dict)}
+    return {
+        **top,
+        "ranks": [{k: r.get(k) for k in keep} | {"rolling": r.get("rolling")} for r in ranks],
+        "program_states": states,
+        "pause_reasons": reasons,
+    }
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def summarize_log(text: str) -> dict[str, Any]:
+    """Warnings and errors a router logged (counted; the first few kept)."""
+    text = _ANSI.sub("", text)
+    lines = [line for line in text.splitlines() if " WARN " in line or " ERROR " in line]
+    return {"warnings_and_errors": len(lines), "first": [line[:300] for line in lines[:5]]}
+
+
+def router_metrics(text: str) -> dict[str, float]:
+    """The router's own counters that say what it did (retries, queueing, rejections),
+    summed over label sets. Read line by line: vllm-router 0.1.17 writes some samples with
+    a duplicated label, which the Prometheus parser refuses."""
+    words = ("retr", "reject", "queue", "error", "fail", "admission", "pause", "program")
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name.endswith(("_bucket", "_created")) or not any(w in name for w in words):
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+class DiagnosticsSampler:
+    """Polls the vLLM router's /scheduling/diagnostics during a run (once per wall second):
+    the peaks of its queued and paused programs and the pause reasons it gave."""
+
+    def __init__(self, url: str, interval_s: float = 1.0) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.peaks: dict[str, int] = {}
+        self.pause_reasons: dict[str, int] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> DiagnosticsSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    diag = client.get(f"{self.url}/scheduling/diagnostics").json()
+                except (httpx.HTTPError, ValueError):
+                    continue
+                self.samples += 1
+                totals: dict[str, int] = {}
+                for rank in diag.get("ranks") or ():
+                    for key, value in rank.items():
+                        if key.startswith("router_") and isinstance(value, int):
+                            totals[key] = totals.get(key, 0) + value
+                    for program in rank.get("programs") or ():
+                        reason = program.get("pause_reason")
+                        if reason:
+                            self.pause_reasons[reason] = self.pause_reasons.get(reason, 0) + 1
+                for key, value in totals.items():
+                    self.peaks[key] = max(self.peaks.get(key, 0), value)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "samples": self.samples,
+            "peaks": self.peaks,
+            "pause_reasons_sampled": self.pause_reasons,
+        }
+
+
+# ------------------------------------------------------------------------------ runs
+def run_system(
+    system: System,
+    programs: list[ProgramSpec],
+    cluster: ClusterConfig,
+    *,
+    time_scale: float,
+    concurrency: int | None,
+    stream: bool = False,
+) -> dict[str, Any]:
+    """One run of `system` on fresh engines: the harness's metrics + the router's evidence."""
+    started = time.perf_counter()
+    with (
+        sim_engines(cluster, time_scale) as urls,
+        start_router(system, urls, cluster, time_scale) as router,
+    ):
+        before = [read_counters([url], timeout_s=5) for url in urls]
+        replayer = Replayer(
+            router.url,
+            time_scale=time_scale,
+            stream=stream,
+            identity=system.identity,
+            release=system.kind == "thunder-mw",
+        )
+        with ExitStack() as sampling:
+            sampler = None
+            if router.schedules_programs:
+                sampler = sampling.enter_context(DiagnosticsSampler(router.url))
+            result = asyncio.run(replayer.run(programs, concurrency=concurrency))
+        after = [read_counters([url], timeout_s=5) for url in urls]
+        router.collect()
+        if sampler is not None:
+            router.evidence["during_run"] = sampler.summary()
+    metrics = live_metrics(result, time_scale, _sum(before), _sum(after), concurrency)
+    per_engine = [delta(b, a) for b, a in zip(before, after, strict=True)]
+    generated = sum(d["generation_tokens"] for d in per_engine) or 1.0
+    return {
+        "system": system.name,
+        **metrics,
+        # How the router spread the work: each engine's share of the generated tokens.
+        "engine_generation_share": [
+            round(d["generation_tokens"] / generated, 3) for d in per_engine
+        ],
+        "engine_preemptions": [int(d["preemptions"]) for d in per_engine],
+        "run_wall_s": round(time.perf_counter() - started, 1),
+        "evidence": router.evidence,
+    }
+
+
+def _sum(counters: list[dict[str, float]]) -> dict[str, float]:
+    return {key: sum(c[key] for c in counters) for key in counters[0]}
+
+
+# ------------------------------------------------------------------------------ the benchmark
+LIVE_PEERS = Scenario(
+    name="live-peers",
+    description="thunder-mw beside the routers users run (vLLM router, SGLang gateway), live "
+    "in front of 2 simulated 8B engines: a closed loop of 16 swe-agent programs past the KV "
+    "knee, 48 in all; in des mode the same scenario runs the peers' stand-ins",
+    workload="swe-agent",
+    engines=2,
+    programs_per_engine=8,
+    total_factor=3.0,
+    kv_tokens=32_768,
+    max_model_len=16_384,
+    arrival="closed",
+    policies=tuple(dict.fromkeys(SYSTEMS[s].stand_in for s in DEFAULT_SYSTEMS)),
+)
+AGREEMENT_TOLERANCE = 0.15  # a live peer and its DES stand-in agree within this on steps/min
+SUMMARY_KEYS = (
+    "steps_per_min_steady",
+    "steps_per_min",
+    "jct_mean_s",
+    "jct_p95_s",
+    "jct_max_s",
+    "prefix_hit_rate",
+    "preemptions",
+    "failed_calls",
+)
+
+
+def peer_versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for name in PEER_PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _cluster(scenario: Scenario, seed: int) -> ClusterConfig:
+    if scenario.kv_tokens is None:
+        raise ValueError(f"{scenario.name}: live engines need kv_tokens")
+    return ClusterConfig(
+        engines=scenario.engines,
+        kv_tokens=scenario.kv_tokens,
+        max_model_len=scenario.max_model_len,
+        profile=scenario.profile,
+        seed=seed,
+    )
+
+
+def _programs(scenario: Scenario, seed: int) -> list[ProgramSpec]:
+    count = round(scenario.concurrency * scenario.total_factor)
+    return generate(scenario.workload, count, seed=seed, max_context_tokens=scenario.max_model_len)
+
+
+def des_stand_in(scenario: Scenario, policy: str, seed: int) -> dict[str, Any]:
+    """The stand-in `policy` on the scenario's programs and fleet in the discrete-event
+    harness (what `thunder-mw bench --scenario live-peers` runs)."""
+    from thunder_mw.benchmarks.des import Arrivals, simulate
+    from thunder_mw.benchmarks.scenarios import POLICIES
+
+    arrivals = Arrivals("closed", scenario.concurrency)
+    result = simulate(
+        _programs(scenario, seed), POLICIES[policy], _cluster(scenario, seed), arrivals, policy
+    )
+    return result.metrics
+
+
+def run_peers(
+    systems: list[str],
+    *,
+    scenario: Scenario = LIVE_PEERS,
+    seed: int = 0,
+    repeats: int = 3,
+    time_scale: float = 20.0,
+    stream: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Every system `repeats` times, systems alternating within each round (round r replays
+    the workload of seed + r, the same programs for every system), each run on fresh
+    engines; beside each, its DES stand-in on the same programs; the result document."""
+    from thunder_mw.benchmarks.scenarios import POLICIES
+
+    missing = [n for n in systems if SYSTEMS[n].kind != "thunder-mw"]
+    if missing:
+        for kind in {SYSTEMS[n].kind for n in missing}:
+            peer_executable(kind)  # PeerMissing with the install hint
+    started = time.perf_counter()
+    runs: list[dict[str, Any]] = []
+    for r in range(repeats):
+        programs = _programs(scenario, seed + r)
+        cluster = _cluster(scenario, seed + r)
+        order = systems[r % len(systems) :] + systems[: r % len(systems)]  # rotate the order
+        for name in order:
+            run = run_system(
+                SYSTEMS[name],
+                programs,
+                cluster,
+                time_scale=time_scale,
+                concurrency=scenario.concurrency,
+                stream=stream,
+            )
+            run["round"], run["seed"] = r, seed + r
+            runs.append(run)
+            log(
+                f"round {r} {name}: {run['steps_per_min_steady']} steps/min steady, "
+                f"jct {run['jct_mean_s']} s, hit {run['prefix_hit_rate']}, "
+                f"preempt {run['preemptions']}, failed calls {run['failed_calls']}, "
+                f"{run['run_wall_s']} s"
+            )
+    stand_ins = sorted({SYSTEMS[n].stand_in for n in systems if SYSTEMS[n].stand_in in POLICIES})
+    des = {
+        policy: [des_stand_in(scenario, policy, seed + r) for r in range(repeats)]
+        for policy in stand_ins
+    }
+    summary = {name: summarize([x for x in runs if x["system"] == name]) for name in systems}
+    return {
+        "scenario": scenario.name,
+        "mode": "live-peers",
+        "seed": seed,
+        "config": {
+            "workload": scenario.workload,
+            "engines": scenario.engines,
+            "engine": "thunder-mw sim-engine (vllm flavour), one process per engine, fresh per run",
+            "concurrency": scenario.concurrency,
+            "programs": round(scenario.concurrency * scenario.total_factor),
+            "arrival": "closed",
+            "kv_tokens_per_engine": scenario.kv_tokens,
+            "profile": scenario.profile,
+            "max_model_len": scenario.max_model_len,
+            "time_scale": time_scale,
+            "repeats": repeats,
+            "seeds": [seed + r for r in range(repeats)],
+            "stream": stream,
+            "peer_versions": peer_versions(),
+            "systems": {n: describe(SYSTEMS[n]) for n in systems},
+            "stand_ins": {p: POLICIES[p] for p in stand_ins},
+            "tolerance": AGREEMENT_TOLERANCE,
+        },
+        "summary": summary,
+        "agreement": agreement(systems, runs, des),
+        "des": {p: [_des_row(m) for m in rows] for p, rows in des.items()},
+        "runs": runs,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}",
+    }
+
+
+def describe(system: System) -> dict[str, Any]:
+    fields, headers = system.identity("PROGRAM", 0, False)
+    return {
+        "kind": system.kind,
+        "flags": list(system.flags) or None,
+        "pipeline": system.pipeline,
+        "program_identity": {"body": fields or None, "headers": headers or None},
+        "stand_in": system.stand_in,
+        "notes": system.notes or None,
+    }
+
+
+def _des_row(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: metrics.get(k) for k in (*SUMMARY_KEYS, "steady_window_s", "warmup_s")}
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """min / median / max of each headline metric over a system's runs."""
+    out: dict[str, Any] = {}
+    for key in SUMMARY_KEYS:
+        values = sorted(v for v in (r.get(key) for r in runs) if v is not None)
+        if values:
+            out[key] = {"min": values[0], "median": _median(values), "max": values[-1]}
+    return out
+
+
+def _median(values: list[float]) -> float:
+    n = len(values)
+    mid = n // 2
+    return values[mid] if n % 2 else round((values[mid - 1] + values[mid]) / 2, 2)
+
+
+def agreement(
+    systems: list[str], runs: list[dict[str, Any]], des: dict[str, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Per system: live steps/min over its DES stand-in's, run by run (same seed), for the
+    steady-state and whole-run figures; agreed = the median steady ratio within tolerance."""
+    rows: list[dict[str, Any]] = []
+    for name in systems:
+        stand_in = SYSTEMS[name].stand_in
+        if stand_in not in des:
+            rows.append({"system": name, "stand_in": stand_in, "agreed": None})
+            continue
+        mine = sorted((r for r in runs if r["system"] == name), key=lambda r: r["round"])
+        ratios: dict[str, list[float]] = {"steps_per_min_steady": [], "steps_per_min": []}
+        for run in mine:
+            sim = des[stand_in][run["round"]]
+            for key, values in ratios.items():
+                if run.get(key) and sim.get(key):
+                    values.append(round(run[key] / sim[key], 3))
+        steady = sorted(ratios["steps_per_min_steady"])
+        median = _median(steady) if steady else None
+        rows.append(
+            {
+                "system": name,
+                "stand_in": stand_in,
+                "live_over_des_steady": steady,
+                "live_over_des_whole_run": sorted(ratios["steps_per_min"]),
+                "median_steady_ratio": median,
+                "agreed": None if median is None else abs(median - 1) <= AGREEMENT_TOLERANCE,
+            }
+        )
+    return rows
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The table: per system min / median / max over its runs, and the stand-in check."""
+    head = ["system", "steady/min", "steps/min", "JCT mean", "JCT p95", "JCT max", "hit"]
+    head += ["preempt", "failed calls"]
+    rows = [head]
+    for name, row in report["summary"].items():
+        cells = [name]
+        for key in SUMMARY_KEYS:
+            cell = row.get(key)
+            cells.append("-" if cell is None else f"{cell['min']}/{cell['median']}/{cell['max']}")
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.append("(min/median/max over the runs)")
+    for row in report["agreement"]:
+        if row["agreed"] is None:
+            lines.append(f"{row['system']}: no DES stand-in {row['stand_in']!r}")
+            continue
+        verdict = "agrees" if row["agreed"] else "DIFFERS"
+        lines.append(
+            f"{row['system']} vs DES {row['stand_in']}: live/des steady "
+            f"{row['live_over_des_steady']} (median {row['median_steady_ratio']}, {verdict}), "
+            f"whole run {row['live_over_des_whole_run']}"
+        )
+    return "\n".join(lines)
+
+
+def write_plot(report: dict[str, Any], path: Path) -> Path | None:
+    """Steady steps/min, mean JCT and prefix hit rate per system: each run a dot, the
+    median a bar, the DES stand-in's median a cross."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return None
+    systems = list(report["summary"])
+    panels = (
+        ("steps_per_min_steady", "steady-state LLM steps / min"),
+        ("jct_mean_s", "mean JCT (s)"),
+        ("prefix_hit_rate", "engines' prefix hit rate"),
+    )
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        for i, name in enumerate(systems):
+            values = [
+                r[key] for r in report["runs"] if r["system"] == name and r.get(key) is not None
+            ]
+            cell = report["summary"][name].get(key)
+            if cell:
+                ax.bar(
+                    i, cell["median"], color="#9ab" if name != "thunder-mw" else "#e94", alpha=0.8
+                )
+            ax.plot([i] * len(values), values, "k.", markersize=5)
+            stand_in = report["config"]["systems"][name]["stand_in"]
+            sims = [m.get(key) for m in report["des"].get(stand_in, []) if m.get(key) is not None]
+            if sims:
+                ax.plot(
+                    i,
+                    _median(sorted(sims)),
+                    "rx",
+                    markersize=9,
+                    label="DES stand-in" if i == 0 else None,
+                )
+        ax.set_xticks(range(len(systems)), systems, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(
+        f"{report['scenario']}: {report['config']['concurrency']} programs in flight over "
+        f"{report['config']['engines']} simulated engines, {report['config']['repeats']} runs each",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def run_bench(args: Any) -> int:
+    """`thunder-mw bench --scenario live-peers`: with `--mode live` the systems themselves
+    (`--policies` picks systems by name), else their stand-ins in the DES; the exit status."""
+    from thunder_mw.benchmarks import bench_cli
+
+    results = RESULTS_DIR
+    if args.mode != "live":
+        from thunder_mw.benchmarks.scenarios import POLICIES
+
+        policies = args.policies.split(",") if args.policies else list(LIVE_PEERS.policies)
+        absent = [p for p in policies if p not in POLICIES]
+        if absent:
+            print(f"no DES policy {absent}; known: {sorted(POLICIES)}", file=sys.stderr)
+            return 2
+        output = args.output or results / f"{LIVE_PEERS.name}-des.json"
+        report = bench_cli.run_scenario(
+            LIVE_PEERS, policies, seed=args.seed, sweep=False, jobs=args.jobs
+        )
+        bench_cli._write_report(report, output)
+        print(bench_cli.format_table(report))
+        print(f"\nwall {report['wall_s']} s; written to {output}")
+        if not args.no_plots:
+            for path in bench_cli.write_plots(report, output.with_suffix("")):
+                print(f"plot: {path}")
+        return 0
+    systems = args.policies.split(",") if args.policies else list(DEFAULT_SYSTEMS)
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        print(f"unknown systems {unknown}; known: {list(SYSTEMS)}", file=sys.stderr)
+        return 2
+    try:
+        report = run_peers(
+            systems,
+            seed=args.seed,
+            repeats=args.repeats,
+            time_scale=args.time_scale,
+            stream=args.live_stream,
+            log=lambda line: print(line, flush=True),
+        )
+    except PeerMissing as exc:
+        print(f"live-peers: {exc}", file=sys.stderr)
+        return 2
+    output = args.output or results / f"{LIVE_PEERS.name}.json"
+    bench_cli._write_report(report, output)
+    print(format_report(report))
+    print(f"\nwall {report['wall_s']} s; written to {output}")
+    if not args.no_plots:
+        plot = write_plot(report, output.with_suffix(".png"))
+        if plot is not None:
+            print(f"plot: {plot}")
+    return 0

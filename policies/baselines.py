@@ -1,0 +1,432 @@
+"""The routers and engines users run in front of agents today, as stages to compare against.
+
+Each is a `Stage` like thunder-mw's own, pure and clock-injected, so the discrete-event
+harness compares them on the same engines and workloads, and each could run live:
+
+- `kv_aware`: per-request engine choice by prefix overlap against load (Dynamo's KvRouter
+  cost, SGLang's cache-aware policy) from an approximate index of what was routed where;
+  no admission control, no pausing.
+- `session_affinity`: consistent (rendezvous) hashing of the program id onto the engines.
+- `direct`: no gateway: every request to one engine (a client configured with its URL).
+- `continuum_ttl`: asks a TTL-pinning engine (Continuum) to keep each call's KV for a TTL
+  predicted from the program's tool time.
+- `progress_ttl` and `batch_gain`: the vLLM router's program scheduler as its package and
+  binary document it (Progress-TTL with return-time prediction, segment yielding,
+  batch-gain admission); the preset composes them with admission and the global queue.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import heapq
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usage
+from thunder_mw.policies.stages import Stage, StageParams
+
+if TYPE_CHECKING:
+    from thunder_mw.policies.core import SchedulerCore
+
+
+# ---------------------------------------------------------------------------- kv_aware
+class KvAwareParams(StageParams):
+    overlap_weight: float = Field(
+        1.0,
+        ge=0,
+        description="Weight of the tokens to prefill against the engine's active tokens "
+        "(Dynamo's overlap_score_weight): cost = weight x new prefill + active tokens.",
+    )
+    index_fraction: float = Field(
+        1.0,
+        gt=0,
+        description="The index forgets the least recently routed prefixes of an engine past "
+        "this x its KV capacity (the engine would have evicted them).",
+    )
+
+
+class KvAware(Stage):
+    """Every request goes to the engine with the lowest `weight x tokens to prefill + active
+    tokens`, where the tokens to prefill are the request's prompt less what the index says
+    that engine still caches of this program, and active tokens are the footprints of the
+    requests in flight there.
+
+    The index is approximate, as SGLang's cache-aware tree is: it records what was routed
+    where (a program's context, refreshed by the answer's usage) and evicts per engine in
+    LRU order past its capacity. Prefixes are tracked per program: agent prompts extend the
+    program's previous prompt, so a program's overlap with an engine is the context it
+    last ran there. A system prompt shared across programs is not tracked (a few percent of
+    an agent's reusable KV, reference/agent-workloads.md)."""
+
+    name = "kv_aware"
+    Params = KvAwareParams
+    params: KvAwareParams
+
+    def __init__(self, params: StageParams | None = None) -> None:
+        super().__init__(params)
+        self._cached: dict[str, collections.OrderedDict[str, int]] = {}
+        self._cached_sum: dict[str, int] = {}
+        self._active: dict[str, int] = {}
+        self._calls: dict[str, collections.deque[tuple[str, int]]] = {}
+
+    def bind(self, core: SchedulerCore) -> None:
+        for label in core.backends:
+            self._cached[label] = collections.OrderedDict()
+            self._cached_sum[label] = 0
+            self._active[label] = 0
+
+    # -- the decision
+    def overlap(self, backend: str, program_id: str) -> int:
+        """Tokens of the program the index believes `backend` still caches."""
+        cached = self._cached.get(backend)
+        return cached.get(program_id, 0) if cached is not None else 0
+
+    def active_tokens(self, backend: str) -> int:
+        return self._active.get(backend, 0)
+
+    def choose(self, core: SchedulerCore, program: Program) -> str | None:
+        prompt = self._prompt_tokens(core, program)
+        best: tuple[float, int, str] | None = None
+        for backend in core.healthy_backends():
+            label = backend.label
+            new = prompt - min(prompt, self.overlap(label, program.program_id))
+            active = self._active.get(label, 0)
+            key = (self.params.overlap_weight * new + active, active, label)
+            if best is None or key < best:
+                best = key
+        return None if best is None else best[2]
+
+    def route(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        target = self.choose(core, program)
+        if target is not None:
+            self._record(core, program, target)
+        return target
+
+    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        target = self.choose(core, program)
+        if target is None:
+            return ""
+        if program.waiting:
+            self._record(core, program, target)
+        return target
+
+    # -- bookkeeping
+    def _prompt_tokens(self, core: SchedulerCore, program: Program) -> int:
+        estimate = core.tokens.prompt_tokens(program.last_prompt_chars, program.backend)
+        return max(program.context_tokens, estimate)
+
+    def _record(self, core: SchedulerCore, program: Program, backend: str) -> None:
+        tokens = program.request_tokens
+        self._active[backend] = self._active.get(backend, 0) + tokens
+        self._calls.setdefault(program.program_id, collections.deque()).append((backend, tokens))
+        self._remember(core, backend, program.program_id, self._prompt_tokens(core, program))
+
+    def _remember(self, core: SchedulerCore, backend: str, program_id: str, tokens: int) -> None:
+        cached = self._cached.setdefault(backend, collections.OrderedDict())
+        total = self._cached_sum.get(backend, 0) - cached.pop(program_id, 0) + tokens
+        cached[program_id] = tokens
+        state = core.backends.get(backend)
+        capacity = state.capacity if state is not None else None
+        if capacity is not None:
+            limit = capacity * self.params.index_fraction
+            while total > limit and len(cached) > 1:
+                _, evicted = cached.popitem(last=False)
+                total -= evicted
+        self._cached_sum[backend] = total
+
+    def on_finished(
+        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
+    ) -> None:
+        calls = self._calls.get(program.program_id)
+        if not calls:
+            return
+        backend, tokens = calls.popleft()
+        if not calls:
+            del self._calls[program.program_id]
+        self._active[backend] = max(0, self._active.get(backend, 0) - tokens)
+        if ok and usage is not None:
+            context = usage.prompt_tokens + usage.completion_tokens
+            self._remember(core, backend, program.program_id, context)
+
+    def on_release(self, core: SchedulerCore, program: Program, reason: str, now: float) -> None:
+        for backend, tokens in self._calls.pop(program.program_id, ()):
+            self._active[backend] = max(0, self._active.get(backend, 0) - tokens)
+        for backend, cached in self._cached.items():
+            if program.program_id in cached:
+                self._cached_sum[backend] -= cached.pop(program.program_id)
+
+
+# ---------------------------------------------------------------------------- session_affinity
+class SessionAffinity(Stage):
+    """Consistent hashing of the program id (rendezvous hashing: the healthy engine with the
+    highest hash of program id and engine label), for every request: a program always runs
+    on one engine, and losing an engine moves only that engine's programs. No admission
+    control, no load balancing beyond the hash."""
+
+    name = "session_affinity"
+
+    @staticmethod
+    def pick(program_id: str, labels: list[str]) -> str | None:
+        if not labels:
+            return None
+        return max(labels, key=lambda label: (zlib.crc32(f"{program_id}|{label}".encode()), label))
+
+    def route(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        return self.pick(program.program_id, [b.label for b in core.healthy_backends()])
+
+    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        return self.route(core, program, now) or ""
+
+
+# ---------------------------------------------------------------------------- direct
+class Direct(Stage):
+    """No gateway: every request goes to the first healthy engine (a client configured with
+    one engine's URL). The `vllm` and `continuum` baselines on one-engine scenarios."""
+
+    name = "direct"
+
+    def route(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        healthy = core.healthy_backends()
+        return healthy[0].label if healthy else None
+
+    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        return self.route(core, program, now) or ""
+
+
+# ---------------------------------------------------------------------------- continuum_ttl
+class ContinuumTtlParams(StageParams):
+    ttl_multiplier: float = Field(
+        2.0,
+        gt=0,
+        description="TTL = this x the program's expected tool time (heavy tails: a margin "
+        "over the mean keeps most returns within it).",
+    )
+    max_ttl_s: float = Field(
+        30.0,
+        gt=0,
+        description="No pin when the expected tool time exceeds this (the KV would sit idle "
+        "longer than a recompute costs); the TTL never exceeds it.",
+    )
+
+
+class ContinuumTtl(Stage):
+    """Continuum's TTL (arXiv 2511.02230): when a call ends in a tool call, the engine pins
+    the call's KV for a TTL chosen from the predicted tool time, and evicts it when the TTL
+    expires. This stage only predicts the TTL — from the program's own tool-time EMA, else
+    its session type's (policies/estimates.py) — and passes it with each request; pinning
+    is the engine's (a TTL-capable engine such as the simulator's; a stock vLLM ignores it).
+    Continuum's closed-form TTL weighs the reload cost against the memory held; here a long
+    expected tool (over `max_ttl_s`) gets no pin, a short one `ttl_multiplier` x its mean."""
+
+    name = "continuum_ttl"
+    Params = ContinuumTtlParams
+    params: ContinuumTtlParams
+
+    def kv_ttl(self, core: SchedulerCore, program: Program, now: float) -> float | None:
+        expected = core.expected_tool_time(program)
+        if expected > self.params.max_ttl_s:
+            return 0.0
+        return min(self.params.max_ttl_s, self.params.ttl_multiplier * expected)
+
+
+# ---------------------------------------------------------------------------- progress_ttl
+class ProgressTtlParams(StageParams):
+    max_acting_ttl_s: float = Field(
+        60.0, gt=0, description="An ACTING program keeps its reservation at most this long."
+    )
+    return_quantile: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="The armed TTL is this quantile of the session type's observed return "
+        "times (tool gaps), capped by max_acting_ttl_s.",
+    )
+    min_samples: int = Field(
+        8, ge=1, description="Before this many returns are observed the TTL is the cap."
+    )
+    window: int = Field(256, ge=1, description="Return times kept per session type.")
+    max_segment_rounds: int | None = Field(
+        32,
+        ge=1,
+        description="A program served this many calls since it was admitted yields its place "
+        "when others are queued (null: never).",
+    )
+
+
+class ProgressTtl(Stage):
+    """The vLLM router's Progress-TTL as its binary describes it: when a program's call ends,
+    a TTL is armed from a prediction of when it returns (a quantile of its session type's
+    observed return times, capped); a program still ACTING when its TTL expires is paused
+    (`ttl_expired`), its reservation released to the queue. A program that has been served
+    `max_segment_rounds` calls since its admission yields when others wait
+    (`max_segment_yield`)."""
+
+    name = "progress_ttl"
+    Params = ProgressTtlParams
+    params: ProgressTtlParams
+
+    def __init__(self, params: StageParams | None = None) -> None:
+        super().__init__(params)
+        self._returns: dict[str, collections.deque[float]] = {}
+        self._sorted: dict[str, list[float]] = {}
+        self._deadlines: list[tuple[float, float, str]] = []  # (deadline, acting_since, id)
+        self._rounds: dict[str, tuple[int, int]] = {}  # id -> (pauses seen, rounds served)
+        self._deadline_of: dict[str, float] = {}
+
+    def remaining(self, program: Program, now: float) -> float:
+        """Seconds until the program's armed TTL expires (0 when none is armed)."""
+        return max(0.0, self._deadline_of.get(program.program_id, now) - now)
+
+    def predicted_ttl(self, session_type: str | None) -> float:
+        cap = self.params.max_acting_ttl_s
+        samples = self._sorted.get(session_type or "")
+        if not samples or len(samples) < self.params.min_samples:
+            return cap
+        k = min(len(samples) - 1, int(self.params.return_quantile * len(samples)))
+        return min(cap, samples[k])
+
+    def _observe(self, session_type: str | None, gap: float) -> None:
+        key = session_type or ""
+        window = self._returns.setdefault(key, collections.deque())
+        ordered = self._sorted.setdefault(key, [])
+        if len(window) >= self.params.window:
+            old = window.popleft()
+            del ordered[bisect.bisect_left(ordered, old)]
+        window.append(gap)
+        bisect.insort(ordered, gap)
+
+    def on_request(self, core: SchedulerCore, program: Program, now: float) -> None:
+        if program.steps > 0 and program.in_flight == 0 and program.waiting == 0:
+            self._observe(program.session_type, max(0.0, now - program.acting_since))
+
+    def on_finished(
+        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
+    ) -> None:
+        if program.in_flight or program.state is not ProgramState.ACTIVE:
+            return
+        pauses, rounds = self._rounds.get(program.program_id, (program.pauses, 0))
+        if pauses != program.pauses:  # paused and resumed since: a new segment
+            rounds = 0
+        rounds += 1
+        self._rounds[program.program_id] = (program.pauses, rounds)
+        limit = self.params.max_segment_rounds
+        if limit is not None and rounds >= limit and core.queue_length() > 0:
+            core.pause(program, now, "max_segment_yield")
+            return
+        deadline = now + self.predicted_ttl(program.session_type)
+        self._deadline_of[program.program_id] = deadline
+        heapq.heappush(self._deadlines, (deadline, program.acting_since, program.program_id))
+
+    def on_tick(self, core: SchedulerCore, now: float) -> None:
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, since, program_id = heapq.heappop(heap)
+            program = core.table.get(program_id)
+            if (
+                program is not None
+                and program.state is ProgramState.ACTIVE
+                and program.phase is Phase.ACTING
+                and program.in_flight == 0
+                and program.acting_since == since
+            ):
+                core.pause(program, now, "ttl_expired")
+
+    def on_release(self, core: SchedulerCore, program: Program, reason: str, now: float) -> None:
+        self._rounds.pop(program.program_id, None)
+        self._deadline_of.pop(program.program_id, None)
+
+
+# ---------------------------------------------------------------------------- batch_gain
+class BatchGainParams(StageParams):
+    prefill_intercept_s: float = Field(
+        0.02, ge=0, description="Prefill cost model: seconds per re-prefill (its intercept)."
+    )
+    prefill_s_per_1k_tokens: float = Field(
+        0.03, ge=0, description="Prefill cost model: seconds per 1,000 context tokens."
+    )
+
+
+class BatchGain(Stage):
+    """Batch-gain admission (the vLLM router's `enable_batch_gain_admission`, read from its
+    binary's config keys and decision reasons; its arithmetic is not published): when the
+    queue's head fits nowhere, ACTING programs still within their Progress-TTL give their
+    room up early if the wait this saves the head (until their TTLs would have freed the
+    room) exceeds the re-prefill their eviction will cost them (the prefill cost model:
+    intercept + seconds per 1k context tokens)."""
+
+    name = "batch_gain"
+    Params = BatchGainParams
+    params: BatchGainParams
+
+    def bind(self, core: SchedulerCore) -> None:
+        self._ttl = next((s for s in core.stages if isinstance(s, ProgressTtl)), None)
+        admission = next((s for s in core.stages if s.name == "admission"), None)
+        self._high: float = getattr(admission.params, "high_watermark", 1.0) if admission else 1.0
+
+    def recompute_s(self, tokens: int) -> float:
+        p = self.params
+        return p.prefill_intercept_s + p.prefill_s_per_1k_tokens * tokens / 1000
+
+    def on_queue_blocked(self, core: SchedulerCore, program: Program, now: float) -> bool:
+        need = core.footprint_for_resume(program)
+        for backend in sorted(core.healthy_backends(), key=lambda b: -core.room(b, self._high)):
+            limit = backend.limit(self._high)
+            if limit is None:
+                continue
+            shortfall = backend.reserved + need - limit
+            victims: list[Program] = []
+            saved = cost = 0.0
+            while shortfall > 0:
+                top = backend.acting.pop()
+                if top is None:
+                    break
+                victim = top[1]
+                victims.append(victim)
+                remaining = self._ttl.remaining(victim, now) if self._ttl is not None else 0.0
+                saved = max(saved, remaining)
+                cost += self.recompute_s(victim.context_tokens)
+                shortfall -= victim.reserved_tokens
+            if shortfall <= 0 and victims and saved > cost:
+                for victim in victims:
+                    core.pause(victim, now, "batch_gain_admit")
+                return True
+            for victim in victims:  # not worth it here: leave them as they were
+                backend.acting.push(core.victim_key(victim), victim, victim.version)
+        return False
+
+
+BASELINE_STAGES: dict[str, type[Stage]] = {
+    cls.name: cls
+    for cls in (KvAware, SessionAffinity, Direct, ContinuumTtl, ProgressTtl, BatchGain)
+}
+
+# The vLLM router's program scheduler (`--enable-program-scheduling`), as documented by its
+# package description and the config keys and decision reasons its binary names:
+# RequestPool admission under high/low watermarks with a decode buffer per program, a
+# Progress-TTL per ACTING program, capacity repair (pausing on overflow), segment yielding,
+# batch-gain admission, one global queue resumed in arrival order with a queue timeout.
+# Defaults it does not document are ours (benchmarks/README.md lists them).
+VLLM_ROUTER_PROGRAM_PIPELINE: list[dict[str, Any]] = [
+    {"admission": {"high_watermark": 0.9, "low_watermark": 0.8, "buffer_tokens_per_program": 256}},
+    {"progress_ttl": {}},
+    {"batch_gain": {}},
+    {
+        "state_aware_pause": {
+            "victim": "shortest_first",
+            "acting_token_weight": 1.0,
+            "yield_idle_after_s": None,
+        }
+    },
+    {"migration": {"placement": "most_room", "prefer_home_backend": True, "resume_timeout_s": 600}},
+]
+
+BASELINE_PRESETS: dict[str, list[dict[str, Any]]] = {
+    "kv_aware": [{"kv_aware": {}}],
+    "session_affinity": [{"session_affinity": {}}],
+    "vllm": [{"direct": {}}],
+    "continuum": [{"session_affinity": {}}, {"continuum_ttl": {}}],
+    "vllm_router_program": VLLM_ROUTER_PROGRAM_PIPELINE,
+}

@@ -547,7 +547,8 @@ class Simulation:
         completed = [r for r in finished if not r.failed]
         never_started = len(self.top) - self._next_top
         jct = sorted(r.done_at - r.arrived_at for r in top_done if r.done_at is not None)
-        makespan = self.now if truncated else max((r.done_at for r in finished), default=self.now)
+        ends = [r.done_at for r in finished if r.done_at is not None]
+        makespan = self.now if truncated else max(ends, default=self.now)
         stats = [b.engine.stats for b in self.backends.values()]
         hits = sum(s.prefix_cache_hits for s in stats)
         queries = sum(s.prefix_cache_queries for s in stats)

@@ -135,11 +135,42 @@ def steady(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def per_size(name: str = "cluster-scaling", base: str = "kv_aware") -> str:
+    """Steady steps/min per fleet size and policy, and each policy's ratio of medians over
+    `base` at that size."""
+    report = json.loads((RESULTS / f"{name}.json").read_text())
+    rows: dict[int, dict[str, dict]] = {}
+    for r in report["steady"]:
+        rows.setdefault(r["engines"], {})[r["policy"]] = r["steps_per_min_steady"]
+    policies = [p for p in report["config"]["policies"]]
+    lines = [
+        "| engines (GPUs) | "
+        + " | ".join(policies)
+        + " | "
+        + " | ".join(f"{p} / {base}" for p in policies if p != base)
+        + " |",
+        "|---" * (1 + 2 * len(policies) - 1) + "|",
+    ]
+    for engines in sorted(rows):
+        by = rows[engines]
+        ratios = [f"{by[p]['median'] / by[base]['median']:.2f}" for p in policies if p != base]
+        lines.append(
+            f"| {engines} ({8 * engines}) | "
+            + " | ".join(_spread(by.get(p)) for p in policies)
+            + " | "
+            + " | ".join(ratios)
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--reproduction"]:
         names = sys.argv[2:] or PUBLISHED
         print(steady(names))
         print(reproduction(names))
+        if "cluster-scaling" in names:
+            print(per_size())
     else:
         names = sys.argv[1:] or ["swe-agent-knee", "tool-orchestra-knee", "chat-control"]
         print("\n".join(tables(n) for n in names))

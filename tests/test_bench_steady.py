@@ -117,11 +117,12 @@ def test_a_ratio_off_by_more_than_30_percent_is_not_reproduced():
 
 def test_a_figure_for_one_fleet_size_is_read_at_that_size():
     scenario = SCENARIOS["cluster-scaling"]
+    per = scenario.programs_per_engine
     rows = [
-        _row("kv_aware", 0, 100, engines=2, per=72),
-        _row("thunderagent", 0, 150, engines=2, per=72),
-        _row("kv_aware", 0, 400, engines=8, per=72),
-        _row("thunderagent", 0, 960, engines=8, per=72),
+        _row("kv_aware", 0, 100, engines=2, per=per),
+        _row("thunderagent", 0, 150, engines=2, per=per),
+        _row("kv_aware", 0, 400, engines=8, per=per),
+        _row("thunderagent", 0, 960, engines=8, per=per),
     ]
     out = summarise_runs(scenario, ["kv_aware", "thunderagent"], rows)
     by_size = {r["engines"]: r["measured_ratio"] for r in out["reproduction"]}

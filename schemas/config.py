@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import enum
+import ipaddress
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -41,7 +50,11 @@ DEFAULT_CONVENTIONS: tuple[Convention, ...] = (
 
 
 class ServerSettings(_Section):
-    host: str = Field("127.0.0.1", description="Address to bind; loopback unless told otherwise.")
+    host: str = Field(
+        "127.0.0.1",
+        description="Address to bind; loopback unless told otherwise. Any other address "
+        "(`0.0.0.0` and `::` among them) needs `admin_token`, or `allow_unauthenticated_admin`.",
+    )
     port: int = Field(8300, ge=0, le=65535, description="Port to bind (0 picks a free one).")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log level of the gateway."
@@ -49,7 +62,16 @@ class ServerSettings(_Section):
     admin_token: SecretStr | None = Field(
         None,
         description="When set, admin routes need `Authorization: Bearer <token>` (never "
-        "printed: check-config and the logs mask it).",
+        "printed: check-config and the logs mask it). Required to bind a `host` other than "
+        "loopback.",
+    )
+    allow_unauthenticated_admin: bool = Field(
+        False,
+        description="Let the gateway bind a non-loopback `host` without `admin_token`. "
+        "Dangerous: anyone who can reach the port can then list every program, release any "
+        "program, add and drain engines, pause generation and read the dashboard and metrics. "
+        "Only for a network where every client is trusted, or behind a proxy that "
+        "authenticates the admin routes itself.",
     )
     max_body_bytes: int = Field(
         8 * 1024 * 1024, gt=0, description="Largest accepted request body; larger bodies get 413."
@@ -115,6 +137,39 @@ class ServerSettings(_Section):
         description="Forward the client's Authorization header to engines (a backend's "
         "`api_key` wins when set).",
     )
+
+    @model_validator(mode="after")
+    def _exposed_admin_needs_a_token(self) -> ServerSettings:
+        # As Redis's protected mode: open admin routes are acceptable on loopback only.
+        token = self.admin_token.get_secret_value() if self.admin_token else ""
+        if token or self.allow_unauthenticated_admin or is_loopback(self.host):
+            return self
+        raise PydanticCustomError(
+            "exposed_without_admin_token",
+            EXPOSED_WITHOUT_ADMIN_TOKEN,
+            {"field": "host", "host": self.host},
+        )
+
+
+EXPOSED_WITHOUT_ADMIN_TOKEN = (
+    "refusing to bind {host}, which is not a loopback address, without `server.admin_token`: "
+    "the admin routes (list and release every program, add and drain engines, pause "
+    "generation) would be open to anyone who can reach the port. Set `server.admin_token` "
+    "(or THUNDER_MW_SERVER__ADMIN_TOKEN), bind a loopback address (127.0.0.1, ::1, "
+    "localhost), or, if every client that can reach it is trusted, set "
+    "`server.allow_unauthenticated_admin: true`"
+)
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and `localhost`; every other address or name (0.0.0.0, :: among
+    them) may be reachable from other hosts."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class AgentContextSettings(_Section):

@@ -34,6 +34,7 @@ class FakeEngine:
     disconnects: int = 0  # streams whose client went away before the end
     status: int = 200
     report_capacity: bool = True
+    health_status: int = 200  # what /health answers (503: an engine whose core died)
     received: list[Received] = field(default_factory=list)
 
     def last(self) -> Received:
@@ -57,7 +58,7 @@ class FakeEngine:
         path = scope["path"]
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if path == "/health":
-            await _json(send, 200, {})
+            await _json(send, self.health_status, {})
             return
         if path == "/metrics" and not self.report_capacity:
             await send({"type": "http.response.start", "status": 200, "headers": []})

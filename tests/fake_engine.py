@@ -30,6 +30,9 @@ class FakeEngine:
     block_size: int = 16
     delay_s: float = 0.0
     die_after_chunks: int | None = None  # close the stream abruptly after this many chunks
+    # End the stream after this many chunks with vLLM's own error event and [DONE], as vLLM
+    # does when its engine core dies under a live API server.
+    error_after_chunks: int | None = None
     chunk_delay_s: float = 0.0
     disconnects: int = 0  # streams whose client went away before the end
     status: int = 200
@@ -149,6 +152,23 @@ class FakeEngine:
                     return
             if self.die_after_chunks is not None and i >= self.die_after_chunks:
                 raise RuntimeError("engine died mid-stream")  # uvicorn drops the connection
+            if self.error_after_chunks is not None and i >= self.error_after_chunks:
+                error = {
+                    "error": {
+                        "message": "EngineCore encountered an issue.",
+                        "type": "InternalServerError",
+                        "param": None,
+                        "code": 500,
+                    }
+                }
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n",
+                        "more_body": False,
+                    }
+                )
+                return
             delta = (
                 {"index": 0, "delta": {"content": f"t{i} "}}
                 if chat

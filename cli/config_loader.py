@@ -95,6 +95,10 @@ def location(loc: tuple[Any, ...]) -> str:
 
 def _describe(err: Any, root: yaml.Node | None) -> str:
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    # A section's own check that is about one of its fields names it (`ctx.field`).
+    field = (err.get("ctx") or {}).get("field")
+    if isinstance(field, str):
+        loc += (field,)
     line = _line_of(root, loc) if root is not None else None
     where = location(loc) + (f" (line {line})" if line else "")
     message = err["msg"]

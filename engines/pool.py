@@ -72,6 +72,10 @@ def parse_signals(flavor: str, text: bytes) -> BackendMetrics:
     return BackendMetrics(**found)
 
 
+# Seconds after a suspect engine's first good probe that it is probed once more.
+SUSPECT_RECHECK_S = 1.0
+
+
 class Backend:
     """One engine as the gateway sees it."""
 
@@ -136,6 +140,9 @@ class BackendPool:
         self._embedded: dict[str, Any] = {}  # label -> its embedded simulated engine
         self._probe_task: asyncio.Task[None] | None = None
         self._suspect_probes: dict[str, asyncio.Task[None]] = {}
+        # Engines that failed again while their suspect check was already running.
+        self._check_again: set[str] = set()
+        self._stopping = False
         self._rr = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -148,6 +155,7 @@ class BackendPool:
         self._probe_task = asyncio.create_task(self._probe_loop(), name="thunder-mw-probe")
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._probe_task is not None:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -325,11 +333,34 @@ class BackendPool:
     def suspect(self, backend: Backend) -> None:
         """Probe `backend` now rather than at the next interval (a call on it failed), so a
         dead engine's programs leave it within a round trip, not a probe interval."""
-        if backend.label in self._suspect_probes or backend.client is None:
+        label = backend.label
+        if backend.client is None or self._stopping:
             return
-        task = asyncio.get_running_loop().create_task(self.probe(backend))
-        self._suspect_probes[backend.label] = task
-        task.add_done_callback(lambda _: self._suspect_probes.pop(backend.label, None))
+        if label in self._suspect_probes:
+            # The check in flight may have passed /health before this failure happened.
+            self._check_again.add(label)
+            return
+        task = asyncio.get_running_loop().create_task(self._check(backend))
+        self._suspect_probes[label] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            if self._suspect_probes.get(label) is task:
+                del self._suspect_probes[label]
+            if label in self._check_again:
+                self._check_again.discard(label)
+                if self._by_label.get(label) is backend:
+                    self.suspect(backend)
+
+        task.add_done_callback(done)
+
+    async def _check(self, backend: Backend) -> None:
+        """A suspect engine's probe, and a second one shortly after if the first found it well:
+        an engine being killed can still answer /health for a moment after a call on it broke
+        (its API server outlives its engine core by a few scheduler ticks on a busy host)."""
+        await self.probe(backend)
+        if backend.healthy:
+            await asyncio.sleep(SUSPECT_RECHECK_S)
+            await self.probe(backend)
 
     def record_success(self, backend: Backend) -> None:
         """A probe found the engine well. The run of failed calls stays counted: calls that

@@ -42,6 +42,7 @@ class _Core:
         inner: ASGIApp | None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        config.state.refuse_unimplemented()  # never a silent in-memory stand-in
         self.config = config
         self.pool = BackendPool(config.backends, config.server)
         self.scheduler = LiveScheduler(

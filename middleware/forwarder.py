@@ -49,6 +49,9 @@ HOP_BY_HOP = frozenset(
 _DROP_REQUEST = HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding"}
 _DROP_RESPONSE = HOP_BY_HOP | {b"content-length"}
 _WATCH_AFTER_S = 0.05
+# An SSE event whose payload is an OpenAI-style error object (a JSON string value cannot
+# contain this unescaped, so generated text never matches it).
+_ENGINE_ERROR_EVENT = b'data: {"error"'
 
 
 class _Details(msgspec.Struct):
@@ -305,6 +308,12 @@ class Forwarder:
                         call.usage = _follow_generate(native, ready) or call.usage
                     elif b'"usage"' in ready:
                         ready = self._take_usage(ready, call, hide_usage)
+                    if _ENGINE_ERROR_EVENT in ready and call.outcome is None:
+                        # The engine ended the stream itself with an error event (vLLM does
+                        # when its engine core dies under a live API server): relayed as is,
+                        # but the call failed and the engine is looked at now.
+                        call.outcome = "upstream_failed"
+                        self.pool.suspect(backend)
                     if ready:
                         await send({"type": "http.response.body", "body": ready, "more_body": True})
                 try:

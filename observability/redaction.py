@@ -43,9 +43,11 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
 
 
 def config_secrets(config: ThunderConfig) -> list[str]:
-    """The secret values a config holds (admin token, engines' API keys)."""
+    """The secret values a config holds (admin token, engines' API keys, the state store's
+    Redis password)."""
     values = [config.server.admin_token] + [b.api_key for b in config.backends]
-    return [v.get_secret_value() for v in values if v is not None and v.get_secret_value()]
+    secrets = [v.get_secret_value() for v in values if v is not None and v.get_secret_value()]
+    return secrets + config.state.secrets()
 
 
 class SecretRedactor(logging.Filter):

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import enum
+import ipaddress
 from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -41,7 +52,11 @@ DEFAULT_CONVENTIONS: tuple[Convention, ...] = (
 
 
 class ServerSettings(_Section):
-    host: str = Field("127.0.0.1", description="Address to bind; loopback unless told otherwise.")
+    host: str = Field(
+        "127.0.0.1",
+        description="Address to bind; loopback unless told otherwise. Any other address "
+        "(`0.0.0.0` and `::` among them) needs `admin_token`, or `allow_unauthenticated_admin`.",
+    )
     port: int = Field(8300, ge=0, le=65535, description="Port to bind (0 picks a free one).")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log level of the gateway."
@@ -49,7 +64,16 @@ class ServerSettings(_Section):
     admin_token: SecretStr | None = Field(
         None,
         description="When set, admin routes need `Authorization: Bearer <token>` (never "
-        "printed: check-config and the logs mask it).",
+        "printed: check-config and the logs mask it). Required to bind a `host` other than "
+        "loopback.",
+    )
+    allow_unauthenticated_admin: bool = Field(
+        False,
+        description="Let the gateway bind a non-loopback `host` without `admin_token`. "
+        "Dangerous: anyone who can reach the port can then list every program, release any "
+        "program, add and drain engines, pause generation and read the dashboard and metrics. "
+        "Only for a network where every client is trusted, or behind a proxy that "
+        "authenticates the admin routes itself.",
     )
     max_body_bytes: int = Field(
         8 * 1024 * 1024, gt=0, description="Largest accepted request body; larger bodies get 413."
@@ -115,6 +139,39 @@ class ServerSettings(_Section):
         description="Forward the client's Authorization header to engines (a backend's "
         "`api_key` wins when set).",
     )
+
+    @model_validator(mode="after")
+    def _exposed_admin_needs_a_token(self) -> ServerSettings:
+        # As Redis's protected mode: open admin routes are acceptable on loopback only.
+        token = self.admin_token.get_secret_value() if self.admin_token else ""
+        if token or self.allow_unauthenticated_admin or is_loopback(self.host):
+            return self
+        raise PydanticCustomError(
+            "exposed_without_admin_token",
+            EXPOSED_WITHOUT_ADMIN_TOKEN,
+            {"field": "host", "host": self.host},
+        )
+
+
+EXPOSED_WITHOUT_ADMIN_TOKEN = (
+    "refusing to bind {host}, which is not a loopback address, without `server.admin_token`: "
+    "the admin routes (list and release every program, add and drain engines, pause "
+    "generation) would be open to anyone who can reach the port. Set `server.admin_token` "
+    "(or THUNDER_MW_SERVER__ADMIN_TOKEN), bind a loopback address (127.0.0.1, ::1, "
+    "localhost), or, if every client that can reach it is trusted, set "
+    "`server.allow_unauthenticated_admin: true`"
+)
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and `localhost`; every other address or name (0.0.0.0, :: among
+    them) may be reachable from other hosts."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class AgentContextSettings(_Section):
@@ -467,6 +524,90 @@ class ObservabilitySettings(_Section):
     )
 
 
+REDIS_STATE_NOT_IMPLEMENTED = (
+    "`state.backend: redis` is not implemented yet in this release: the replicated program "
+    "store is future work. Remove the `state` section or set `state.backend: memory`"
+)
+
+
+class StateSettings(_Section):
+    """Where the scheduler's state lives: this process's memory, or (later) a shared Redis."""
+
+    # A rejected url must not be echoed in an error (pydantic quotes the input otherwise).
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    backend: Literal["memory", "redis"] = Field(
+        "memory",
+        description="`memory`: programs, reservations and the queue live in this process (one "
+        "gateway; a restart forgets them). `redis`: shared by several gateways through `url` "
+        "(not implemented yet in this release: `serve` refuses it).",
+    )
+    url: SecretStr | None = Field(
+        None,
+        description="Redis URL of the `redis` backend, `redis://` or `rediss://` (TLS), e.g. "
+        "`rediss://:PASSWORD@host:6380/0`; its password is a secret (check-config prints it "
+        "masked, the logs mask it; better set from THUNDER_MW_STATE__URL).",
+    )
+    key_prefix: str = Field(
+        "thunder-mw:",
+        description="Prefix of every key the `redis` backend writes, so several fleets can "
+        "share one Redis.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None:
+            return v
+        parts = urlsplit(v.get_secret_value())
+        if parts.scheme not in ("redis", "rediss"):
+            raise ValueError("must start with redis:// or rediss://")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise ValueError("has a port that is not a number") from None
+        return v
+
+    @model_validator(mode="after")
+    def _url_for_redis_only(self) -> StateSettings:
+        if self.backend == "redis" and self.url is None:
+            raise PydanticCustomError(
+                "missing_redis_url", "the redis backend needs a url", {"field": "url"}
+            )
+        if self.backend == "memory" and self.url is not None:
+            raise PydanticCustomError(
+                "unused_redis_url",
+                "the memory backend takes no url (set `backend: redis` to use it)",
+                {"field": "url"},
+            )
+        return self
+
+    @field_serializer("url", when_used="json")
+    def _masked_url(self, v: SecretStr | None) -> str | None:
+        # check-config shows where the store is, never its password.
+        return None if v is None else masked_url(v.get_secret_value())
+
+    def secrets(self) -> list[str]:
+        """The url's password, as written and percent-decoded (for the log filter)."""
+        password = urlsplit(self.url.get_secret_value()).password if self.url else None
+        return list(dict.fromkeys((password, unquote(password)))) if password else []
+
+    def refuse_unimplemented(self) -> None:
+        """Raises NotImplementedError for a backend this release cannot run."""
+        if self.backend == "redis":
+            raise NotImplementedError(REDIS_STATE_NOT_IMPLEMENTED)
+
+
+def masked_url(url: str) -> str:
+    """`url` with the password of its `user:password@` replaced by `***`."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return parts._replace(netloc=f"{user}:***@{hostport}").geturl()
+
+
 class ThunderConfig(BaseSettings):
     """The whole configuration: YAML file first, `THUNDER_MW_*` environment variables override."""
 
@@ -474,6 +615,8 @@ class ThunderConfig(BaseSettings):
         env_prefix="THUNDER_MW_",
         env_nested_delimiter="__",
         extra="forbid",
+        # Errors quote no input: it may be a secret (an admin token, a Redis URL's password).
+        hide_input_in_errors=True,
     )
 
     server: ServerSettings = Field(default_factory=ServerSettings, description="HTTP server.")
@@ -495,6 +638,10 @@ class ThunderConfig(BaseSettings):
     observability: ObservabilitySettings = Field(
         default_factory=ObservabilitySettings,
         description="Profiles, logs and the dashboard.",
+    )
+    state: StateSettings = Field(
+        default_factory=StateSettings,
+        description="Where programs, reservations and the queue live (one gateway or several).",
     )
 
     @classmethod

@@ -30,10 +30,14 @@ class FakeEngine:
     block_size: int = 16
     delay_s: float = 0.0
     die_after_chunks: int | None = None  # close the stream abruptly after this many chunks
+    # End the stream after this many chunks with vLLM's own error event and [DONE], as vLLM
+    # does when its engine core dies under a live API server.
+    error_after_chunks: int | None = None
     chunk_delay_s: float = 0.0
     disconnects: int = 0  # streams whose client went away before the end
     status: int = 200
     report_capacity: bool = True
+    health_status: int = 200  # what /health answers (503: an engine whose core died)
     received: list[Received] = field(default_factory=list)
 
     def last(self) -> Received:
@@ -57,7 +61,7 @@ class FakeEngine:
         path = scope["path"]
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if path == "/health":
-            await _json(send, 200, {})
+            await _json(send, self.health_status, {})
             return
         if path == "/metrics" and not self.report_capacity:
             await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -148,6 +152,23 @@ class FakeEngine:
                     return
             if self.die_after_chunks is not None and i >= self.die_after_chunks:
                 raise RuntimeError("engine died mid-stream")  # uvicorn drops the connection
+            if self.error_after_chunks is not None and i >= self.error_after_chunks:
+                error = {
+                    "error": {
+                        "message": "EngineCore encountered an issue.",
+                        "type": "InternalServerError",
+                        "param": None,
+                        "code": 500,
+                    }
+                }
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n",
+                        "more_body": False,
+                    }
+                )
+                return
             delta = (
                 {"index": 0, "delta": {"content": f"t{i} "}}
                 if chat

@@ -19,7 +19,7 @@ from asgi_servers import ServerThread, serving
 from fake_engine import FakeEngine
 from held_requests import BIG, start_hog, wait_for
 
-from thunder_mw.engines.pool import BackendPool
+from thunder_mw.engines.pool import SUSPECT_RECHECK_S, BackendPool
 from thunder_mw.middleware.app import ThunderGateway, create_app
 from thunder_mw.policies.core import RequestInfo, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
@@ -363,3 +363,27 @@ async def test_pool_probes_an_engine_at_once_after_a_failed_call(engine) -> None
         assert backend.healthy  # the engine answers its probe: it stays in service
     finally:
         await pool.stop()
+
+
+@pytest.mark.anyio
+async def test_a_suspect_engine_that_still_answered_its_first_probe_is_checked_again() -> None:
+    """An engine being killed can answer /health once more after a call on it broke; the
+    second look a second later finds it gone, with no further call and no periodic probe."""
+    engine = FakeEngine()
+    with serving(engine) as es:
+        pool = BackendPool(
+            [BackendSettings(name="e", url=es.url)], ServerSettings(probe_interval_s=3600)
+        )
+        await pool.start()
+        try:
+            backend = pool.get("e")
+            assert backend is not None
+            pool.suspect(backend)
+            await asyncio.sleep(0.2)  # the first probe: still well
+            still_up = backend.healthy
+            engine.health_status = 503  # it dies
+            await asyncio.sleep(SUSPECT_RECHECK_S + 0.5)
+            down = not backend.healthy
+        finally:
+            await pool.stop()
+    assert still_up and down

@@ -138,6 +138,20 @@ def test_engine_dying_mid_stream_ends_the_stream_with_an_error_event(engine):
     assert program["phase"] == "acting" and program["in_flight"] == 0 and program["failures"] == 1
 
 
+def test_an_engine_ending_its_stream_with_its_own_error_event_fails_the_call(engine):
+    """vLLM streams `data: {"error": ...}` then `[DONE]` when its engine core dies under a
+    live API server: relayed as sent, but the call counts as failed and the engine is probed."""
+    engine.chunks, engine.error_after_chunks = 5, 2
+    with gateway(engine) as gw:
+        r = httpx.post(
+            f"{gw.url}/v1/chat/completions", json={**CHAT, "stream": True, "program_id": "p"}
+        )
+        program = httpx.get(f"{gw.url}/programs/p").json()
+    sent = events(r.text)
+    assert json.loads(sent[-2][6:])["error"]["code"] == 500 and sent[-1] == "data: [DONE]"
+    assert program["phase"] == "acting" and program["in_flight"] == 0 and program["failures"] == 1
+
+
 def test_client_disconnect_cancels_the_upstream_request(engine):
     engine.chunks, engine.chunk_delay_s = 50, 0.05
     with gateway(engine) as gw:

@@ -85,9 +85,16 @@ def test_real_engine_killed_mid_stream_ends_the_stream_and_the_program_moves_on(
             after = httpx.get(f"{gw.url}/programs/victim").json()
 
     assert status == 200 and len(events) >= 3
-    error = json.loads(events[-1])["error"]
-    assert error["code"] == "upstream_error" and error["type"] == "upstream_error"
-    assert "[DONE]" not in events  # the stream did not pretend to finish
+    # The stream ends in an error, never a hang or a silent finish: either the connection
+    # broke (thunder-mw's own error event, no [DONE]), or vLLM's API server outlived its engine
+    # core long enough to end the stream with vLLM's own error event and [DONE] (its
+    # completion stream does so on an engine error) — both happen on a busy host.
+    if events[-1] == "[DONE]":
+        assert json.loads(events[-2])["error"]["code"] >= 500
+    else:
+        error = json.loads(events[-1])["error"]
+        assert error["code"] == "upstream_error" and error["type"] == "upstream_error"
+        assert "[DONE]" not in events  # the stream did not pretend to finish
     assert during["phase"] == "acting" and during["in_flight"] == 0 and during["failures"] == 1
     assert left == {"healthy": False, "reserved": 0, "programs": 0, "victim": ProgramState.PAUSED}
     assert again.status_code == 200 and len(fallback.received) == 1

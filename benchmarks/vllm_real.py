@@ -204,6 +204,7 @@ def _engine(scenario: Scenario, engine_url: str | None) -> Iterator[tuple[str, f
     if engine_url is not None:
         yield engine_url, 0.0
         return
+    assert scenario.kv_tokens is not None, "the real-engine scenario sizes its KV cache"
     started = time.perf_counter()
     with start_vllm(
         num_blocks=scenario.kv_tokens // BLOCK_SIZE, max_model_len=scenario.max_model_len

@@ -8,8 +8,8 @@
 #   scripts/test.sh --fast   the lane for work in progress (under 2 minutes on 2 cores): no
 #                            engine, Docker or browser setup and no conformance run; ruff,
 #                            then pytest -m "not slow and not real_vllm and not docker and
-#                            not browser" (the in-process tests). tests/conftest.py says how
-#                            the markers are set.
+#                            not browser and not peers" (the in-process tests).
+#                            tests/conftest.py says how the markers are set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +18,7 @@ if [ "${1:-}" = "--fast" ]; then
   fast=1
   shift
 fi
-FAST_MARKERS="not slow and not real_vllm and not docker and not browser"
+FAST_MARKERS="not slow and not real_vllm and not docker and not browser and not peers"
 
 # The editable install is redone only when pyproject.toml or the interpreter changed, or when
 # `thunder_mw` resolves to another checkout.

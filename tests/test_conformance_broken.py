@@ -125,6 +125,7 @@ def test_a_thunderagent_like_gateway_fails_what_only_the_full_profile_expects(ch
     assert statuses(result) == {check_id: "fail"}
 
 
+@pytest.mark.slow  # runs the full profile against a thunder-mw subprocess
 def test_a_gateway_that_does_not_read_the_body_form_fails_precedence_and_strip():
     # thunder-mw itself with `dynamo_body` turned off: the header names the program, the
     # body's nvext is forwarded, and the trajectory_final flag is never read.

@@ -14,6 +14,8 @@ from thunder_mw.conformance.registry import PEER_CONTRACTS, checks_for
 from thunder_mw.conformance.report import format_table
 from thunder_mw.conformance.runner import SuiteResult, run_conformance_suite
 
+pytestmark = pytest.mark.peers
+
 ALL = {c.id for c in checks_for("full")}
 VIEWLESS = {  # need program views; n/a where a server publishes none
     "release.live_program",

@@ -16,6 +16,8 @@ from thunder_mw.benchmarks.engine_counters import delta, read_counters
 from thunder_mw.benchmarks.live import steady_metrics
 from thunder_mw.benchmarks.replay import CallRecord, ProgramRecord, ReplayResult, render
 
+pytestmark = pytest.mark.peers
+
 # Set by .ci/run (scripts/test.sh installs the `peers` extra): a missing peer is a failure.
 REQUIRE_REAL_ENV = "THUNDER_MW_REQUIRE_REAL"
 PEER_SYSTEMS = [name for name, s in peers.SYSTEMS.items() if s.kind != "thunder-mw"]

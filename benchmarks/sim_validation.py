@@ -69,7 +69,9 @@ def build_script(encode: Any, decode: Any) -> Script:
         Turn(1, 1100, label="p1 fourth"),
         Turn(5, 1300, label="p5 again"),
     ]
-    overflow = [Turn(10 + i, 500, max_tokens=160, label=f"overflow {i}") for i in range(6)]
+    # Any two overflow calls outgrow the cache together (2 x 1,500 tokens = 24 blocks > 23), so
+    # the engine must preempt however staggered their arrival on a busy host.
+    overflow = [Turn(10 + i, 1100, max_tokens=400, label=f"overflow {i}") for i in range(6)]
     texts: dict[int, str] = {}
     for turn in seq + overflow:
         need = max(t.context_tokens for t in seq + overflow if t.program == turn.program)

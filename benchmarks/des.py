@@ -26,6 +26,7 @@ from thunder_mw.policies.core import (
     Forward,
     Hold,
     Paused,
+    Prefill,
     Reject,
     RequestInfo,
     Resumed,
@@ -226,6 +227,7 @@ class Simulation:
         self.calls_failed = 0
         self.ttft: list[float] = []
         self.pauses = 0
+        self.speculative_prefills = 0
         self.held_requests = 0
         self._imbalance_sum = 0.0
         self._resident: list[int] = []  # Σ prompt tokens of open programs, per sample
@@ -321,7 +323,11 @@ class Simulation:
         n = len(run.prompt)
         chars = n * CHARS_PER_TOKEN + (2 * run.call + 2) * CHARS_PER_MESSAGE + CHARS_PER_BODY
         max_tokens = call.output_tokens if self.cluster.send_max_tokens else None
-        decision, actions = self.core.on_request(run.ctx, RequestInfo(chars, max_tokens), self.now)
+        # The shared prefix is the session type's system prompt (what the live gateway keys
+        # by the request's system message).
+        prefix = f"{spec.session_type}:{spec.system_tokens}"
+        info = RequestInfo(chars, max_tokens, prefix, spec.system_tokens * CHARS_PER_TOKEN)
+        decision, actions = self.core.on_request(run.ctx, info, self.now)
         self._apply(actions)
         if isinstance(decision, Forward):
             self._dispatch(run, decision.backend, decision.kv_ttl_s)
@@ -438,8 +444,35 @@ class Simulation:
             elif isinstance(action, Paused):
                 if not action.pending:
                     self.pauses += 1
+            elif isinstance(action, Prefill):
+                self._speculative_prefill(action)
             if self.on_action is not None:
                 self.on_action(action)
+
+    def _speculative_prefill(self, action: Prefill) -> None:
+        """As the live gateway does (middleware/speculative_prefill.py): the program's last
+        prompt and answer, one output token, on the engine named; not a step of the program."""
+        run = self.runs.get(action.program_id)
+        backend = self.backends.get(action.backend)
+        if run is None or backend is None or run.done_at is not None or run.call == 0:
+            return
+        engine = backend.engine
+        params = _sampling_params(1, None)
+        if engine.validate(run.prompt, params) is not None:
+            return
+        self.speculative_prefills += 1
+        engine.advance(self.now)
+        seq = engine.add_request(
+            f"{action.program_id}#prefill{self.speculative_prefills}",
+            list(run.prompt),
+            params,
+            listener=_LISTENER,
+            program_id=action.program_id,
+        )
+        seq.user_data = None  # no client waits for it
+        if not backend.busy and not backend.kick_pending:
+            backend.kick_pending = True
+            self._at(self.now, _KICK, backend)
 
     # ------------------------------------------------------------------ engines
     def _on_kick(self, backend: _Backend) -> None:
@@ -464,11 +497,11 @@ class Simulation:
         now = self.now
         for seq in result.progressed:
             run = seq.user_data
-            if run.first_token_at is None:
+            if run is not None and run.first_token_at is None:
                 run.first_token_at = now
         for seq in result.finished:
             run = seq.user_data
-            if run.done_at is None:
+            if run is not None and run.done_at is None:
                 self._call_done_on(run, seq, backend)
         if not backend.kick_pending:
             # The engine loop runs on at once: what this step's results released (resumed
@@ -586,6 +619,7 @@ class Simulation:
             "paused_time_s": round(sum(r.held_s for r in runs), 1),
             "held_requests": self.held_requests,
             "pauses": self.pauses,
+            "speculative_prefills": self.speculative_prefills,
             "migrations": self.core.counters.get("migrations", 0),
             "kv_imbalance": round(self._imbalance_sum / self._imbalance_n, 4)
             if self._imbalance_n

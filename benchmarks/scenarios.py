@@ -20,14 +20,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from thunder_mw.policies.pipeline import PRESETS as PIPELINE_PRESETS
+from thunder_mw.policies.stages import DEFAULT_PIPELINE
 
 DEFAULT_POLICIES = ("round_robin", "sticky", "thunderagent", "thunder-mw")
 
 
 def _thunder_mw(**overrides: dict[str, Any]) -> list[dict[str, Any]]:
     """The default pipeline with some stages' params replaced."""
-    stages = ("admission", "state_aware_pause", "migration", "gc_hooks")
+    stages = [next(iter(entry)) for entry in DEFAULT_PIPELINE]
     return [{name: dict(overrides.get(name.replace("_", "-"), {}))} for name in stages]
+
+
+def _thunder_mw_with(name: str, params: dict[str, Any], before: str | None) -> list[dict[str, Any]]:
+    """The default pipeline with stage `name` added (before stage `before`; None: last),
+    or, when the default has it, without it: the ablation row of one mechanism."""
+    stages = _thunder_mw()
+    if any(name in entry for entry in stages):
+        return [entry for entry in stages if name not in entry]
+    at = next((i for i, e in enumerate(stages) if before in e), len(stages))
+    return [*stages[:at], {name: params}, *stages[at:]]
 
 
 POLICIES: dict[str, list[dict[str, Any]]] = {
@@ -52,6 +63,9 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
         **{"state-aware-pause": {"acting_token_weight": 0.5}},
     ),
+    # One mechanism of issue 17 each, toggled against the default pipeline.
+    "thunder-mw/spec-prefill": _thunder_mw_with("speculative_prefill", {}, None),
+    "thunder-mw/kv-placement": _thunder_mw_with("kv_placement", {}, "migration"),
     "thunder-mw/hw-1.0+acting-0": _thunder_mw(
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
         **{"state-aware-pause": {"acting_token_weight": 0.0}},

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from thunder_mw.policies.prefix_index import PrefixIndex
 from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usage
 from thunder_mw.policies.stages import Stage, StageParams
 
@@ -67,22 +68,22 @@ class KvAware(Stage):
 
     def __init__(self, params: StageParams | None = None) -> None:
         super().__init__(params)
-        self._cached: dict[str, collections.OrderedDict[str, int]] = {}
-        self._cached_sum: dict[str, int] = {}
+        self._index: PrefixIndex | None = None
         self._active: dict[str, int] = {}
         self._calls: dict[str, collections.deque[tuple[str, int]]] = {}
 
     def bind(self, core: SchedulerCore) -> None:
+        self._index = PrefixIndex(
+            lambda label: core.backends[label].capacity if label in core.backends else None,
+            self.params.index_fraction,
+        )
         for label in core.backends:
-            self._cached[label] = collections.OrderedDict()
-            self._cached_sum[label] = 0
             self._active[label] = 0
 
     # -- the decision
     def overlap(self, backend: str, program_id: str) -> int:
         """Tokens of the program the index believes `backend` still caches."""
-        cached = self._cached.get(backend)
-        return cached.get(program_id, 0) if cached is not None else 0
+        return self._index.overlap(backend, program_id) if self._index is not None else 0
 
     def active_tokens(self, backend: str) -> int:
         return self._active.get(backend, 0)
@@ -125,17 +126,8 @@ class KvAware(Stage):
         self._remember(core, backend, program.program_id, self._prompt_tokens(core, program))
 
     def _remember(self, core: SchedulerCore, backend: str, program_id: str, tokens: int) -> None:
-        cached = self._cached.setdefault(backend, collections.OrderedDict())
-        total = self._cached_sum.get(backend, 0) - cached.pop(program_id, 0) + tokens
-        cached[program_id] = tokens
-        state = core.backends.get(backend)
-        capacity = state.capacity if state is not None else None
-        if capacity is not None:
-            limit = capacity * self.params.index_fraction
-            while total > limit and len(cached) > 1:
-                _, evicted = cached.popitem(last=False)
-                total -= evicted
-        self._cached_sum[backend] = total
+        if self._index is not None:
+            self._index.remember(backend, program_id, tokens)
 
     def on_finished(
         self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
@@ -154,9 +146,8 @@ class KvAware(Stage):
     def on_release(self, core: SchedulerCore, program: Program, reason: str, now: float) -> None:
         for backend, tokens in self._calls.pop(program.program_id, ()):
             self._active[backend] = max(0, self._active.get(backend, 0) - tokens)
-        for backend, cached in self._cached.items():
-            if program.program_id in cached:
-                self._cached_sum[backend] -= cached.pop(program.program_id)
+        if self._index is not None:
+            self._index.forget(program.program_id)
 
 
 # ---------------------------------------------------------------------------- session_affinity

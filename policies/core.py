@@ -83,7 +83,18 @@ class ReclaimTools(msgspec.Struct, frozen=True):
     hooks: tuple[str, ...]
 
 
-Action = Resumed | Reject | Paused | Released | ReclaimTools
+class Prefill(msgspec.Struct, frozen=True):
+    """Warm `backend`'s cache with the program's last prompt and answer while its tool runs:
+    a one-token request the gateway sends itself (never a client's call, never its usage),
+    so the program's next call finds its prefix cached. `tokens`: its context, for metrics."""
+
+    program_id: str
+    backend: str
+    tokens: int
+    reason: str  # "resume" (resumed or moved while ACTING) or "prefetch" (resumed early)
+
+
+Action = Resumed | Reject | Paused | Released | ReclaimTools | Prefill
 Decision = Forward | Hold | Reject
 
 
@@ -92,6 +103,11 @@ class RequestInfo(msgspec.Struct, frozen=True):
 
     prompt_chars: int = 0
     max_tokens: int | None = None
+    # The request's leading shared part (a system prompt; for the DES its session type's),
+    # by a key and its length in characters: KV-aware placement sends new programs where it
+    # is already cached. None: the request has no recognisable shared prefix.
+    prefix_key: str | None = None
+    prefix_chars: int = 0
 
 
 class BackendMetrics(msgspec.Struct, frozen=True):
@@ -226,6 +242,9 @@ class SchedulerCore:
             )
         program.last_prompt_chars = info.prompt_chars
         program.last_active_at = now
+        if info.prefix_key is not None:
+            program.prefix_key = info.prefix_key
+            program.prefix_tokens = self.tokens.prompt_tokens(info.prefix_chars, program.backend)
         request_tokens = self._request_tokens(program, info)
         # Stages see the arriving request's footprint (route decides per request on it).
         program.request_tokens = request_tokens
@@ -526,6 +545,8 @@ class SchedulerCore:
         ] += 1
         ttl = self._kv_ttl(program, now) if program.in_flight else None
         self._actions.append(Resumed(program.program_id, backend, previous, forced, admitted, ttl))
+        for stage in self.stages:
+            stage.on_resumed(self, program, previous, now)
         self._changed(backend, now)
 
     def release(self, program: Program, reason: str, now: float) -> None:

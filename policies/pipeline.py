@@ -8,13 +8,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from thunder_mw.policies.baselines import BASELINE_PRESETS, BASELINE_STAGES
+from thunder_mw.policies.kv_placement import KvPlacement
+from thunder_mw.policies.speculative_prefill import SpeculativePrefill
 from thunder_mw.policies.stages import BUILTIN_STAGES as CORE_STAGES
 from thunder_mw.policies.stages import DEFAULT_PIPELINE, Stage
 from thunder_mw.policies.stages import PRESETS as CORE_PRESETS
 
 # Every stage and preset a `policies:` list may name: thunder-mw's, the original's rules and
 # the baselines users run (policies/baselines.py).
-BUILTIN_STAGES: dict[str, type[Stage]] = {**CORE_STAGES, **BASELINE_STAGES}
+BUILTIN_STAGES: dict[str, type[Stage]] = {
+    **CORE_STAGES,
+    **BASELINE_STAGES,
+    KvPlacement.name: KvPlacement,
+    SpeculativePrefill.name: SpeculativePrefill,
+}
 PRESETS: dict[str, list[dict[str, Any]]] = {**CORE_PRESETS, **BASELINE_PRESETS}
 
 

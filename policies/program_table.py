@@ -68,6 +68,10 @@ class Program(msgspec.Struct, kw_only=True):
     expected_output_tokens: int | None = None
     tool_time_ema_s: float | None = None
     last_prompt_chars: int = 0
+    prefix_key: str | None = None  # its requests' shared leading part (RequestInfo.prefix_key)
+    prefix_tokens: int = 0  # that part's estimated length
+    # `nvext.agent_hints.speculative_prefill` as it last sent it (None: never sent).
+    speculative_prefill: bool | None = None
     docker_ids: list[str] = msgspec.field(default_factory=list)
     version: int = 0  # bumped whenever index entries for it go stale
 
@@ -112,6 +116,8 @@ class ProgramTable:
             )
             self._programs[ctx.program_id] = program
         program.priority = ctx.priority
+        if ctx.speculative_prefill is not None:
+            program.speculative_prefill = ctx.speculative_prefill
         if ctx.expected_output_tokens is not None:
             program.expected_output_tokens = ctx.expected_output_tokens
         for ref in ctx.docker_ids:

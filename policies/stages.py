@@ -82,6 +82,12 @@ class Stage:
         self, core: SchedulerCore, program: Program, reason: str, now: float
     ) -> None: ...
 
+    def on_resumed(
+        self, core: SchedulerCore, program: Program, previous: str | None, now: float
+    ) -> None:
+        """`program` was just placed on `program.backend` (admitted, resumed or moved from
+        `previous`); its held requests, if any, go there."""
+
 
 # ---------------------------------------------------------------------------- admission
 class AdmissionParams(StageParams):

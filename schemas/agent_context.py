@@ -30,8 +30,9 @@ class AgentContext(msgspec.Struct, frozen=True, kw_only=True):
     final: bool = False
     ephemeral: bool = False
     # `nvext.agent_hints.speculative_prefill`: the client expects its next turn to extend this
-    # one, so warming that prefix after the turn is worth it (the scheduler may act on it).
-    speculative_prefill: bool = False
+    # one, so warming that prefix is worth it (True), or asks for no warming (False); None:
+    # not sent, the `speculative_prefill` stage's default applies.
+    speculative_prefill: bool | None = None
     # Hints named in `agent_context.extra_agent_hints`, as (name, value) in the order sent.
     extra_hints: tuple[tuple[str, Any], ...] = ()
 

@@ -127,7 +127,7 @@ class _Found:
         self.deadline_s: float | None = None
         self.kv_retention_ttl_s: float | None = None
         self.final = False
-        self.speculative_prefill = False
+        self.speculative_prefill: bool | None = None
         self.extra_hints: list[tuple[str, Any]] = []
 
     def name_program(self, program_id: str, param: str, source: Convention) -> None:
@@ -330,7 +330,7 @@ class ContextParser:
             found.priority = hints.priority
         found.strict_priority = hints.strict_priority
         found.expected_output_tokens = hints.osl
-        found.speculative_prefill = bool(hints.speculative_prefill)
+        found.speculative_prefill = hints.speculative_prefill
 
     def _vllm_xargs(self, body: dict[str, Any], found: _Found) -> bool:
         xargs = body.get("vllm_xargs")

@@ -1,0 +1,113 @@
+"""KV-aware placement of new programs: where their shared prefix is already cached.
+
+A new program (or a context-less request, an ephemeral program of its own) has no home
+engine; the migration stage would put it on the engine with the most room. This stage puts
+it where its prefix already is — the system prompt of its kind (`RequestInfo.prefix_key`:
+the request's system message live, the session type's in the benchmark harness), and for a
+sub-agent without one of its own, its parent program's — weighing the prefill that saves
+against the load there, as the `kv_aware` baseline (Dynamo's KvRouter, SGLang's cache-aware
+policy) does per request, from the same approximate index (policies/prefix_index.py).
+Only engines that admit the program are candidates: the load limits are the admission
+stage's. Programs with a home engine are left to the migration stage's rules.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from thunder_mw.policies.prefix_index import PrefixIndex
+from thunder_mw.policies.program_table import Program, ProgramState
+from thunder_mw.policies.stages import Stage, StageParams
+
+if TYPE_CHECKING:
+    from thunder_mw.policies.core import BackendState, SchedulerCore
+
+
+class KvPlacementParams(StageParams):
+    overlap_weight: float = Field(
+        1.0,
+        ge=0,
+        description="A cached prefix token is worth this many tokens of room: the engine "
+        "chosen has the most `room + weight x cached prefix tokens` (0: most room only).",
+    )
+    index_fraction: float = Field(
+        1.0,
+        gt=0,
+        description="The prefix index forgets an engine's least recently used prefixes past "
+        "this x its KV capacity.",
+    )
+
+
+class KvPlacement(Stage):
+    """Places programs that have no home engine by room plus cached prefix; list it before
+    the `migration` stage (the first stage with an answer places the program)."""
+
+    name = "kv_placement"
+    Params = KvPlacementParams
+    params: KvPlacementParams
+
+    def __init__(self, params: StageParams | None = None) -> None:
+        super().__init__(params)
+        self.index: PrefixIndex | None = None
+        self._cold: dict[str, float | None] = {}
+
+    def bind(self, core: SchedulerCore) -> None:
+        self.index = PrefixIndex(
+            lambda label: core.backends[label].capacity if label in core.backends else None,
+            self.params.index_fraction,
+        )
+
+    def prefix_of(self, core: SchedulerCore, program: Program) -> tuple[str | None, int]:
+        """The program's prefix key and tokens; a sub-agent without one shares its parent's."""
+        if program.prefix_key is not None:
+            return program.prefix_key, program.prefix_tokens
+        parent = core.table.get(program.parent_program_id) if program.parent_program_id else None
+        if parent is not None and parent.prefix_key is not None:
+            return parent.prefix_key, parent.prefix_tokens
+        return None, 0
+
+    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        if program.backend is not None or self.index is None:
+            return None  # it has a home: the migration stage's rules
+        fitting = [b for b in core.healthy_backends() if core.admits(program, b, now)]
+        if not fitting:
+            return None
+        key, _ = self.prefix_of(core, program)
+        parent = core.table.get(program.parent_program_id) if program.parent_program_id else None
+        parent_home = parent.backend if parent is not None else None
+        weight = self.params.overlap_weight
+        index = self.index
+
+        def score(backend: BackendState) -> tuple[float, int, bool, str]:
+            overlap = index.overlap(backend.label, key) if key is not None else 0
+            return (
+                -(core.room(backend) + weight * overlap),
+                -overlap,
+                backend.label != parent_home,
+                backend.label,
+            )
+
+        return min(fitting, key=score).label
+
+    def _remember(self, core: SchedulerCore, program: Program) -> None:
+        key, tokens = self.prefix_of(core, program)
+        if key is not None and tokens > 0 and program.backend is not None and self.index:
+            self.index.remember(program.backend, key, tokens)
+
+    def on_resumed(
+        self, core: SchedulerCore, program: Program, previous: str | None, now: float
+    ) -> None:
+        self._remember(core, program)
+
+    def on_request(self, core: SchedulerCore, program: Program, now: float) -> None:
+        if program.state is ProgramState.ACTIVE:
+            self._remember(core, program)  # refreshes the prefix's recency where it runs
+
+    def on_backend_change(self, core: SchedulerCore, backend: BackendState, now: float) -> None:
+        if self.index is not None and self._cold.get(backend.label) != backend.cold_since:
+            # A weight update flushed its cache: it holds none of the prefixes any more.
+            self._cold[backend.label] = backend.cold_since
+            if backend.cold_since is not None:
+                self.index.forget_backend(backend.label)

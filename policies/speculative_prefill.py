@@ -1,0 +1,128 @@
+"""Speculative prefill: warm a program's KV on the engine it will run on while its tool runs.
+
+When a paused program is placed again while it is still ACTING (resumed, or moved to
+another engine), its next call would recompute its whole context on arrival. This stage
+emits a `Prefill` action instead: the gateway (or the benchmark harness) sends that engine
+a one-token request with the program's last prompt and answer, so the recompute overlaps
+the tool call and the next call hits the cache (Dynamo's `agent_hints.speculative_prefill`;
+KVFlow's prefetch before an agent's next step).
+
+With `prefetch_before_s` set, the stage also resumes paused, idle programs ahead of their
+return — when nobody is queued and an engine has room for the program's next request — the
+expected return being the tool-time estimate (policies/estimates.py). Pure policy: the
+request itself is I/O (middleware/speculative_prefill.py live, benchmarks/des.py simulated).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usage
+from thunder_mw.policies.stages import Stage, StageParams
+
+if TYPE_CHECKING:
+    from thunder_mw.policies.core import SchedulerCore
+
+
+class SpeculativePrefillParams(StageParams):
+    default: bool = Field(
+        True,
+        description="Warm programs that send no `nvext.agent_hints.speculative_prefill` hint "
+        "(a hint of true or false decides for its program).",
+    )
+    min_context_tokens: int = Field(
+        1024,
+        ge=0,
+        description="Contexts shorter than this are not warmed (their recompute is cheap).",
+    )
+    prefetch_before_s: float | None = Field(
+        2.0,
+        ge=0,
+        description="Resume a paused, idle program this long before its tool call is "
+        "expected to end, when nobody is queued and an engine has room for its next request, "
+        "and warm it there (null: warm only programs other rules resume).",
+    )
+
+
+class SpeculativePrefill(Stage):
+    """Emits `Prefill(program, backend)` whenever a program is placed while ACTING."""
+
+    name = "speculative_prefill"
+    Params = SpeculativePrefillParams
+    params: SpeculativePrefillParams
+
+    def __init__(self, params: StageParams | None = None) -> None:
+        super().__init__(params)
+        # (expected return - lead, acting_since, program id): candidates to prefetch.
+        self._returns: list[tuple[float, float, str]] = []
+
+    def wants(self, program: Program) -> bool:
+        """The program's own hint, else the stage's default; and a context worth warming."""
+        wanted = program.speculative_prefill
+        if wanted is None:
+            wanted = self.params.default
+        return wanted and program.context_tokens >= self.params.min_context_tokens
+
+    def on_resumed(
+        self, core: SchedulerCore, program: Program, previous: str | None, now: float
+    ) -> None:
+        from thunder_mw.policies.core import Prefill
+
+        if (
+            program.in_flight == 0
+            and program.waiting == 0
+            and program.steps > 0
+            and program.phase is Phase.ACTING
+            and program.backend is not None
+            and self.wants(program)
+        ):
+            core.emit(Prefill(program.program_id, program.backend, program.context_tokens, "resume"))
+            core.counters["speculative_prefills"] += 1
+
+    # -- prefetch
+    def on_finished(
+        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
+    ) -> None:
+        lead = self.params.prefetch_before_s
+        if lead is None or not ok or program.in_flight or not self.wants(program):
+            return
+        due = now + core.expected_tool_time(program) - lead
+        heapq.heappush(self._returns, (due, program.acting_since, program.program_id))
+
+    def on_tick(self, core: SchedulerCore, now: float) -> None:
+        heap = self._returns
+        while heap and heap[0][0] <= now:
+            if core.queue_length() > 0:
+                # Programs with a request waiting come first; a prefetch would take their room.
+                return
+            _, since, program_id = heapq.heappop(heap)
+            program = core.table.get(program_id)
+            if (
+                program is None
+                or program.state is not ProgramState.PAUSED
+                or program.in_flight
+                or program.waiting
+                or program.acting_since != since
+            ):
+                continue  # resumed, released, or back with a request since
+            target = self._room_for(core, program, now)
+            if target is not None:
+                core.counters["prefetch_resumes"] += 1
+                core.resume(program, target, now)
+
+    def _room_for(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        """Its previous engine if that admits it with room for its next request, else the
+        admitting engine with the most room; None when none has room (no one is displaced)."""
+        need = program.request_tokens or program.context_tokens
+        fitting = [
+            b
+            for b in core.healthy_backends()
+            if core.room(b) >= need and core.admits(program, b, now)
+        ]
+        if not fitting:
+            return None
+        home = next((b for b in fitting if b.label == program.backend), None)
+        return (home or max(fitting, key=core.room)).label

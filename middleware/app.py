@@ -24,8 +24,10 @@ from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.rollout_routes import RolloutRoutes
 from thunder_mw.middleware.scheduling import SchedulingMiddleware
+from thunder_mw.middleware.speculative_prefill import SpeculativePrefiller
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
 from thunder_mw.observability.metrics import GatewayMetrics
+from thunder_mw.observability.prefill_metrics import PrefillMetrics
 from thunder_mw.observability.service import Observability
 from thunder_mw.schemas.config import ThunderConfig
 from thunder_mw.tools.docker_tools import DockerTools
@@ -60,6 +62,16 @@ class _Core:
             config.observability, self.scheduler.core, self.pool, self.metrics, clock
         )
         self.scheduler.listeners.append(self.observability.on_action)
+        self.prefiller = SpeculativePrefiller.for_core(
+            self.scheduler.core,
+            self.pool,
+            config.speculative_prefill,
+            PrefillMetrics(self.metrics.registry),
+        )
+        if self.prefiller is not None:
+            # Standalone only: in gateway mode the answers pass through the user's app.
+            self.forwarder.prefill = self.prefiller if inner is None else None
+            self.scheduler.listeners.append(self.prefiller.on_action)
         self.scheduler.tick_listeners.append(self.observability.on_tick)
         self.owners = _program_ownership(config, self.scheduler)
         self.max_header_bytes = config.server.max_header_bytes
@@ -119,6 +131,8 @@ class _Core:
             if self.tools is not None:
                 await self.tools.stop()
             await self.observability.stop()
+            if self.prefiller is not None:
+                await self.prefiller.stop()
             await self.fleet.stop()
             await self.scheduler.stop()
             await self.pool.stop()

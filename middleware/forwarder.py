@@ -27,6 +27,7 @@ from thunder_mw.middleware.agent_context import CONTEXT_PATHS
 from thunder_mw.middleware.call_state import CallState, RequestBody, call_state
 from thunder_mw.middleware.errors import send_error, send_json
 from thunder_mw.middleware.request_body import BodyError, ClientLeft, decode_object, read_body
+from thunder_mw.middleware.speculative_prefill import AnswerRecorder, SpeculativePrefiller
 from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.config import ServerSettings
@@ -100,6 +101,8 @@ class Forwarder:
     def __init__(self, pool: BackendPool, server: ServerSettings) -> None:
         self.pool = pool
         self.server = server
+        # Remembers answers for the speculative_prefill stage (set by the app when enabled).
+        self.prefill: SpeculativePrefiller | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -220,15 +223,26 @@ class Forwarder:
                 backend = alternative
                 call.backend = backend.label
         assert response is not None
+        prefill = self.prefill
+        recorder = (
+            prefill.memory.recorder(scope["path"])
+            if prefill is not None and response.status < 400 and prefill.wants(call.context)
+            else None
+        )
         try:
             if response.content_type == "text/event-stream":
-                await self._relay_events(send, call, backend, response, hide_usage)
+                await self._relay_events(send, call, backend, response, hide_usage, recorder)
             else:
                 # A JSON answer's headers come only once the engine is done: it answered.
                 self.pool.record_answer(backend)
-                await self._relay_whole(send, call, response)
+                await self._relay_whole(send, call, response, recorder)
         finally:
             response.close()
+        if recorder is not None and prefill is not None and call.outcome in (None, "ok"):
+            assert call.context is not None and call.body is not None
+            prefill.memory.store(
+                call.context.program_id, scope["path"], call.body.data, len(payload), recorder
+            )
 
     def _request_headers(
         self, scope: Scope, backend: Backend, length: int
@@ -250,7 +264,13 @@ class Forwarder:
     def _response_headers(response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
         return [(n.lower(), v) for n, v in response.headers if n.lower() not in _DROP_RESPONSE]
 
-    async def _relay_whole(self, send: Send, call: CallState, response: UpstreamResponse) -> None:
+    async def _relay_whole(
+        self,
+        send: Send,
+        call: CallState,
+        response: UpstreamResponse,
+        recorder: AnswerRecorder | None = None,
+    ) -> None:
         """A JSON answer is read whole before it is sent: if the engine dies halfway, the
         client gets a well-formed 502 instead of half a body."""
         try:
@@ -265,6 +285,8 @@ class Forwarder:
         elif response.status < 400:
             with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 call.usage = _usage_of(_decode_envelope(content))
+        if recorder is not None and response.status < 400:
+            recorder.feed_json(content)
         headers = self._response_headers(response)
         headers.append((b"content-length", str(len(content)).encode()))
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
@@ -277,6 +299,7 @@ class Forwarder:
         backend: Backend,
         response: UpstreamResponse,
         hide_usage: bool,
+        recorder: AnswerRecorder | None = None,
     ) -> None:
         # Headers go out with the first event: until then a slow or dead engine can still be
         # answered with a plain 504/502 rather than a stream that ends in an error event.
@@ -316,6 +339,8 @@ class Forwarder:
                         self.pool.suspect(backend)
                     if ready:
                         await send({"type": "http.response.body", "body": ready, "more_body": True})
+                        if recorder is not None:
+                            recorder.feed_events(ready)
                 try:
                     chunk = await next_chunk()
                 except StopAsyncIteration:

@@ -13,6 +13,7 @@ import collections
 import contextlib
 import logging
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -44,9 +45,26 @@ def request_info(body: RequestBody | None) -> RequestInfo:
     limit = (
         data.get("max_tokens") or data.get("max_completion_tokens") or data.get("max_output_tokens")
     )
+    prefix = shared_prefix(data)
     return RequestInfo(
-        prompt_chars=len(body.raw), max_tokens=limit if isinstance(limit, int) else None
+        prompt_chars=len(body.raw),
+        max_tokens=limit if isinstance(limit, int) else None,
+        prefix_key=None if prefix is None else f"{zlib.crc32(prefix.encode()):08x}:{len(prefix)}",
+        prefix_chars=0 if prefix is None else len(prefix),
     )
+
+
+def shared_prefix(data: dict[str, Any]) -> str | None:
+    """The leading text programs of one kind share, for KV-aware placement: a chat's system
+    (or developer) message, the Responses API's `instructions`; None when there is none."""
+    messages = data.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[0], dict):
+        first = messages[0]
+        content = first.get("content")
+        if first.get("role") in ("system", "developer") and isinstance(content, str):
+            return content or None
+    instructions = data.get("instructions")
+    return instructions if isinstance(instructions, str) and instructions else None
 
 
 class LiveScheduler:

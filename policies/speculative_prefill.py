@@ -79,7 +79,9 @@ class SpeculativePrefill(Stage):
             and program.backend is not None
             and self.wants(program)
         ):
-            core.emit(Prefill(program.program_id, program.backend, program.context_tokens, "resume"))
+            core.emit(
+                Prefill(program.program_id, program.backend, program.context_tokens, "resume")
+            )
             core.counters["speculative_prefills"] += 1
 
     # -- prefetch

@@ -524,6 +524,22 @@ class ObservabilitySettings(_Section):
     )
 
 
+class SpeculativePrefillSettings(_Section):
+    """The live side of the `speculative_prefill` stage: what the gateway remembers of each
+    program to warm an engine with, and how it sends the warming request. The decision to
+    warm is the stage's (`policies:`); without that stage nothing is remembered or sent."""
+
+    memory_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="Byte budget for remembered prompts (each program's last request body and "
+        "answer); past it the least recently used program's is dropped (0: remember nothing).",
+    )
+    timeout_s: float = Field(
+        120.0, gt=0, description="A warming request not answered in this time is given up."
+    )
+
+
 REDIS_STATE_NOT_IMPLEMENTED = (
     "`state.backend: redis` is not implemented yet in this release: the replicated program "
     "store is future work. Remove the `state` section or set `state.backend: memory`"
@@ -638,6 +654,11 @@ class ThunderConfig(BaseSettings):
     observability: ObservabilitySettings = Field(
         default_factory=ObservabilitySettings,
         description="Profiles, logs and the dashboard.",
+    )
+    speculative_prefill: SpeculativePrefillSettings = Field(
+        default_factory=SpeculativePrefillSettings,
+        description="Remembered prompts and warming requests of the `speculative_prefill` "
+        "stage (standalone gateway only: in gateway mode the answers pass through your app).",
     )
     state: StateSettings = Field(
         default_factory=StateSettings,

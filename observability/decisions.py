@@ -15,7 +15,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from thunder_mw.policies.core import Action, Paused, ReclaimTools, Reject, Released, Resumed
+from thunder_mw.policies.core import (
+    Action,
+    Paused,
+    Prefill,
+    ReclaimTools,
+    Reject,
+    Released,
+    Resumed,
+)
 from thunder_mw.schemas.views import Decision
 
 log = logging.getLogger("thunder_mw.decisions")
@@ -123,6 +131,8 @@ class DecisionLog:
                 None,
                 f"{action.reason}: {len(action.container_ids)} container(s)",
             )
+        elif isinstance(action, Prefill):
+            self._record("prefill", action.program_id, action.backend, action.reason)
         elif isinstance(action, Reject):
             self.rejections.labels(action.code).inc()
             self._record("reject", action.program_id, None, action.code)

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from thunder_mw.policies.core import Action, Released
+from thunder_mw.policies.core import Action, Prefill, Released
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import ProfileSettings
@@ -77,6 +77,7 @@ class _Profile:
             "prompt_tokens": 0,
             "cached_tokens": 0,
             "completion_tokens": 0,
+            "speculative_prefills": 0,
         }
 
     def summary(self) -> dict[str, Any]:
@@ -246,6 +247,11 @@ class ProfileStore:
             self._released.setdefault(ctx.program_id, profile.released_clock)
 
     def on_action(self, action: Action) -> None:
+        if isinstance(action, Prefill):
+            warmed = self._profiles.get(action.program_id)
+            if warmed is not None:
+                warmed.totals["speculative_prefills"] += 1
+            return
         if not isinstance(action, Released):
             return
         profile = self._profiles.get(action.program_id)

@@ -58,6 +58,7 @@ class SpeculativePrefill(Stage):
         super().__init__(params)
         # (expected return - lead, acting_since, program id): candidates to prefetch.
         self._returns: list[tuple[float, float, str]] = []
+        self._prefetching = False
 
     def wants(self, program: Program) -> bool:
         """The program's own hint, else the stage's default; and a context worth warming."""
@@ -79,9 +80,8 @@ class SpeculativePrefill(Stage):
             and program.backend is not None
             and self.wants(program)
         ):
-            core.emit(
-                Prefill(program.program_id, program.backend, program.context_tokens, "resume")
-            )
+            reason = "prefetch" if self._prefetching else "resume"
+            core.emit(Prefill(program.program_id, program.backend, program.context_tokens, reason))
             core.counters["speculative_prefills"] += 1
 
     # -- prefetch
@@ -113,7 +113,11 @@ class SpeculativePrefill(Stage):
             target = self._room_for(core, program, now)
             if target is not None:
                 core.counters["prefetch_resumes"] += 1
-                core.resume(program, target, now)
+                self._prefetching = True
+                try:
+                    core.resume(program, target, now)
+                finally:
+                    self._prefetching = False
 
     def _room_for(self, core: SchedulerCore, program: Program, now: float) -> str | None:
         """Its previous engine if that admits it with room for its next request, else the

@@ -196,6 +196,9 @@ class ProfileSummary(Struct, kw_only=True):
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    # Warming requests the gateway sent for it (speculative prefill): not steps, and not in
+    # its token counts, which are its own calls' only.
+    speculative_prefills: int = 0
 
 
 class ProfileView(ProfileSummary, kw_only=True):

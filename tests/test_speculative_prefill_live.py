@@ -1,0 +1,170 @@
+"""Speculative prefill, live: the gateway warms a simulated engine with a moved program's last
+prompt and answer; the program's next call finds it cached; no client's usage counts it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import msgspec
+
+from thunder_mw.middleware.app import ThunderGateway
+from thunder_mw.schemas.config import ThunderConfig
+
+SYSTEM = "You are a careful software engineer. " * 20
+TASK = " ".join(f"step{i} of the task" for i in range(300))
+
+
+def config(memory_bytes: int = 64 * 1024 * 1024) -> ThunderConfig:
+    sim = {"num_blocks": 2048, "block_size": 16, "time_scale": 50.0}
+    return ThunderConfig(
+        backends=[
+            {"name": "sim-0", "type": "sim", "sim": {**sim, "seed": 0}},
+            {"name": "sim-1", "type": "sim", "sim": {**sim, "seed": 1}},
+        ],
+        policies=[
+            {"admission": {}},
+            {"state_aware_pause": {}},
+            {"migration": {}},
+            {"gc_hooks": {}},
+            # Warm at once: the prefetch lead is longer than any expected tool time.
+            {"speculative_prefill": {"min_context_tokens": 0, "prefetch_before_s": 1000}},
+        ],
+        server={"tick_interval_s": 0.02},
+        speculative_prefill={"memory_bytes": memory_bytes},
+        tools={"docker": {"enabled": False}},
+    )
+
+
+def request(program: str, messages: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
+    return {
+        "model": "sim-model",
+        "messages": messages,
+        "max_tokens": 12,
+        "ignore_eos": True,
+        "stream": stream,
+        "program_id": program,
+    }
+
+
+async def streamed(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The streamed answer's text and the usage the client sees (it asked for it)."""
+    text, usage = "", {}
+    body = {**body, "stream_options": {"include_usage": True}}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = msgspec.json.decode(line[6:])
+            for choice in chunk.get("choices") or ():
+                text += (choice.get("delta") or {}).get("content") or ""
+            usage = chunk.get("usage") or usage
+    return text, usage
+
+
+def metric(text: str, name: str) -> float:
+    """An unlabelled series' value in a Prometheus exposition (0 when absent)."""
+    for line in text.splitlines():
+        if line.split(" ")[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def until(done, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await done():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def test_a_program_moved_while_acting_is_warmed_and_its_next_call_hits_the_cache():
+    async def run() -> None:
+        app = ThunderGateway(config())
+        transport = httpx.ASGITransport(app=app)
+        try:
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://gw", timeout=30
+            ) as client:
+                messages = [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": TASK},
+                ]
+                answer, first = await streamed(client, request("p", messages, stream=True))
+                home = (await client.get("/programs/p")).json()["backend"]
+                other = "sim-1" if home == "sim-0" else "sim-0"
+                # Its engine is drained while its tool runs: it is moved, and warmed there.
+                app.core.scheduler.drain_backend(home)
+                ok = f'thunder_mw_speculative_prefills_total{{backend="{other}",outcome="ok"}}'
+
+                async def warmed() -> bool:
+                    return ok + " 1.0" in (await client.get("/metrics")).text
+
+                await until(warmed)
+                assert (await client.get("/programs/p")).json()["backend"] == other
+
+                messages += [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": "ls returned two files"},
+                ]
+                r = await client.post("/v1/chat/completions", json=request("p", messages, False))
+                assert r.status_code == 200
+                second = r.json()["usage"]
+                # All but the new turn (and a partial block) was already cached on `other`,
+                # which had never seen this program before the warming request.
+                new_turn = 16 + 16
+                assert second["prompt_tokens_details"]["cached_tokens"] >= (
+                    second["prompt_tokens"] - new_turn
+                )
+                assert second["prompt_tokens"] > first["prompt_tokens"] > 300
+                # The warming request is in no usage: the client's, the program's, its profile's.
+                view = (await client.get("/programs/p")).json()
+                assert view["prompt_tokens"] == first["prompt_tokens"] + second["prompt_tokens"]
+                assert view["steps"] == 2
+                profile = (await client.get("/profiles/p")).json()
+                assert profile["steps_total"] == 2 and profile["speculative_prefills"] == 1
+                assert profile["prompt_tokens"] == view["prompt_tokens"]
+                metrics = (await client.get("/metrics")).text
+                assert metric(metrics, "thunder_mw_speculative_prefill_memory_programs") == 1
+                assert metric(metrics, "thunder_mw_speculative_prefill_memory_bytes") > 0
+        finally:
+            await app.core.shutdown()
+
+    asyncio.run(run())
+
+
+def test_the_byte_budget_evicts_the_least_recent_programs_prompt():
+    async def run() -> None:
+        # Room for one program's prompt and answer, not two.
+        app = ThunderGateway(config(memory_bytes=4000))
+        transport = httpx.ASGITransport(app=app)
+        try:
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://gw", timeout=30
+            ) as client:
+                task = [{"role": "user", "content": TASK[:2500]}]
+                for program in ("a", "b"):
+                    r = await client.post(
+                        "/v1/chat/completions", json=request(program, task, stream=False)
+                    )
+                    assert r.status_code == 200
+                metrics = (await client.get("/metrics")).text
+                assert metric(metrics, "thunder_mw_speculative_prefill_memory_evictions_total") == 1
+                assert metric(metrics, "thunder_mw_speculative_prefill_memory_programs") == 1
+                held = metric(metrics, "thunder_mw_speculative_prefill_memory_bytes")
+                assert 2500 < held <= 4000
+                # "a" was evicted: moving it asks for a warming request with nothing to send.
+                home = (await client.get("/programs/a")).json()["backend"]
+                app.core.scheduler.drain_backend(home)
+                none = 'thunder_mw_speculative_prefills_total{backend="%s",outcome="no_prompt"} 1.0'
+                other = "sim-1" if home == "sim-0" else "sim-0"
+
+                async def counted() -> bool:
+                    return none % other in (await client.get("/metrics")).text
+
+                await until(counted)
+        finally:
+            await app.core.shutdown()
+
+    asyncio.run(run())

@@ -74,6 +74,8 @@ class KvPlacement(Stage):
         fitting = [b for b in core.healthy_backends() if core.admits(program, b, now)]
         if not fitting:
             return None
+        for backend in fitting:
+            self._sync_cold(backend)
         key, _ = self.prefix_of(core, program)
         parent = core.table.get(program.parent_program_id) if program.parent_program_id else None
         parent_home = parent.backend if parent is not None else None
@@ -93,8 +95,10 @@ class KvPlacement(Stage):
 
     def _remember(self, core: SchedulerCore, program: Program) -> None:
         key, tokens = self.prefix_of(core, program)
-        if key is not None and tokens > 0 and program.backend is not None and self.index:
-            self.index.remember(program.backend, key, tokens)
+        backend = core.backends.get(program.backend) if program.backend else None
+        if key is not None and tokens > 0 and backend is not None and self.index:
+            self._sync_cold(backend)
+            self.index.remember(backend.label, key, tokens)
 
     def on_resumed(
         self, core: SchedulerCore, program: Program, previous: str | None, now: float
@@ -105,7 +109,7 @@ class KvPlacement(Stage):
         if program.state is ProgramState.ACTIVE:
             self._remember(core, program)  # refreshes the prefix's recency where it runs
 
-    def on_backend_change(self, core: SchedulerCore, backend: BackendState, now: float) -> None:
+    def _sync_cold(self, backend: BackendState) -> None:
         if self.index is not None and self._cold.get(backend.label) != backend.cold_since:
             # A weight update flushed its cache: it holds none of the prefixes any more.
             self._cold[backend.label] = backend.cold_since

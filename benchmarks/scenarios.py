@@ -27,18 +27,22 @@ DEFAULT_POLICIES = ("round_robin", "sticky", "thunderagent", "thunder-mw")
 
 def _thunder_mw(**overrides: dict[str, Any]) -> list[dict[str, Any]]:
     """The default pipeline with some stages' params replaced."""
-    stages = [next(iter(entry)) for entry in DEFAULT_PIPELINE]
-    return [{name: dict(overrides.get(name.replace("_", "-"), {}))} for name in stages]
+    return [
+        {name: {**params, **overrides.get(name.replace("_", "-"), {})}}
+        for entry in DEFAULT_PIPELINE
+        for name, params in entry.items()
+    ]
 
 
-def _thunder_mw_with(name: str, params: dict[str, Any], before: str | None) -> list[dict[str, Any]]:
-    """The default pipeline with stage `name` added (before stage `before`; None: last),
-    or, when the default has it, without it: the ablation row of one mechanism."""
+def _thunder_mw_with(name: str, params: dict[str, Any], before: str) -> list[dict[str, Any]]:
+    """The default pipeline with stage `name` added before stage `before`."""
     stages = _thunder_mw()
-    if any(name in entry for entry in stages):
-        return [entry for entry in stages if name not in entry]
-    at = next((i for i, e in enumerate(stages) if before in e), len(stages))
+    at = next(i for i, entry in enumerate(stages) if before in entry)
     return [*stages[:at], {name: params}, *stages[at:]]
+
+
+def _thunder_mw_without(name: str) -> list[dict[str, Any]]:
+    return [entry for entry in _thunder_mw() if name not in entry]
 
 
 POLICIES: dict[str, list[dict[str, Any]]] = {
@@ -63,8 +67,11 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
         **{"state-aware-pause": {"acting_token_weight": 0.5}},
     ),
-    # One mechanism of issue 17 each, toggled against the default pipeline.
-    "thunder-mw/spec-prefill": _thunder_mw_with("speculative_prefill", {}, None),
+    # Issue 17's mechanisms, one row each against the default pipeline: warming every
+    # program (the default warms only programs whose agent hint asks), none at all (no
+    # stage: the hint is ignored), and KV-aware placement of new programs (off by default).
+    "thunder-mw/spec-prefill": _thunder_mw(**{"speculative-prefill": {"default": True}}),
+    "thunder-mw/no-spec-prefill": _thunder_mw_without("speculative_prefill"),
     "thunder-mw/kv-placement": _thunder_mw_with("kv_placement", {}, "migration"),
     "thunder-mw/hw-1.0+acting-0": _thunder_mw(
         admission={"high_watermark": 1.0, "low_watermark": 0.9},

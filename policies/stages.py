@@ -455,6 +455,9 @@ DEFAULT_PIPELINE: list[dict[str, Any]] = [
     {"state_aware_pause": {}},
     {"migration": {}},
     {"gc_hooks": {}},
+    # policies/speculative_prefill.py: only programs that ask (agent hint) are warmed by
+    # default; warming every program did not pay in the benchmarks (docs/scheduling.md).
+    {"speculative_prefill": {"default": False}},
 ]
 
 PRESETS: dict[str, list[dict[str, Any]]] = {

@@ -645,7 +645,8 @@ class ThunderConfig(BaseSettings):
     policies: list[dict[str, Any]] | None = Field(
         None,
         description="The scheduler pipeline, in order: one `{stage: params}` per entry "
-        "(omitted: admission, state_aware_pause, migration, gc_hooks with their defaults; "
+        "(omitted: admission, state_aware_pause, migration, gc_hooks and "
+        "speculative_prefill {default: false} with their other defaults; "
         "`[]`: sticky placement, no admission control).",
     )
     tools: ToolSettings = Field(

@@ -38,6 +38,12 @@ class SpeculativePrefillParams(StageParams):
         ge=0,
         description="Contexts shorter than this are not warmed (their recompute is cheap).",
     )
+    prefetch_elsewhere: bool = Field(
+        False,
+        description="Prefetch onto another engine when the program's own has no room (its "
+        "KV may well still be cached at home, where its request would find it; false: "
+        "elsewhere only when its own engine is gone or draining).",
+    )
     prefetch_before_s: float | None = Field(
         2.0,
         ge=0,
@@ -120,8 +126,9 @@ class SpeculativePrefill(Stage):
                     self._prefetching = False
 
     def _room_for(self, core: SchedulerCore, program: Program, now: float) -> str | None:
-        """Its previous engine if that admits it with room for its next request, else the
-        admitting engine with the most room; None when none has room (no one is displaced)."""
+        """Its previous engine if that admits it with room for its next request; else (its
+        engine gone, or `prefetch_elsewhere`) the admitting engine with the most room; None
+        when none has room (no one is displaced)."""
         need = program.request_tokens or program.context_tokens
         fitting = [
             b
@@ -131,4 +138,9 @@ class SpeculativePrefill(Stage):
         if not fitting:
             return None
         home = next((b for b in fitting if b.label == program.backend), None)
-        return (home or max(fitting, key=core.room)).label
+        if home is not None:
+            return home.label
+        own = core.backends.get(program.backend) if program.backend else None
+        if own is not None and own.healthy and not self.params.prefetch_elsewhere:
+            return None  # it waits for room at home, where its KV may still be
+        return max(fitting, key=core.room).label

@@ -160,6 +160,21 @@ def test_prefetch_needs_room_for_the_next_request():
     assert core.table.get("a").state is ProgramState.PAUSED
 
 
+def test_prefetch_waits_for_room_at_home_unless_told_to_move_the_program():
+    """Its KV may still be cached at home: moving it early would recompute it for nothing."""
+    for elsewhere, expected in ((False, []), (True, [Prefill("a", "b1", 2010, "prefetch")])):
+        core = make(
+            spec(min_context_tokens=0, prefetch_before_s=1.0, prefetch_elsewhere=elsewhere),
+            capacities=(100_000, 4500),
+        )
+        run_call(core, "a", 2000, 0.0, 1.0)
+        core.pause(core.table.get("a"), 1.0)  # paused at home (b0), which then fills up
+        hog = RequestInfo(prompt_chars=98_500 * CHARS_PER_TOKEN, max_tokens=10)
+        assert isinstance(core.on_request(ctx("hog"), hog, 1.5)[0], Forward)  # in flight
+        assert core.table.get("hog").backend == "b0" and core.room(core.backends["b0"]) < 2000
+        assert prefills(core.on_tick(5.0)) == expected
+
+
 # ------------------------------------------------------------------ answers and memory
 def test_a_json_chat_answer_is_recorded_with_its_tool_calls():
     recorder = AnswerRecorder(10_000)
@@ -324,7 +339,7 @@ def _moved_program_cache(with_prefill: bool) -> list[tuple[int, int]]:
     rule = _ElsewhereAfterEachCall()
     stages: list[Stage] = [Admission(), StateAwarePause(), Migration(), rule]
     if with_prefill:
-        stages.append(spec(min_context_tokens=0, prefetch_before_s=5.0))
+        stages.append(spec(min_context_tokens=0, prefetch_before_s=5.0, prefetch_elsewhere=True))
     calls = (Call(4000, 50, tool_s=10.0), Call(200, 50, tool_s=0.0))
     program = ProgramSpec("p", "swe-agent", 1000, calls)
     sim = Simulation([program], None)

@@ -31,6 +31,7 @@ from thunder_mw.policies.core import (
     Resumed,
     SchedulerCore,
 )
+from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Program
 
@@ -38,14 +39,16 @@ log = logging.getLogger("thunder_mw.scheduler")
 RETRY_AFTER_S = b"5"
 
 
-def request_info(body: RequestBody | None) -> RequestInfo:
+def request_info(body: RequestBody | None, prefix_keys: bool = True) -> RequestInfo:
+    """What the core is told of a request; `prefix_keys`: key its shared prefix (only a
+    pipeline that places by prefix needs it: hashing a long system prompt costs time)."""
     if body is None:
         return RequestInfo()
     data = body.data
     limit = (
         data.get("max_tokens") or data.get("max_completion_tokens") or data.get("max_output_tokens")
     )
-    prefix = shared_prefix(data)
+    prefix = shared_prefix(data) if prefix_keys else None
     return RequestInfo(
         prompt_chars=len(body.raw),
         max_tokens=limit if isinstance(limit, int) else None,
@@ -86,6 +89,7 @@ class LiveScheduler:
             pool.configured(),
             build_pipeline(policies),
         )
+        self._prefix_keys = any(isinstance(stage, KvPlacement) for stage in self.core.stages)
         self._waiters: dict[str, list[asyncio.Future[str]]] = {}
         # Calls handed to each engine and not yet ended (a drain or a weight update waits
         # for them), and the calls held at the gate while generation is paused.
@@ -164,7 +168,8 @@ class LiveScheduler:
         assert ctx is not None
         if self.paused_generation:
             await self._wait_at_gate(call)
-        decision, actions = self.core.on_request(ctx, request_info(call.body), self.clock())
+        info = request_info(call.body, self._prefix_keys)
+        decision, actions = self.core.on_request(ctx, info, self.clock())
         self._apply(actions)
         if isinstance(decision, Forward):
             return decision.backend

@@ -381,7 +381,9 @@ def cluster_for(scenario: Scenario, policy: str, engines: int, seed: int) -> Clu
     )
 
 
-def _run_job(scenario: Scenario, job: Job, trace: Path | None) -> tuple[Job, dict[str, Any]]:
+def _run_job(
+    scenario: Scenario, job: Job, trace: Path | None, base_seed: int = 0
+) -> tuple[Job, dict[str, Any]]:
     programs = _workload(scenario, job.programs, job.seed, trace)
     cluster = cluster_for(scenario, job.policy, job.engines, job.seed)
     concurrency = job.engines * job.per_engine
@@ -400,7 +402,8 @@ def _run_job(scenario: Scenario, job: Job, trace: Path | None) -> tuple[Job, dic
         "metrics": result.metrics,
         "wall_s": round(time.perf_counter() - started, 2),
     }
-    if job.main and job.seed == 0 and not job.wave:
+    # The main report's series and JCTs are those of the first seed asked for (`--seed`).
+    if job.main and job.seed == base_seed and not job.wave:
         out["jct_s"] = result.jct_s
         out["timeseries"] = result.timeseries
         out["counters"] = result.counters
@@ -466,10 +469,10 @@ def run_scenario(
     if jobs > 1 and len(work) > 1:
         portable = replace(scenario, targets=())  # targets hold closures; workers need none
         with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
-            futures = [pool.submit(_run_job, portable, j, trace) for j in work]
+            futures = [pool.submit(_run_job, portable, j, trace, seed) for j in work]
             done = [f.result() for f in futures]
     else:
-        done = [_run_job(scenario, j, trace) for j in work]
+        done = [_run_job(scenario, j, trace, seed) for j in work]
 
     main = {job.policy: out for job, out in done if job.main and job.seed == seed and not job.wave}
     results = [{"policy": p, **main[p]["metrics"]} for p in policies]

@@ -67,6 +67,19 @@ SMALL_RUN = (
 )  # fmt: skip
 
 
+def test_a_seed_other_than_zero_reports_its_own_series(tmp_path):
+    # `--seed N` once crashed: the series were kept for seed 0 only.
+    out = tmp_path / "r.json"
+    code = bench(
+        "--scenario", "chat-control", "--engines", "2", "--programs-per-engine", "3",
+        "--programs", "8", "--no-sweep", "--no-plots", "--jobs", "1", "--seed", "3",
+        "--policies", "sticky", "--output", str(out),
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["seed"] == 3 and report["timeseries"]["sticky"]
+
+
 def test_results_go_under_the_current_directory_by_default(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # installed, the package's own folder is site-packages
     assert bench(*SMALL_RUN) == 0

@@ -97,7 +97,10 @@ class Nginx:
 
     def start(self) -> Nginx:
         prefix = Path(self._dir.name)
-        (prefix / "tmp").mkdir()
+        # Started as root, nginx's workers run as `nobody`: they must reach the temp folder.
+        prefix.chmod(0o755)
+        (prefix / "tmp").mkdir(mode=0o1777)
+        (prefix / "tmp").chmod(0o1777)
         conf = prefix / "nginx.conf"
         conf.write_text(self.config_text)
         argv = [nginx_or("nginx") or "nginx", "-p", str(prefix), "-c", str(conf)]

@@ -179,8 +179,8 @@ def reservations(client: redis.Redis, prefix: str = "thunder-mw:") -> dict[str, 
     """engine -> program -> tokens, as Redis holds them now."""
     found: dict[str, dict[str, int]] = {}
     for key in client.scan_iter(f"{prefix}resv:*"):
-        found[key[len(prefix) + len("resv:") :]] = {
-            k: int(v) for k, v in client.hgetall(key).items()
+        found[str(key)[len(prefix) + len("resv:") :]] = {
+            str(k): int(v) for k, v in client.hgetall(key).items()
         }
     return found
 
@@ -189,7 +189,7 @@ def holders(client: redis.Redis, prefix: str = "thunder-mw:") -> set[str]:
     """The replicas that hold any reservation now."""
     found: set[str] = set()
     for key in client.scan_iter(f"{prefix}holder:*"):
-        found.update(client.hvals(key))
+        found.update(str(v) for v in client.hvals(key))
     return found
 
 

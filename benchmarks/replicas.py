@@ -50,6 +50,7 @@ from thunder_mw.benchmarks.replica_stack import (
 )
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS
+from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.benchmarks.workloads import ProgramSpec
 from thunder_mw.policies.stats import percentile
 from thunder_mw.sim.ports import free_port
@@ -260,7 +261,7 @@ def _gateways_over_fake_engine(
                 po._process(po._gateway_command(config, port), log, prints_port=False)
             )
             url = f"http://{po.HOST}:{port}"
-            po.wait_until_healthy(url, timeout_s=60, process=proc, log_path=log)
+            wait_until_healthy(url, timeout_s=60, process=proc, log_path=log)
             found[store] = (port, proc.pid)
         found["direct"] = (engine_port, engine.pid)
         yield found
@@ -308,6 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs = [
         run_live(name, programs, cluster, pipeline, args.time_scale)
         for name in args.runs.split(",")
+        if name
     ]
     by_name = {r["run"]: r for r in runs}
     one, two = by_name.get("one_gateway"), by_name.get("two_replicas")

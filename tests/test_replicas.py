@@ -5,6 +5,7 @@ killed with SIGKILL, a restart, Redis going away."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -95,6 +96,11 @@ def view(url: str, program: str) -> dict[str, Any]:
     return dict(response.json())
 
 
+def record_steps(client: Any, program: str) -> int | None:
+    raw = client.get(f"thunder-mw:prog:{program}")
+    return None if raw is None else int(json.loads(raw)["steps"])
+
+
 # ------------------------------------------------------------------ shared admission
 def test_two_replicas_never_reserve_past_the_engines_watermark_together(
     stack: ExitStack, redis_server: RedisServer, engine: str
@@ -156,6 +162,13 @@ def test_a_killed_replica_loses_nothing_but_its_requests_and_its_reservations_ex
     assert step(a.url, "other", 20).status_code == 200
     held_by_a = holders(client)
     assert len(held_by_a) == 1
+    # What a wrote in the background after those calls ended (within milliseconds) is there
+    # before the kill; a kill inside that window loses those counters, not the programs.
+    for program, steps in (("kept", 5), ("other", 1)):
+        deadline = time.monotonic() + 10
+        while record_steps(client, program) != steps and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert record_steps(client, program) == steps
     kill_replica(a)
     # Its lease is not renewed any more: its reservations stop counting once it lapses
     # (at most lease_ttl_s after its last renewal), reaped by b's next look at the engine.

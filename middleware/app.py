@@ -211,6 +211,11 @@ def _program_ownership(config: ThunderConfig, scheduler: LiveScheduler) -> Progr
         return None
     owners = ProgramOwnership(settings.program_owner_header)
     scheduler.listeners.append(owners.on_action)
+    if config.state.backend == "redis":
+        from thunder_mw.middleware.shared_scheduler import SharedScheduler
+
+        assert isinstance(scheduler, SharedScheduler)
+        scheduler.ownership = owners  # bindings shared through the program records
     return owners
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from thunder_mw.engines.pool import Backend, BackendPool
 from thunder_mw.middleware.call_state import CallState, Outcome
 from thunder_mw.middleware.live_scheduler import LiveScheduler, _until_disconnect
+from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import ClientGone, Rejected
 from thunder_mw.middleware.types import Receive
 from thunder_mw.policies.core import Action, ReclaimTools, Released
@@ -81,11 +82,15 @@ class SharedScheduler(LiveScheduler):
         self._refreshing = False
         self._refresh_again = False
         self._was_down = False
+        # Set by the app where `agent_context.program_owner: header`: bindings are shared.
+        self.ownership: ProgramOwnership | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         await super().start()
         try:
+            if self.ownership is not None:
+                self.ownership.use_key(await self.store.owner_key())
             for record in await self.store.load_all():
                 self._seed(record, None)
         except StoreUnavailable:
@@ -156,6 +161,18 @@ class SharedScheduler(LiveScheduler):
         record = await self.store.load(ctx.program_id)
         if record is None or record.holder == self.replica_id:
             return
+        owners = self.ownership.owners if self.ownership is not None else None
+        if owners is not None and record.owner is not None:
+            owner = bytes.fromhex(record.owner)
+            requester = owners.owner_of(ctx.program_id)  # the middleware bound or matched it
+            owners.bind(ctx.program_id, owner)
+            if requester is not None and requester != owner:
+                self._seed(record, ctx)
+                raise Rejected(
+                    403,
+                    f"program {ctx.program_id!r} belongs to another API key",
+                    "program_owned_by_another_key",
+                )
         program = self._seed(record, ctx)
         home = self.core.backends.get(record.backend or "")
         if (
@@ -286,8 +303,15 @@ class SharedScheduler(LiveScheduler):
             source=program.source,
             tool_time_ema_s=program.tool_time_ema_s,
             expected_output_tokens=program.expected_output_tokens,
+            owner=self._owner_hex(program.program_id),
             waiting_since=waiting_since,
         )
+
+    def _owner_hex(self, program_id: str) -> str | None:
+        if self.ownership is None:
+            return None
+        digest = self.ownership.owners.owner_of(program_id)
+        return None if digest is None else digest.hex()
 
     async def _flush_loop(self) -> None:
         while True:
@@ -371,6 +395,8 @@ class SharedScheduler(LiveScheduler):
             program.tool_time_ema_s = record.tool_time_ema_s
             if record.expected_output_tokens is not None:
                 program.expected_output_tokens = record.expected_output_tokens
+        if self.ownership is not None and record.owner is not None:
+            self.ownership.owners.bind(record.program_id, bytes.fromhex(record.owner))
         if program.state is not ProgramState.ACTIVE and record.backend in self.core.backends:
             program.backend = record.backend  # its home: placement prefers it
         return program

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -63,6 +64,7 @@ class ProgramRecord(msgspec.Struct, kw_only=True):
     source: str | None = None
     tool_time_ema_s: float | None = None
     expected_output_tokens: int | None = None
+    owner: str | None = None  # hex HMAC digest of the owner key (program_owner: header)
     waiting_since: float | None = None  # wall clock: it has requests waiting for room
 
 
@@ -297,6 +299,17 @@ class RedisStore:
 
         result: list[ProgramRecord] = await self._call(scan)
         return result
+
+    async def owner_key(self) -> bytes:
+        """The key every replica digests owner keys with (made by the first replica)."""
+        key = f"{self.prefix}owner-key"
+
+        async def get_or_make() -> bytes:
+            await self.client.set(key, secrets.token_hex(32), nx=True)
+            return bytes.fromhex(str(await self.client.get(key)))
+
+        found: bytes = await self._call(get_or_make)
+        return found
 
     async def publish(self, *words: str) -> None:
         await self._call(lambda: self.client.publish(self.channel, " ".join(words)))

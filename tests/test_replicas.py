@@ -240,3 +240,34 @@ def test_redis_down_fails_open_or_closed_as_configured(
     while client.get("thunder-mw:prog:during-open") is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert client.get("thunder-mw:prog:during-open") is not None
+
+
+# ------------------------------------------------------------------ owners
+def test_a_program_bound_to_a_key_on_one_replica_is_refused_to_another_key_on_the_other(
+    stack: ExitStack, redis_server: RedisServer, engine: str
+) -> None:
+    def owned(**kw: Any) -> Gateway:
+        config = replica_config([engine], redis_server.url, policies=POLICIES, **kw)
+        config["agent_context"] = {"program_owner": "header"}
+        return stack.enter_context(Gateway(config))
+
+    a, b = owned(), owned()
+
+    def as_key(url: str, key: str) -> httpx.Response:
+        return httpx.post(
+            f"{url}/v1/chat/completions",
+            json=body("owned", 20),
+            headers={"authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+
+    assert as_key(a.url, "key-1").status_code == 200
+    deadline = time.monotonic() + 10
+    while record_steps(redis_server.client(), "owned") != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    refused = as_key(b.url, "key-2")
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "program_owned_by_another_key"
+    assert as_key(b.url, "key-1").status_code == 200
+    assert as_key(a.url, "key-2").status_code == 403
+    assert view(b.url, "owned")["steps"] == 2

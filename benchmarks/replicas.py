@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 
 from thunder_mw.benchmarks import proxy_overhead as po
 from thunder_mw.benchmarks.des import ClusterConfig
@@ -183,14 +184,17 @@ def run_live(
             if chaos is not None:
                 stack.callback(chaos.close)
                 extra["chaos"] = chaos.report()
-            capacity = cluster.kv_tokens
             high = _high_watermark(pipeline)
+            # The capacity the gateways plan with: what each engine reports (its blocks x
+            # block size), as the gate's limit is computed.
+            backends = httpx.get(f"{replicas[1].url}/health", timeout=5).json()["backends"]
+            limits = {b["name"]: b["capacity_tokens"] * high for b in backends}
             extra["reservations"] = {
-                "limit_per_engine": capacity * high,
+                "limit_per_engine": limits,
                 "max_sum_per_engine": sampler.max_sum,
                 "samples": sampler.samples,
                 "sample_errors": sampler.errors,
-                "never_exceeded": all(v <= capacity * high for v in sampler.max_sum.values()),
+                "never_exceeded": all(v <= limits[e] for e, v in sampler.max_sum.items()),
             }
         after = read_counters(urls, timeout_s=5)
     metrics = live_metrics(result, time_scale, before, after)

@@ -185,10 +185,11 @@ class SharedScheduler(LiveScheduler):
             and program.in_flight == 0
         ):
             # It is admitted and placed: take its reservation over as it is (moving it from
-            # the others' share to this replica's), no new admission.
-            self._set_foreign(home.label, self.foreign.get(home.label, 0) - record.reserved_tokens)
+            # the others' share to this replica's), no new admission. Placed first, then
+            # taken out of the others' share: the room never looks free in between.
             self.core.resume(program, home.label, self.clock())
             self._apply(self.core._take())
+            self._set_foreign(home.label, self.foreign.get(home.label, 0) - record.reserved_tokens)
             self.core.counters["takeovers"] += 1
         self._spawn(self._publish("claim", ctx.program_id, self.replica_id))
 
@@ -347,7 +348,7 @@ class SharedScheduler(LiveScheduler):
                 self._set_foreign(item.engine, result.foreign)
             freed = freed or result.freed
         if freed:
-            await self._publish("room")
+            await self._publish("room", self.replica_id)
 
     def _let_go(self, program_id: str) -> None:
         """Another replica took the program over: forget it here without ending it (no
@@ -454,7 +455,7 @@ class SharedScheduler(LiveScheduler):
         if not words:
             return
         kind, args = words[0], words[1:]
-        if kind == "room":
+        if kind == "room" and args != [self.replica_id]:
             self._spawn(self._refresh())
         elif kind == "claim" and len(args) == 2 and args[1] != self.replica_id:
             self._let_go(args[0])

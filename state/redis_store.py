@@ -11,8 +11,8 @@ replicas can never both reserve past an engine's limit. Keys (all under `key_pre
 - `prog:{program}`: the program's record (JSON: holder, state, backend, tokens, counters),
   PX the program's idle expiry, renewed on every change.
 - `queue`: sorted set of programs waiting for room, scored by when they started waiting.
-- channel `events`: `room` (a reservation shrank), `claim PROGRAM REPLICA` (another replica
-  took a program over), `release PROGRAM` (an operator released it).
+- channel `events`: `room REPLICA` (a reservation shrank), `claim PROGRAM REPLICA` (another
+  replica took a program over), `release PROGRAM REPLICA` (an operator released it).
 
 Keys are built inside the scripts from the prefix, so this needs one Redis (or a primary
 with replicas), not Redis Cluster.

@@ -193,6 +193,14 @@ class SharedScheduler(LiveScheduler):
             self.core.counters["takeovers"] += 1
         self._spawn(self._publish("claim", ctx.program_id, self.replica_id))
 
+    async def _hold(self, program_id: str, receive: Receive | None) -> str:
+        # Held until resumed: the program joins (and then leaves) the queue in Redis.
+        self._mark(program_id)
+        try:
+            return await super()._hold(program_id, receive)
+        finally:
+            self._mark(program_id)
+
     async def _gate(self, call: CallState, program_id: str, backend: str) -> None:
         """Writes the program's reservation through the shared gate; waits while it does
         not fit under the engine's limit summed over every live replica."""

@@ -109,11 +109,13 @@ def test_two_replicas_never_reserve_past_the_engines_watermark_together(
     b = replica(stack, engine, redis_server)
     client = redis_server.client()
     samples: list[int] = []
+    queued: list[int] = []
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
             samples.append(sum(reservations(client).get("e0", {}).values()))
+            queued.append(client.zcard("thunder-mw:queue"))
             time.sleep(0.005)
 
     sampler = threading.Thread(target=sample)
@@ -142,6 +144,9 @@ def test_two_replicas_never_reserve_past_the_engines_watermark_together(
     assert sum(p["steps"] for p in programs) == 20
     assert max(samples) > CAPACITY * HIGH / 2
     assert max(samples) <= CAPACITY * HIGH
+    # The programs waiting for room were listed in Redis's queue, and none is left there.
+    assert max(queued) > 0
+    assert client.zcard("thunder-mw:queue") == 0
 
 
 # ------------------------------------------------------------------ a replica killed

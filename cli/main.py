@@ -123,11 +123,6 @@ def check_config(path: str) -> int:
     except ConfigError as exc:
         return exc.report()
     sys.stdout.write(_yaml_dump(config.model_dump(mode="json")))
-    try:
-        config.state.refuse_unimplemented()
-    except NotImplementedError as exc:
-        # Valid, so printed; but say now what `serve` will say.
-        print(f"{path}: note: `thunder-mw serve` refuses this config: {exc}", file=sys.stderr)
     return 0
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import sys
 from typing import Any
 
 import uvicorn
@@ -28,11 +27,6 @@ def serve(args: argparse.Namespace) -> int:
         config = load_config(args.config, overrides)
     except ConfigError as exc:
         return exc.report()
-    try:
-        config.state.refuse_unimplemented()
-    except NotImplementedError as exc:
-        print(f"{args.config}: cannot start: {exc}", file=sys.stderr)
-        return 2
     from thunder_mw.cli.bounded_head import bounded_httptools, raw_head_limit
     from thunder_mw.observability.log_format import configure_logging
     from thunder_mw.observability.redaction import config_secrets

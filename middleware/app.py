@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
+import socket
 import time
 from collections.abc import Callable
 
@@ -35,6 +38,30 @@ from thunder_mw.tools.docker_tools import DockerTools
 log = logging.getLogger("thunder_mw")
 
 
+def _scheduler(
+    config: ThunderConfig, pool: BackendPool, clock: Callable[[], float]
+) -> LiveScheduler:
+    """This process's scheduler; with `state.backend: redis`, one replica of several."""
+    server = config.server
+    if config.state.backend == "memory":
+        return LiveScheduler(
+            pool, config.policies, clock, server.tick_interval_s, server.max_held_requests
+        )
+    from thunder_mw.middleware.shared_scheduler import SharedScheduler
+    from thunder_mw.state.redis_store import RedisStore
+
+    replica_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+    return SharedScheduler(
+        pool,
+        config.policies,
+        RedisStore(config.state, replica_id),
+        config.state.on_unavailable,
+        clock,
+        server.tick_interval_s,
+        server.max_held_requests,
+    )
+
+
 class _Core:
     """What both modes share: backends, scheduler, metrics, admin routes, the two layers."""
 
@@ -44,16 +71,9 @@ class _Core:
         inner: ASGIApp | None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        config.state.refuse_unimplemented()  # never a silent in-memory stand-in
         self.config = config
         self.pool = BackendPool(config.backends, config.server)
-        self.scheduler = LiveScheduler(
-            self.pool,
-            config.policies,
-            clock,
-            config.server.tick_interval_s,
-            config.server.max_held_requests,
-        )
+        self.scheduler = _scheduler(config, self.pool, clock)
         self.metrics = GatewayMetrics()
         self.metrics.watch(self.scheduler.programs, self.pool)
         self.forwarder = Forwarder(self.pool, config.server)
@@ -205,6 +225,11 @@ def _program_ownership(config: ThunderConfig, scheduler: LiveScheduler) -> Progr
         return None
     owners = ProgramOwnership(settings.program_owner_header)
     scheduler.listeners.append(owners.on_action)
+    if config.state.backend == "redis":
+        from thunder_mw.middleware.shared_scheduler import SharedScheduler
+
+        assert isinstance(scheduler, SharedScheduler)
+        scheduler.ownership = owners  # bindings shared through the program records
     return owners
 
 

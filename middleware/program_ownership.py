@@ -68,6 +68,11 @@ class ProgramOwnership:
     def forget(self, program_id: str) -> None:
         self.owners.forget(program_id)
 
+    def use_key(self, digest_key: bytes) -> None:
+        """Replicas sharing a Redis digest keys with one shared key, so a binding made on one
+        holds on every other (set before the first request)."""
+        self._key = digest_key
+
     def on_action(self, action: Action) -> None:
         """Scheduler listener: a released program's id is free for the next client."""
         if isinstance(action, Released):

@@ -41,3 +41,10 @@ class ProgramOwners:
 
     def forget(self, program_id: str) -> None:
         self._owner.pop(program_id, None)
+
+    def owner_of(self, program_id: str) -> bytes | None:
+        return self._owner.get(program_id)
+
+    def bind(self, program_id: str, digest: bytes) -> None:
+        """Set the owner as another gateway replica bound it first (docs/replicas.md)."""
+        self._owner[program_id] = digest

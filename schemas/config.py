@@ -540,14 +540,9 @@ class SpeculativePrefillSettings(_Section):
     )
 
 
-REDIS_STATE_NOT_IMPLEMENTED = (
-    "`state.backend: redis` is not implemented yet in this release: the replicated program "
-    "store is future work. Remove the `state` section or set `state.backend: memory`"
-)
-
-
 class StateSettings(_Section):
-    """Where the scheduler's state lives: this process's memory, or (later) a shared Redis."""
+    """Where the scheduler's state lives: this process's memory, or a Redis several gateways
+    share (docs/replicas.md)."""
 
     # A rejected url must not be echoed in an error (pydantic quotes the input otherwise).
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
@@ -555,8 +550,9 @@ class StateSettings(_Section):
     backend: Literal["memory", "redis"] = Field(
         "memory",
         description="`memory`: programs, reservations and the queue live in this process (one "
-        "gateway; a restart forgets them). `redis`: shared by several gateways through `url` "
-        "(not implemented yet in this release: `serve` refuses it).",
+        "gateway; a restart forgets them). `redis`: program placement, per-engine reservations "
+        "and the queue of waiting programs live in the Redis at `url`, shared by every "
+        "gateway replica over the same fleet (docs/replicas.md).",
     )
     url: SecretStr | None = Field(
         None,
@@ -568,6 +564,30 @@ class StateSettings(_Section):
         "thunder-mw:",
         description="Prefix of every key the `redis` backend writes, so several fleets can "
         "share one Redis.",
+    )
+
+    on_unavailable: Literal["fail_open", "fail_closed"] = Field(
+        "fail_open",
+        description="What a replica does while Redis does not answer. `fail_open` (default): "
+        "requests keep flowing, placed by this replica's own view (program affinity, its own "
+        "reservations) without the shared admission gate, so the fleet stays up and at worst "
+        "over-commits an engine, which then queues or preempts. `fail_closed`: requests that "
+        "need the gate are answered 503 (`state_unavailable`, Retry-After) until Redis is back.",
+    )
+    lease_ttl_s: float = Field(
+        5.0,
+        ge=1.0,
+        le=300.0,
+        description="Lifetime of a replica's lease, renewed every `server.tick_interval_s`. "
+        "The reservations of a replica that died (SIGKILL, host lost) stop counting against "
+        "the engines at most this long after its last renewal.",
+    )
+    timeout_s: float = Field(
+        0.5,
+        gt=0,
+        le=30.0,
+        description="Connect and reply timeout of each Redis call; past it the store counts as "
+        "unavailable (see `on_unavailable`) and is retried a second later.",
     )
 
     @field_validator("url")
@@ -607,11 +627,6 @@ class StateSettings(_Section):
         """The url's password, as written and percent-decoded (for the log filter)."""
         password = urlsplit(self.url.get_secret_value()).password if self.url else None
         return list(dict.fromkeys((password, unquote(password)))) if password else []
-
-    def refuse_unimplemented(self) -> None:
-        """Raises NotImplementedError for a backend this release cannot run."""
-        if self.backend == "redis":
-            raise NotImplementedError(REDIS_STATE_NOT_IMPLEMENTED)
 
 
 def masked_url(url: str) -> str:

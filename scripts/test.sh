@@ -8,7 +8,7 @@
 #   scripts/test.sh --fast   the lane for work in progress (under 2 minutes on 2 cores): no
 #                            engine, Docker or browser setup and no conformance run; ruff,
 #                            then pytest -m "not slow and not real_vllm and not docker and
-#                            not browser and not peers" (the in-process tests).
+#                            not browser and not peers and not redis" (the in-process tests).
 #                            tests/conftest.py says how the markers are set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,7 @@ if [ "${1:-}" = "--fast" ]; then
   fast=1
   shift
 fi
-FAST_MARKERS="not slow and not real_vllm and not docker and not browser and not peers"
+FAST_MARKERS="not slow and not real_vllm and not docker and not browser and not peers and not redis"
 
 # The editable install is redone only when pyproject.toml or the interpreter changed, or when
 # `thunder_mw` resolves to another checkout.
@@ -49,6 +49,15 @@ if [ "$fast" -eq 0 ]; then
       exit 1
     fi
     echo "test.sh: Docker engine setup failed; the Docker tool tests will be skipped" >&2
+  fi
+
+  # The real redis-server and nginx for the replica tests (tests/test_replicas.py); same rule.
+  if ! bash scripts/setup_redis_nginx.sh; then
+    if [ "${THUNDER_MW_REQUIRE_REAL:-0}" = "1" ]; then
+      echo "test.sh: redis-server / nginx setup failed and THUNDER_MW_REQUIRE_REAL=1" >&2
+      exit 1
+    fi
+    echo "test.sh: redis-server / nginx setup failed; the replica tests will be skipped" >&2
   fi
 
   # Headless Chromium for the dashboard's browser test; same rule.

@@ -6,16 +6,18 @@ Running the tests
   and Chromium, runs ruff, then every test and the conformance suite. Use it before pushing.
 - `bash scripts/test.sh --fast` is the lane for a change in progress: no engine, Docker or
   browser setup; ruff, then the in-process tests (`-m "not slow and not real_vllm and not
-  docker and not browser and not peers"`), in under 2 minutes on 2 cores. Extra arguments go
-  to pytest.
+  docker and not browser and not peers and not redis"`), in under 2 minutes on 2 cores.
+  Extra arguments go to pytest.
 - The same selection by hand: `python3 -m pytest -m "not slow and not real_vllm and not
-  docker and not browser and not peers"`.
+  docker and not browser and not peers and not redis"`.
 
 Markers (pyproject.toml lists them)
 -----------------------------------
 - `real_vllm`, `docker`, `browser`: set here, from the fixture a test uses (`vllm_engine`;
   `docker_client` or `sandbox`; `browser`), so a new test gets its marker without asking.
 - `peers`: set by hand on the modules that run the real peer routers (vllm-router, smg).
+- `redis`: set by hand on the modules that run the real redis-server and nginx (gateway
+  replicas; scripts/setup_redis_nginx.sh installs them).
 - `slow`: set by hand (`pytestmark = pytest.mark.slow` or on the test) on a test that starts
   `thunder-mw serve` or `sim-engine` processes, runs schemathesis, or takes over ~2 s. Measure
   with `--durations=30` and move a slow test out of the fast lane rather than shrinking it.

@@ -157,6 +157,9 @@ def test_check_config_prints_the_redis_url_with_its_password_masked(tmp_path, ca
         "backend": "redis",
         "url": "rediss://gateway:***@redis.internal:6380/0",
         "key_prefix": "fleet-a:",
+        "on_unavailable": "fail_open",
+        "lease_ttl_s": 5.0,
+        "timeout_s": 0.5,
     }
     assert REDIS_PASSWORD not in captured.out + captured.err
 
@@ -190,29 +193,30 @@ def test_command_line_overrides_keep_the_redis_url(tmp_path):
     assert config.state.url is not None and config.state.url.get_secret_value() == REDIS_URL
 
 
-# ------------------------------------------------------------------ not implemented yet
-def test_serve_refuses_the_redis_backend_as_not_implemented_yet(tmp_path, capsys, no_server):
-    path = redis_config(tmp_path)
-    assert main(["--config", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err == (
-        f"{path}: cannot start: `state.backend: redis` is not implemented yet in this release: "
-        "the replicated program store is future work. Remove the `state` section or set "
-        "`state.backend: memory`\n"
-    )
-
-
-def test_check_config_says_serve_will_refuse_the_redis_backend(tmp_path, capsys):
+# ------------------------------------------------------------------ the redis backend runs
+def test_check_config_shows_the_redis_backend_with_its_defaults(tmp_path, capsys):
     assert main(["check-config", str(redis_config(tmp_path))]) == 0
-    assert "`thunder-mw serve` refuses this config" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    printed = yaml.safe_load(out)["state"]
+    assert (printed["on_unavailable"], printed["lease_ttl_s"]) == ("fail_open", 5.0)
+    assert REDIS_PASSWORD not in out + err
+    assert "refuses" not in err
 
 
-def test_gateway_mode_and_the_app_refuse_the_redis_backend_too(tmp_path):
+def test_the_app_and_gateway_mode_schedule_through_the_shared_store(tmp_path):
+    from redis.asyncio.connection import SSLConnection
+
+    from thunder_mw.middleware.shared_scheduler import SharedScheduler
+
     config = load_config(redis_config(tmp_path))
-    with pytest.raises(NotImplementedError, match=r"state\.backend: redis"):
-        create_app(config)
+    app = create_app(config)
+    scheduler = app.core.scheduler
+    assert isinstance(scheduler, SharedScheduler)
+    # rediss:// is TLS all the way (nothing connects until the gateway starts).
+    assert scheduler.store.client.connection_pool.connection_class is SSLConnection
+    assert scheduler.store.prefix == "fleet-a:"
 
     async def inner(scope: object, receive: object, send: object) -> None: ...
 
-    with pytest.raises(NotImplementedError, match="not implemented yet in this release"):
-        ThunderMiddleware(inner, config)
+    middleware = ThunderMiddleware(inner, config)
+    assert isinstance(middleware.core.scheduler, SharedScheduler)

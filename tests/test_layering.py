@@ -15,8 +15,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "sim": frozenset({"schemas", "policies"}),
     "engines": frozenset({"schemas", "policies", "sim"}),
     "tools": frozenset({"schemas", "policies"}),
+    # The shared state store (Redis) under the live scheduler: an I/O component.
+    "state": frozenset({"schemas", "policies"}),
     "observability": frozenset({"schemas", "policies", "engines"}),
-    "middleware": frozenset({"schemas", "policies", "engines", "tools", "observability"}),
+    "middleware": frozenset({"schemas", "policies", "engines", "tools", "observability", "state"}),
     "cli": frozenset(
         {
             "schemas",
@@ -25,13 +27,24 @@ ALLOWED: dict[str, frozenset[str]] = {
             "engines",
             "tools",
             "observability",
+            "state",
             "middleware",
             "conformance",
             "benchmarks",
         }
     ),
     "conformance": frozenset(
-        {"schemas", "policies", "sim", "engines", "tools", "observability", "middleware", "cli"}
+        {
+            "schemas",
+            "policies",
+            "sim",
+            "engines",
+            "tools",
+            "observability",
+            "state",
+            "middleware",
+            "cli",
+        }
     ),
 }
 # The package's own `__init__` exports gateway mode's names, lazily.

@@ -1,0 +1,490 @@
+"""The live scheduler of one replica among several sharing a fleet through Redis (docs/replicas.md).
+
+Each replica keeps its own pure SchedulerCore for its decisions; what must be shared is
+authoritative in Redis (state/redis_store.py):
+
+- the admission gate: before a call is handed to an engine, the program's reservation is
+  written by one atomic script that refuses an increase past capacity x high watermark
+  summed over every live replica; a refused call waits (held, as a paused one) until a
+  replica announces room;
+- the other replicas' reservations are added to this core's view of each engine (its
+  `reserved`), so the local admission decisions already count them; refreshed every tick
+  and on every `room` announcement;
+- program records: a replica that gets a request for a program it does not hold loads its
+  record and takes it over where it runs (placement, reservation, counters), and tells the
+  previous holder to let go of it; a restarted replica loads every record.
+
+The core is not changed: the other replicas' tokens are an offset on `BackendState.reserved`
+(the core only ever adds and subtracts its own programs' tokens there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from thunder_mw.engines.pool import Backend, BackendPool
+from thunder_mw.middleware.call_state import CallState, Outcome
+from thunder_mw.middleware.live_scheduler import LiveScheduler, _until_disconnect
+from thunder_mw.middleware.program_ownership import ProgramOwnership
+from thunder_mw.middleware.scheduling import ClientGone, Rejected
+from thunder_mw.middleware.types import Receive
+from thunder_mw.policies.core import Action, ReclaimTools, Released
+from thunder_mw.policies.program_table import Program, ProgramState
+from thunder_mw.schemas.agent_context import AgentContext
+from thunder_mw.state.redis_store import (
+    RETRY_AFTER_DOWN_S,
+    ProgramRecord,
+    RedisStore,
+    StoreUnavailable,
+    SyncItem,
+)
+
+log = logging.getLogger("thunder_mw.scheduler")
+# Background writes wait this long first: a program's next call, arriving meanwhile, writes
+# its state through the gate anyway (one round trip instead of two on the request path's loop).
+FLUSH_DELAY_S = 0.005
+
+
+class SharedScheduler(LiveScheduler):
+    def __init__(
+        self,
+        pool: BackendPool,
+        policies: list[dict[str, Any]] | None,
+        store: RedisStore,
+        on_unavailable: str,
+        clock: Callable[[], float] = time.monotonic,
+        tick_interval_s: float = 1.0,
+        max_held_requests: int = 10_000,
+    ) -> None:
+        super().__init__(pool, policies, clock, tick_interval_s, max_held_requests)
+        self.store = store
+        self.replica_id = store.replica_id
+        self.fail_closed = on_unavailable == "fail_closed"
+        # Tokens the other live replicas reserve on each engine, as last read from Redis.
+        self.foreign: dict[str, int] = {}
+        self._high: float | None = None
+        for stage in self.core.stages:
+            params = getattr(stage, "params", None)
+            if stage.name == "admission":
+                self._high = float(params.high_watermark)  # type: ignore[union-attr]
+            if stage.name == "gc_hooks":
+                store.record_ttl_ms = int(params.idle_ttl_s * 1000)  # type: ignore[union-attr]
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._room: list[asyncio.Future[None]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self._refreshing = False
+        self._refresh_again = False
+        self._was_down = False
+        # Set by the app where `agent_context.program_owner: header`: bindings are shared.
+        self.ownership: ProgramOwnership | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        await super().start()
+        try:
+            if self.ownership is not None:
+                self.ownership.use_key(await self.store.owner_key())
+            for record in await self.store.load_all():
+                self._seed(record, None)
+        except StoreUnavailable:
+            log.warning("started without the shared program records: redis is unavailable")
+        await self._refresh()
+        self.store.listen(self._on_event)
+        self._tasks = [
+            asyncio.create_task(self._lease_loop(), name="thunder-mw-lease"),
+            asyncio.create_task(self._flush_loop(), name="thunder-mw-state-flush"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await super().stop()
+        with contextlib.suppress(StoreUnavailable):
+            await self._flush()
+            await self.store.end_lease()
+        await self.store.close()
+
+    # ------------------------------------------------------------------ requests
+    async def admit(self, call: CallState) -> str:
+        ctx = call.context
+        assert ctx is not None
+        try:
+            await self._adopt(ctx)
+        except StoreUnavailable:
+            if self.fail_closed:
+                raise _unavailable() from None
+        backend = await super().admit(call)
+        try:
+            await self._gate(call, ctx.program_id, backend)
+        except BaseException:
+            # The call never reaches the engine: it ends here, counted as failed.
+            self.calls[backend] -= 1
+            if self.calls[backend] <= 0:
+                del self.calls[backend]
+            self._apply(self.core.on_finished(ctx.program_id, None, False, self.clock()))
+            raise
+        return backend
+
+    def finish(self, call: CallState, outcome: Outcome) -> None:
+        super().finish(call, outcome)
+        assert call.context is not None
+        self._mark(call.context.program_id)
+
+    def release(self, program_id: str) -> bool:
+        released = super().release(program_id)
+        # The replica holding it (if another) releases it too, with its tools.
+        self._spawn(self._publish("release", program_id, self.replica_id))
+        return released
+
+    def add_backend(self, backend: Backend) -> None:
+        self.foreign.pop(backend.label, None)
+        super().add_backend(backend)
+
+    def remove_backend(self, label: str) -> None:
+        self.foreign.pop(label, None)
+        super().remove_backend(label)
+
+    async def _adopt(self, ctx: AgentContext) -> None:
+        """A program this replica does not hold: carry on from its shared record."""
+        program = self.core.table.get(ctx.program_id)
+        if program is not None and program.state is ProgramState.ACTIVE:
+            return
+        record = await self.store.load(ctx.program_id)
+        if record is None or record.holder == self.replica_id:
+            return
+        owners = self.ownership.owners if self.ownership is not None else None
+        if owners is not None and record.owner is not None:
+            owner = bytes.fromhex(record.owner)
+            requester = owners.owner_of(ctx.program_id)  # the middleware bound or matched it
+            owners.bind(ctx.program_id, owner)
+            if requester is not None and requester != owner:
+                self._seed(record, ctx)
+                raise Rejected(
+                    403,
+                    f"program {ctx.program_id!r} belongs to another API key",
+                    "program_owned_by_another_key",
+                )
+        program = self._seed(record, ctx)
+        home = self.core.backends.get(record.backend or "")
+        if (
+            record.state == ProgramState.ACTIVE.value
+            and home is not None
+            and home.healthy
+            and not home.draining
+            and program.state is not ProgramState.ACTIVE
+            and program.waiting == 0
+            and program.in_flight == 0
+        ):
+            # It is admitted and placed: take its reservation over as it is (moving it from
+            # the others' share to this replica's), no new admission. Placed first, then
+            # taken out of the others' share: the room never looks free in between.
+            self.core.resume(program, home.label, self.clock())
+            self._apply(self.core._take())
+            self._set_foreign(home.label, self.foreign.get(home.label, 0) - record.reserved_tokens)
+            self.core.counters["takeovers"] += 1
+        self._spawn(self._publish("claim", ctx.program_id, self.replica_id))
+
+    async def _hold(self, program_id: str, receive: Receive | None) -> str:
+        # Held until resumed: the program joins (and then leaves) the queue in Redis.
+        self._mark(program_id)
+        try:
+            return await super()._hold(program_id, receive)
+        finally:
+            self._mark(program_id)
+
+    async def _gate(self, call: CallState, program_id: str, backend: str) -> None:
+        """Writes the program's reservation through the shared gate; waits while it does
+        not fit under the engine's limit summed over every live replica."""
+        waited_from: float | None = None
+        try:
+            while True:
+                program = self.core.table.get(program_id)
+                if (
+                    program is None
+                    or program.state is not ProgramState.ACTIVE
+                    or program.backend != backend
+                ):
+                    return
+                item = self._item(program, "claim")
+                try:
+                    (result,) = await self.store.sync([item], list(self.core.backends))
+                except StoreUnavailable:
+                    if self.fail_closed:
+                        raise _unavailable() from None
+                    return  # fail open: this replica's own decision stands
+                self._set_foreign(backend, result.foreign)
+                if result.status == 1:
+                    current = self.core.table.get(program_id)
+                    if current is program and self._item(program, "claim") == item:
+                        self._dirty.discard(program_id)  # just written as it is, record and all
+                    return
+                if waited_from is None:
+                    waited_from = self.clock()
+                    self.core.counters["gate_waits"] += 1
+                await self._wait_for_room(call.receive)
+        finally:
+            if waited_from is not None:
+                call.held_s = (call.held_s or 0.0) + self.clock() - waited_from
+
+    async def _wait_for_room(self, receive: Receive | None) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._room.append(fut)
+        gone = asyncio.ensure_future(_until_disconnect(receive)) if receive else None
+        self.held += 1
+        try:
+            waits: set[asyncio.Future[Any]] = {fut} if gone is None else {fut, gone}
+            # Announcements can be lost (pub/sub has no backlog): the lease tick retries too.
+            await asyncio.wait(waits, timeout=self.tick_interval_s, return_when="FIRST_COMPLETED")
+            if gone is not None and gone.done():
+                raise ClientGone()
+        finally:
+            self.held -= 1
+            if gone is not None:
+                gone.cancel()
+            with contextlib.suppress(ValueError):
+                self._room.remove(fut)
+
+    def _signal_room(self) -> None:
+        waiting, self._room = self._room, []
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result(None)
+
+    # ------------------------------------------------------------------ state to Redis
+    def _apply(self, actions: list[Action]) -> None:
+        super()._apply(actions)
+        for action in actions:
+            self._mark(action.program_id)
+
+    def _mark(self, program_id: str) -> None:
+        self._dirty.add(program_id)
+        self._wake.set()
+
+    def _limit(self, label: str) -> float | None:
+        backend = self.core.backends.get(label)
+        if backend is None or backend.capacity is None or self._high is None:
+            return None
+        return backend.capacity * self._high
+
+    def _item(self, program: Program, mode: str) -> SyncItem:
+        active = program.state is ProgramState.ACTIVE and program.backend is not None
+        engine = (program.backend or "") if active else ""
+        return SyncItem(
+            program.program_id,
+            mode,
+            engine,
+            program.reserved_tokens if active else 0,
+            self._limit(engine) if active else None,
+            self._record(program),
+        )
+
+    def _record(self, program: Program) -> ProgramRecord:
+        waiting_since = None
+        if program.queued_at is not None and program.state is not ProgramState.ACTIVE:
+            waiting_since = time.time() - (self.clock() - program.queued_at)
+        return ProgramRecord(
+            program_id=program.program_id,
+            holder=self.replica_id,
+            state=program.state.value,
+            phase=program.phase.value,
+            backend=program.backend,
+            reserved_tokens=program.reserved_tokens,
+            context_tokens=program.context_tokens,
+            steps=program.steps,
+            prompt_tokens=program.prompt_tokens,
+            completion_tokens=program.completion_tokens,
+            cached_tokens=program.cached_tokens,
+            failures=program.failures,
+            pauses=program.pauses,
+            migrations=program.migrations,
+            session_id=program.session_id,
+            session_type=program.session_type,
+            parent_program_id=program.parent_program_id,
+            source=program.source,
+            tool_time_ema_s=program.tool_time_ema_s,
+            expected_output_tokens=program.expected_output_tokens,
+            owner=self._owner_hex(program.program_id),
+            waiting_since=waiting_since,
+        )
+
+    def _owner_hex(self, program_id: str) -> str | None:
+        if self.ownership is None:
+            return None
+        digest = self.ownership.owners.owner_of(program_id)
+        return None if digest is None else digest.hex()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(FLUSH_DELAY_S)
+            self._wake.clear()
+            if not self._dirty:
+                continue
+            try:
+                await self._flush()
+            except StoreUnavailable:
+                await asyncio.sleep(RETRY_AFTER_DOWN_S)
+                self._wake.set()
+
+    async def _flush(self) -> None:
+        dirty, self._dirty = self._dirty, set()
+        items = []
+        for program_id in dirty:
+            program = self.core.table.get(program_id)
+            items.append(
+                SyncItem(program_id, "drop") if program is None else self._item(program, "update")
+            )
+        try:
+            results = await self.store.sync(items, list(self.core.backends))
+        except StoreUnavailable:
+            self._dirty |= dirty  # written once Redis answers again
+            raise
+        freed = False
+        for item, result in zip(items, results, strict=True):
+            if result.status == -1:
+                self._let_go(item.program_id)  # another live replica holds it now
+            elif item.engine and result.status == 1:
+                self._set_foreign(item.engine, result.foreign)
+            freed = freed or result.freed
+        if freed:
+            await self._publish("room", self.replica_id)
+
+    def _let_go(self, program_id: str) -> None:
+        """Another replica took the program over: forget it here without ending it (no
+        release of its tools, no record deleted), unless a call of it is still here."""
+        program = self.core.table.get(program_id)
+        if program is None or program.in_flight or program.waiting:
+            return
+        _, actions = self.core.on_release(program_id, "moved", self.clock())
+        kept = [
+            a
+            for a in actions
+            if not (isinstance(a, Released | ReclaimTools) and a.program_id == program_id)
+        ]
+        LiveScheduler._apply(self, kept)
+        for action in kept:
+            if action.program_id != program_id:
+                self._mark(action.program_id)
+
+    def _seed(self, record: ProgramRecord, ctx: AgentContext | None) -> Program:
+        """The program as its record describes it, in this replica's table (not placed)."""
+        now = self.clock()
+        program = self.core.table.get(record.program_id)
+        if program is None:
+            program, _ = self.core.table.touch(
+                ctx
+                or AgentContext(
+                    program_id=record.program_id,
+                    source=None,
+                    parent_program_id=record.parent_program_id,
+                    session_id=record.session_id,
+                    session_type=record.session_type,
+                ),
+                now,
+            )
+            program.source = record.source
+        if record.steps >= program.steps:
+            program.steps = record.steps
+            program.context_tokens = record.context_tokens
+            program.prompt_tokens = record.prompt_tokens
+            program.completion_tokens = record.completion_tokens
+            program.cached_tokens = record.cached_tokens
+            program.failures = record.failures
+            program.pauses = record.pauses
+            program.migrations = record.migrations
+            program.tool_time_ema_s = record.tool_time_ema_s
+            if record.expected_output_tokens is not None:
+                program.expected_output_tokens = record.expected_output_tokens
+        if self.ownership is not None and record.owner is not None:
+            self.ownership.owners.bind(record.program_id, bytes.fromhex(record.owner))
+        if program.state is not ProgramState.ACTIVE and record.backend in self.core.backends:
+            program.backend = record.backend  # its home: placement prefers it
+        return program
+
+    # ------------------------------------------------------------------ the others
+    def _set_foreign(self, label: str, tokens: int) -> None:
+        backend = self.core.backends.get(label)
+        if backend is None:
+            self.foreign.pop(label, None)
+            return
+        tokens = max(0, tokens)
+        old = self.foreign.get(label, 0)
+        if tokens == old:
+            return
+        backend.reserved += tokens - old
+        self.foreign[label] = tokens
+        if tokens < old:
+            # Room appeared: queued programs may be placed now.
+            self._apply(self.core.on_backend(label, now=self.clock()))
+
+    async def _refresh(self) -> None:
+        """Renews the lease and re-reads the others' reservations (coalesced)."""
+        if self._refreshing:
+            self._refresh_again = True
+            return
+        self._refreshing = True
+        try:
+            while True:
+                self._refresh_again = False
+                try:
+                    snapshot = await self.store.snapshot(list(self.core.backends))
+                except StoreUnavailable:
+                    self._was_down = True
+                    return
+                if self._was_down:
+                    # Our lease may have lapsed while Redis was away: write everything again.
+                    self._was_down = False
+                    for program in self.core.programs():
+                        self._mark(program.program_id)
+                for label, (others, _total) in snapshot.items():
+                    self._set_foreign(label, others)
+                self._signal_room()
+                if not self._refresh_again:
+                    return
+        finally:
+            self._refreshing = False
+
+    async def _lease_loop(self) -> None:
+        interval = min(self.tick_interval_s, self.store.lease_ms / 3000)
+        while True:
+            await asyncio.sleep(interval)
+            await self._refresh()
+
+    def _on_event(self, words: list[str]) -> None:
+        if not words:
+            return
+        kind, args = words[0], words[1:]
+        if kind == "room" and args != [self.replica_id]:
+            self._spawn(self._refresh())
+        elif kind == "claim" and len(args) == 2 and args[1] != self.replica_id:
+            self._let_go(args[0])
+        elif kind == "release" and len(args) == 2 and args[1] != self.replica_id:
+            if self.core.table.get(args[0]) is not None:
+                LiveScheduler.release(self, args[0])
+
+    async def _publish(self, *words: str) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.publish(*words)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+def _unavailable() -> Rejected:
+    return Rejected(
+        503,
+        "the shared state store (redis) is unavailable and state.on_unavailable is fail_closed",
+        "state_unavailable",
+        [(b"retry-after", b"1")],
+    )

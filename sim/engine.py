@@ -9,7 +9,8 @@ Each `step()` does what one vLLM engine step does (vllm/v1/core/sched/scheduler.
    and fewer than max_num_seqs run: the longest cached prefix is reused (full blocks only,
    never the last token), the rest prefilled, chunked to the budget; admission needs room
    for the whole sequence so far (vLLM's scheduler_reserve_full_isl);
-3. the step's duration comes from the cost model; finished requests free their blocks.
+3. the step's duration comes from the cost model (prefill tokens with the keys each attends
+   to, decoding sequences and their context); finished requests free their blocks.
 
 Two features a stock vLLM lacks, for the baselines users run:
 - a host KV tier (`EngineConfig.host_kv_tokens`, optional disk below it): full blocks evicted
@@ -39,7 +40,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from thunder_mw.sim.cost_model import StepCost, get_profile
+from thunder_mw.sim.cost_model import StepCost, get_profile, prefill_positions
 from thunder_mw.sim.kv_cache import ROOT_HASH, BlockHash, BlockPool, KvTier
 
 # Programs whose latest request an engine remembers (Engine._reuse_hashes), oldest dropped.
@@ -223,6 +224,7 @@ class StepResult:
     finished: list[Sequence]
     progressed: list[Sequence]
     preempted: int
+    prefill_positions: int = 0  # Σ keys the prefill tokens attend to (the cost's e term)
 
 
 class Engine:
@@ -478,7 +480,11 @@ class Engine:
         n_dec = self._n_decoding
         ctx = self._sum_k0 + n_dec * s  # Σ (computed before this step + 1)
         prefill_tokens = sum(n for _, n in scheduled_prefill)
-        duration = self.cost.step_seconds(prefill_tokens, n_dec, ctx) + self._load_seconds
+        # Attention: each chunk's tokens attend to what is before them (cached, loaded or
+        # computed in earlier chunks) and to each other, causally.
+        positions = sum(prefill_positions(seq.num_computed, n) for seq, n in scheduled_prefill)
+        duration = self.cost.step_seconds(prefill_tokens, n_dec, ctx, positions)
+        duration += self._load_seconds
         self._load_seconds = 0.0
         if not self._running and self._pins and not preempted:
             # Nothing fits while pins hold the blocks: the engine waits for the next expiry.
@@ -521,7 +527,9 @@ class Engine:
         for seq in finished:
             if seq.listener is not None:
                 seq.listener.on_finish(seq)
-        return StepResult(duration, prefill_tokens, n_dec, ctx, finished, progressed, preempted)
+        return StepResult(
+            duration, prefill_tokens, n_dec, ctx, finished, progressed, preempted, positions
+        )
 
     def run_until_idle(self, max_steps: int = 10_000_000) -> int:
         """Step until no request is left; returns the number of steps taken."""

@@ -567,11 +567,11 @@ class Engine:
             # Refused before, and no block came back to the free queue since: only a newly
             # cached block of its own chain could make it fit now (a failed attempt changes
             # nothing, so skipping it changes nothing either).
-            new = pool.new_hashes
+            fresh = pool.new_hashes
             if seq._chain is None:
                 seq._chain = set(hashes[:max_blocks])
-            if len(new) == seq._refused_at or seq._chain.isdisjoint(new[seq._refused_at :]):
-                seq._refused_at = len(new)
+            if len(fresh) == seq._refused_at or seq._chain.isdisjoint(fresh[seq._refused_at :]):
+                seq._refused_at = len(fresh)
                 return 0
         hit = pool.longest_hit(hashes, max_blocks)
         hit_tokens = len(hit) * bs

@@ -185,19 +185,25 @@ class BlockPool:
 
     def longest_hit(self, hashes: Sequence[BlockHash], max_blocks: int) -> list[int]:
         """Blocks of the longest cached prefix, at most `max_blocks` long."""
-        by_hash = self._by_hash
+        # The lookups run in C (map), in slices so that a short hit stops early.
+        get = self._by_hash.get
         hit: list[int] = []
-        for i in range(min(max_blocks, len(hashes))):
-            b = by_hash.get(hashes[i])
-            if b is None:
+        end = min(max_blocks, len(hashes))
+        start = 0
+        step = 64
+        while start < end:
+            found: list[Any] = list(map(get, hashes[start : min(end, start + step)]))
+            if None in found:
+                hit += found[: found.index(None)]
                 break
-            hit.append(b)
+            hit += found
+            start += step
+            step *= 4
         return hit
 
     def num_evictable(self, blocks: Iterable[int]) -> int:
         """How many of `blocks` sit in the free queue (touching them uses free capacity)."""
-        ref = self._ref
-        return sum(1 for b in blocks if ref[b] == 0)
+        return list(map(self._ref.__getitem__, blocks)).count(0)
 
     def ref_count(self, block: int) -> int:
         return self._ref[block]
@@ -215,9 +221,10 @@ class BlockPool:
         ref = self._ref
         free = self._free
         for b in blocks:
-            if ref[b] == 0:
+            r = ref[b]
+            if not r:
                 del free[b]
-            ref[b] += 1
+            ref[b] = r + 1
 
     def allocate(self, n: int) -> list[int]:
         """Take `n` blocks from the head of the free queue, evicting their cached hashes."""

@@ -287,12 +287,6 @@ DYNAMO = "Dynamo's port of the ThunderAgent scheduler, 2x TP4 MiniMax-M2 on one 
 # program decides it). The paper's axis is the same: a fixed number of programs in flight,
 # each replaced when it ends. 2.0 keeps the largest scenario under 5 minutes on 2 cores.
 STEADY_FACTOR = 2.0
-# A scenario whose full size takes over 5 minutes on 2 cores with --jobs 2 even with the
-# simulator's exact speed-ups (paper-rollout-2node-openhands: 144 OpenHands programs of ~52
-# calls, 377 s) runs at half size: programs per engine and KV per engine both halved, so
-# resident contexts over capacity (the overflow) stay those of the published setup, as
-# `cluster-scaling` does. It is not neutral: the batch per engine halves too.
-HEAVY_SCALE = 0.5
 SINGLE_ENGINE_POLICIES = ("vllm", "continuum", "vllm_router_program", "thunderagent", "thunder-mw")
 FLEET_POLICIES = (
     "round_robin",
@@ -386,12 +380,10 @@ PUBLISHED_SCENARIOS: dict[str, Scenario] = {
     "paper-rollout-2node-openhands": Scenario(
         name="paper-rollout-2node-openhands",
         description="RL rollout: 144 OpenHands programs on two GLM-4.6 8xH100 engines, "
-        "against a KV-aware gateway (Table 2); scaled by 1/2 for wall time (36 programs per "
-        "engine on half the KV: the same overflow)",
+        "against a KV-aware gateway (Table 2)",
         workload="openhands-glm46",
         engines=2,
-        programs_per_engine=36,
-        kv_scale=HEAVY_SCALE,
+        programs_per_engine=72,
         total_factor=STEADY_FACTOR,
         kv_tokens=None,
         profile="h100x8-glm46-fp8",

@@ -1,4 +1,5 @@
-"""How long one engine step takes: t = a + b·prefill_tokens + c·decode_seqs + d·Σ decode context.
+"""How long one engine step takes:
+t = a + b·prefill_tokens + c·decode_seqs + d·Σ decode context + e·Σ prefill positions.
 
 Every GPU profile is derived here, in code, from a roofline of the model's facts (parameters,
 layers, KV heads) and the hardware's (HBM, FLOP/s, interconnect) by `roofline()`; every fact
@@ -14,12 +15,22 @@ carries its source. The derivation, per step of an engine of `tp` GPUs:
   figures (see docs/simulator.md) carry per-step overheads of the same size.
 - b (per prefill token) = 2 · ACTIVE parameters / (tp · dense FLOP/s · COMPUTE_EFFICIENCY)
   + the token's share of the all-reduces: 2 · layers · hidden · 2 bytes · 2(tp - 1)/tp over
-  the per-GPU interconnect bandwidth. Attention FLOPs (quadratic in context) are left out.
+  the per-GPU interconnect bandwidth. Attention FLOPs are the e term.
 - c (per decoding sequence) = b: a decoded token pays the same matmul FLOPs and all-reduce
   bytes once the batch is large enough to be compute-bound on them.
 - d (per context token of the decoding sequences) = KV bytes per token of the replica (from
   the model's config facts, policies/capacity_plan.kv_bytes_per_token) / (tp · HBM bandwidth
-  · BANDWIDTH_EFFICIENCY): every decoded token reads its whole context's KV once.
+  · BANDWIDTH_EFFICIENCY): every decoded token reads its whole context's KV once. This is
+  decode attention's cost: one query against p keys is 4·layers·q_heads·head_dim·p FLOPs
+  over 2·layers·kv_heads·head_dim·p·2 bytes of KV, ~q_heads/kv_heads FLOPs per byte (12 for
+  GLM-4.6), far below the ~300 FLOPs per byte where an H100 stops being memory-bound: the
+  KV read, not the FLOPs, sets its time.
+- e (per prefill token, per key it attends to) = 4 · layers · q_heads · head_dim (QK^T and
+  A·V, 2 FLOPs per multiply-add) / (tp · attention FLOP/s · ATTENTION_EFFICIENCY). A prefill
+  token at position i (i tokens before it: cached, loaded or computed in an earlier chunk)
+  attends to i + 1 keys, so a chunk of n tokens starting at position k adds
+  n·k + n(n+1)/2 to the step's Σ prefill positions (the engine sums it). Quadratic in the
+  context: re-prefilling a 64 k-token GLM-4.6 context costs ~3x its matmuls.
 
 Capacity (KV tokens per engine) = HBM · tp · GPU_MEMORY_UTILIZATION - weights, over the KV
 bytes per token, in whole blocks (policies/capacity_plan.capacity_tokens, the arithmetic
@@ -51,6 +62,11 @@ BANDWIDTH_EFFICIENCY = 0.80
 # Large GEMMs reach ~55 % of dense peak FLOP/s: the original h100-8b profile's 530 of
 # 989 TFLOP/s.
 COMPUTE_EFFICIENCY = 0.55
+# Prefill attention kernels reach a lower share of peak than GEMMs: FlashAttention-2 35 % of
+# an H100's dense FP16 peak, FlashAttention-3 up to 75 % (740 TFLOP/s) in its own benchmark
+# (Shah et al., arXiv 2407.08608, abstract). Serving kernels (paged KV, variable lengths,
+# causal masks, chunks) sit between the two: we take 0.6 of peak.
+ATTENTION_EFFICIENCY = 0.6
 # One small all-reduce inside an 8xH100 NVLink node: ~6 µs with 2 GPUs, rising with the GPU
 # count (NCCL all_reduce_perf on an HGX 8xH100, github.com/NVIDIA/nccl/issues/1259); we take
 # 10 µs for 4-8 GPUs.
@@ -74,6 +90,8 @@ class StepCost:
     b: float  # per prefill token
     c: float  # per decoding sequence
     d: float  # per context token of the decoding sequences
+    # per prefill token and key it attends to (Σ prefill positions); 0: not priced
+    e: float = 0.0
     source: str = ""
     # KV tokens one engine of this profile holds (None: not derived, e.g. fitted profiles).
     capacity_tokens: int | None = None
@@ -83,8 +101,22 @@ class StepCost:
     # KV tier.
     host_link_bytes_per_s: float | None = None
 
-    def step_seconds(self, prefill_tokens: int, decode_seqs: int, decode_context: int) -> float:
-        return self.a + self.b * prefill_tokens + self.c * decode_seqs + self.d * decode_context
+    def step_seconds(
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        decode_context: int,
+        prefill_positions: int = 0,
+    ) -> float:
+        """`prefill_positions`: Σ over the step's prefill tokens of the keys each attends to
+        (`prefill_positions()` of each chunk)."""
+        return (
+            self.a
+            + self.b * prefill_tokens
+            + self.c * decode_seqs
+            + self.d * decode_context
+            + self.e * prefill_positions
+        )
 
     def host_load_tokens_per_s(self) -> float | None:
         """Tokens of KV per second the host link moves (None when the profile lacks either)."""
@@ -98,7 +130,14 @@ class StepCost:
 
     def prefill_tokens_per_s(self, prompt_tokens: int) -> float:
         """One prompt alone prefilled in one step (single-request prefill speed)."""
-        return prompt_tokens / self.step_seconds(prompt_tokens, 0, 0)
+        positions = prefill_positions(0, prompt_tokens)
+        return prompt_tokens / self.step_seconds(prompt_tokens, 0, 0, positions)
+
+
+def prefill_positions(start: int, tokens: int) -> int:
+    """Σ of the keys each of `tokens` prefill tokens attends to, the first at position
+    `start` (tokens before it): Σ_{i=start}^{start+tokens-1} (i + 1)."""
+    return tokens * start + tokens * (tokens + 1) // 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +149,7 @@ class ModelFacts:
     active_params: float  # parameters touched per token (decides FLOPs)
     num_layers: int
     hidden_size: int
+    num_heads: int  # query heads (num_attention_heads): what attention's FLOPs scale with
     num_kv_heads: int
     head_dim: int
     weight_bytes: float  # bytes per weight in the served checkpoint (fp8: 1, bf16: 2)
@@ -144,6 +184,9 @@ class HardwareFacts:
     hbm_bytes: int  # memory per GPU
     hbm_bytes_per_s: float  # peak memory bandwidth per GPU
     dense_flops_per_s: float  # peak dense tensor FLOP/s per GPU in the GEMMs' dtype
+    # Peak dense FLOP/s per GPU in the attention's dtype: the KV cache's (bf16 here, also
+    # under fp8 weights: vLLM runs attention in the KV dtype).
+    attention_flops_per_s: float
     interconnect_bytes_per_s: float  # GPU-to-GPU bandwidth per GPU, one direction
     host_link_bytes_per_s: float  # host-to-GPU (PCIe) bandwidth per GPU, one direction
     source: str = ""
@@ -163,6 +206,12 @@ def weights_read_bytes(model: ModelFacts, batch: int = REFERENCE_BATCH) -> float
     return (dense + experts * touched_expert_share(model, batch)) * model.weight_bytes
 
 
+def attention_flops_per_key(model: ModelFacts) -> float:
+    """FLOPs one prefill token spends per key it attends to, over all layers: QK^T and A·V,
+    each q_heads · head_dim multiply-adds of 2 FLOPs."""
+    return 4.0 * model.num_layers * model.num_heads * model.head_dim
+
+
 def roofline(model: ModelFacts, hw: HardwareFacts, block_size: int = BLOCK_SIZE) -> StepCost:
     """The StepCost (a, b, c, d) and KV capacity of `model` served on `hw` (see module doc)."""
     tp = hw.tp
@@ -178,6 +227,7 @@ def roofline(model: ModelFacts, hw: HardwareFacts, block_size: int = BLOCK_SIZE)
         ) / hw.interconnect_bytes_per_s
     kv_bytes = kv_bytes_per_token(model.kv_shape(), tp)
     d = kv_bytes / bandwidth
+    e = attention_flops_per_key(model) / (tp * hw.attention_flops_per_s * ATTENTION_EFFICIENCY)
     memory = ReplicaMemory(
         tp=tp,
         hbm_bytes_per_gpu=hw.hbm_bytes,
@@ -190,6 +240,7 @@ def roofline(model: ModelFacts, hw: HardwareFacts, block_size: int = BLOCK_SIZE)
         b=per_token,
         c=per_token,
         d=d,
+        e=e,
         source=f"roofline: {model.name} on {hw.name} (sim/cost_model.py)",
         capacity_tokens=capacity_tokens(model.kv_shape(), memory),
         kv_bytes_per_token=kv_bytes,
@@ -210,6 +261,7 @@ def _h100(tp: int, dense_flops_per_s: float, dtype: str) -> HardwareFacts:
         hbm_bytes=80 * GiB,  # nvidia-smi: 81,559 MiB
         hbm_bytes_per_s=3.35e12,
         dense_flops_per_s=dense_flops_per_s,
+        attention_flops_per_s=989e12,  # dense BF16: the KV cache is bf16
         interconnect_bytes_per_s=450e9,
         host_link_bytes_per_s=64e9,
         source="NVIDIA H100 SXM5 datasheet",
@@ -232,6 +284,8 @@ RTX5090_BF16 = HardwareFacts(
     hbm_bytes=32 * GiB,  # nvidia-smi: 32,607 MiB
     hbm_bytes_per_s=1.792e12,
     dense_flops_per_s=209.5e12,
+    # FlashAttention-2 (vLLM's kernel off Hopper) accumulates in FP32 too.
+    attention_flops_per_s=209.5e12,
     interconnect_bytes_per_s=0.0,
     host_link_bytes_per_s=64e9,
     source="NVIDIA GeForce RTX 5090 specifications",
@@ -246,6 +300,7 @@ LLAMA3_8B = ModelFacts(
     active_params=8.03e9,
     num_layers=32,
     hidden_size=4096,
+    num_heads=32,
     num_kv_heads=8,
     head_dim=128,
     weight_bytes=2,
@@ -259,6 +314,7 @@ QWEN3_8B = ModelFacts(
     active_params=8.2e9,
     num_layers=36,
     hidden_size=4096,
+    num_heads=32,
     num_kv_heads=8,
     head_dim=128,
     weight_bytes=2,
@@ -274,6 +330,7 @@ GLM46_FP8 = ModelFacts(
     active_params=32e9,
     num_layers=92,
     hidden_size=5120,
+    num_heads=96,
     num_kv_heads=8,
     head_dim=128,
     weight_bytes=1,
@@ -292,6 +349,7 @@ QWEN3_235B_FP8 = ModelFacts(
     active_params=22e9,
     num_layers=94,
     hidden_size=4096,
+    num_heads=64,
     num_kv_heads=4,
     head_dim=128,
     weight_bytes=1,
@@ -310,6 +368,7 @@ MINIMAX_M2_FP8 = ModelFacts(
     active_params=10e9,
     num_layers=62,
     hidden_size=3072,
+    num_heads=48,
     num_kv_heads=8,
     head_dim=128,
     weight_bytes=1,
@@ -335,6 +394,9 @@ PROFILES.update(
     {
         # Fitted by benchmarks/fit_cpu_tiny_profile.py; see benchmarks/results/cpu-tiny-fit.json.
         # Median relative error of the fit 27 % on a shared 2-core machine (noisy by nature).
+        # No attention term (e = 0): the fit has no Σ-positions feature, and at its prompts
+        # (at most 1.8 k tokens on a tiny model) attention's share is inside the fit's noise;
+        # the per-token b carries it, as the linear roofline did.
         "cpu-tiny": StepCost(
             a=2.99e-3,
             b=2.61e-4,
@@ -352,7 +414,9 @@ __all__ = [
     "HardwareFacts",
     "ModelFacts",
     "StepCost",
+    "attention_flops_per_key",
     "get_profile",
+    "prefill_positions",
     "roofline",
 ]
 

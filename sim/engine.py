@@ -9,7 +9,8 @@ Each `step()` does what one vLLM engine step does (vllm/v1/core/sched/scheduler.
    and fewer than max_num_seqs run: the longest cached prefix is reused (full blocks only,
    never the last token), the rest prefilled, chunked to the budget; admission needs room
    for the whole sequence so far (vLLM's scheduler_reserve_full_isl);
-3. the step's duration comes from the cost model; finished requests free their blocks.
+3. the step's duration comes from the cost model (prefill tokens with the keys each attends
+   to, decoding sequences and their context); finished requests free their blocks.
 
 Two features a stock vLLM lacks, for the baselines users run:
 - a host KV tier (`EngineConfig.host_kv_tokens`, optional disk below it): full blocks evicted
@@ -23,7 +24,11 @@ Two features a stock vLLM lacks, for the baselines users run:
   request whose cached prefix covers the whole pinned context).
 
 Decoding requests are advanced lazily: per step only requests that cross a block boundary
-or finish are touched, so a step with hundreds of running requests costs microseconds.
+or finish are touched, so a step with hundreds of running requests costs microseconds. The
+rest of a long simulation's time goes to blocks (16 tokens each), so the per-block work is
+kept small: a waiting request refused for lack of blocks is not re-examined until blocks
+come back to the free queue or a block of its own chain is cached (nothing else can make it
+fit), and a program's next request starts from the hash chain of its previous one.
 """
 
 from __future__ import annotations
@@ -35,8 +40,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from thunder_mw.sim.cost_model import StepCost, get_profile
+from thunder_mw.sim.cost_model import StepCost, get_profile, prefill_positions
 from thunder_mw.sim.kv_cache import ROOT_HASH, BlockHash, BlockPool, KvTier
+
+# Programs whose latest request an engine remembers (Engine._reuse_hashes), oldest dropped.
+PROGRAMS_REMEMBERED = 4096
 
 
 class Status(enum.Enum):
@@ -89,9 +97,12 @@ class Sequence:
 
     __slots__ = (
         "_alloc_at",
+        "_chain",
         "_finish_at",
         "_k0",
         "_o0",
+        "_refused_at",
+        "_refused_epoch",
         "block_hashes",
         "blocks",
         "decoding",
@@ -157,6 +168,11 @@ class Sequence:
         # Steps of its pending events; an event whose step no longer matches is stale.
         self._alloc_at = -1
         self._finish_at = -1
+        # A refused admission (Engine._admit): the pool's epoch and new-hash count then, and
+        # the hashes a cache hit could use (built on the second refusal).
+        self._refused_epoch = -1
+        self._refused_at = 0
+        self._chain: set[BlockHash] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -208,6 +224,7 @@ class StepResult:
     finished: list[Sequence]
     progressed: list[Sequence]
     preempted: int
+    prefill_positions: int = 0  # Σ keys the prefill tokens attend to (the cost's e term)
 
 
 class Engine:
@@ -248,6 +265,8 @@ class Engine:
         self._n_decoding = 0
         self._sum_k0 = 0  # Σ _k0 over decoding sequences
         self._by_id: dict[str, Sequence] = {}
+        # Each program's latest request, whose block hashes its next one can start from.
+        self._last_of_program: dict[str, Sequence] = {}
 
     # -- public API ------------------------------------------------------------------------
     @property
@@ -321,6 +340,8 @@ class Engine:
         if program_id is not None and program_id in self._pins:
             self._release_pin(program_id)
             self.stats.pins_released += 1
+        if program_id is not None:
+            self._reuse_hashes(seq, program_id)
         self._waiting.append(seq)
         self._by_id[request_id] = seq
         return seq
@@ -459,7 +480,11 @@ class Engine:
         n_dec = self._n_decoding
         ctx = self._sum_k0 + n_dec * s  # Σ (computed before this step + 1)
         prefill_tokens = sum(n for _, n in scheduled_prefill)
-        duration = self.cost.step_seconds(prefill_tokens, n_dec, ctx) + self._load_seconds
+        # Attention: each chunk's tokens attend to what is before them (cached, loaded or
+        # computed in earlier chunks) and to each other, causally.
+        positions = sum(prefill_positions(seq.num_computed, n) for seq, n in scheduled_prefill)
+        duration = self.cost.step_seconds(prefill_tokens, n_dec, ctx, positions)
+        duration += self._load_seconds
         self._load_seconds = 0.0
         if not self._running and self._pins and not preempted:
             # Nothing fits while pins hold the blocks: the engine waits for the next expiry.
@@ -502,7 +527,9 @@ class Engine:
         for seq in finished:
             if seq.listener is not None:
                 seq.listener.on_finish(seq)
-        return StepResult(duration, prefill_tokens, n_dec, ctx, finished, progressed, preempted)
+        return StepResult(
+            duration, prefill_tokens, n_dec, ctx, finished, progressed, preempted, positions
+        )
 
     def run_until_idle(self, max_steps: int = 10_000_000) -> int:
         """Step until no request is left; returns the number of steps taken."""
@@ -536,15 +563,29 @@ class Engine:
         hashes = self._hashes_upto(seq, num_tokens // bs)
         # The last token is always computed: it produces the next token's logits.
         max_blocks = (num_tokens - 1) // bs
+        if seq._refused_epoch == pool.free_epoch:
+            # Refused before, and no block came back to the free queue since: only a newly
+            # cached block of its own chain could make it fit now (a failed attempt changes
+            # nothing, so skipping it changes nothing either).
+            fresh = pool.new_hashes
+            if seq._chain is None:
+                seq._chain = set(hashes[:max_blocks])
+            if len(fresh) == seq._refused_at or seq._chain.isdisjoint(fresh[seq._refused_at :]):
+                seq._refused_at = len(fresh)
+                return 0
         hit = pool.longest_hit(hashes, max_blocks)
         hit_tokens = len(hit) * bs
-        tiers = self._tier_hits(hashes, len(hit), max_blocks) if self.host_tier else []
-        loaded_tokens = len(tiers) * bs
-        num_new = min(num_tokens - hit_tokens - loaded_tokens, budget)
         evictable = pool.num_evictable(hit)
         full_need = -(-num_tokens // bs) - len(hit) + evictable
         if full_need > pool.num_free:
+            seq._refused_epoch = pool.free_epoch
+            seq._refused_at = len(pool.new_hashes)
             return 0
+        seq._refused_epoch = -1
+        seq._chain = None
+        tiers = self._tier_hits(hashes, len(hit), max_blocks) if self.host_tier else []
+        loaded_tokens = len(tiers) * bs
+        num_new = min(num_tokens - hit_tokens - loaded_tokens, budget)
         pool.touch(hit)
         if self._pin_of_block and hit:
             # The program's next request: its prefix covers the whole pinned context.
@@ -606,10 +647,7 @@ class Engine:
         if seq.num_cached_blocks >= nfull:
             return
         hashes = self._hashes_upto(seq, nfull)
-        pool = self.pool
-        blocks = seq.blocks
-        for i in range(seq.num_cached_blocks, nfull):
-            pool.cache(blocks[i], hashes[i])
+        self.pool.cache_range(seq.blocks, hashes, seq.num_cached_blocks, nfull)
         seq.num_cached_blocks = nfull
 
     def _hashes_upto(self, seq: Sequence, n: int) -> list[BlockHash]:
@@ -619,22 +657,52 @@ class Engine:
             return hashes
         bs = self.config.block_size
         p = seq.prompt_len
-        prompt = seq.prompt
+        i = len(hashes)
+        parent = hashes[-1] if hashes else ROOT_HASH
+        append = hashes.append
+        # Blocks wholly inside the prompt: zip over one iterator cuts the bs-tuples in C.
+        in_prompt = min(n, p // bs)
+        if i < in_prompt:
+            it = iter(seq.prompt[i * bs : in_prompt * bs])
+            for block in zip(*([it] * bs), strict=False):
+                parent = hash((parent, block))
+                append(parent)
+            i = in_prompt
         fb = self._filler_blocks
         m = len(fb)
-        parent = hashes[-1] if hashes else ROOT_HASH
-        for i in range(len(hashes), n):
-            start = i * bs
+        for k in range(i, n):
+            start = k * bs
             end = start + bs
-            if end <= p:
-                block = tuple(prompt[start:end])
-            elif start >= p:
+            if start >= p:
                 block = fb[(start - p) % m]
             else:
-                block = tuple(prompt[start:p]) + fb[0][: end - p]
+                block = tuple(seq.prompt[start:p]) + fb[0][: end - p]
             parent = hash((parent, block))
-            hashes.append(parent)
+            append(parent)
         return hashes
+
+    def _reuse_hashes(self, seq: Sequence, program_id: str) -> None:
+        """Start `seq`'s hash chain with its program's previous request's, as far as the
+        tokens agree (an agent's next call repeats its last prompt and answer): hashing a
+        100 k-token context again per call was a fifth of a long simulation's time.
+
+        Prompts are read lazily, so a caller must not change one in place while the engine
+        holds it (appending is fine: only positions below `prompt_len` are read)."""
+        last = self._last_of_program
+        prev = last.pop(program_id, None)
+        last[program_id] = seq
+        if len(last) > PROGRAMS_REMEMBERED:
+            del last[next(iter(last))]
+        if prev is None or not prev.block_hashes:
+            return
+        n = prev.prompt_len
+        prompt = seq.prompt
+        if seq.prompt_len < n or (prompt is not prev.prompt and prompt[:n] != prev.prompt[:n]):
+            return
+        # Past its prompt, the previous request's blocks hold its output (filler tokens).
+        out = min(prev.num_output, seq.prompt_len - n)
+        agree = n + out if prompt[n : n + out] == self.output_ids(prev)[:out] else n
+        seq.block_hashes = prev.block_hashes[: agree // self.config.block_size]
 
     def output_ids(self, seq: Sequence, start: int = 0) -> list[int]:
         """Token ids the request has generated, from output position `start`."""

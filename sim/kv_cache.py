@@ -26,6 +26,8 @@ from typing import Any
 BlockHash = int
 
 ROOT_HASH: BlockHash = 0x74_68_75_6E_64_65_72  # any fixed int: the parent of a first block
+# BlockPool.new_hashes is bounded: past this many, the epoch moves on instead.
+NEW_HASHES_KEPT = 1 << 16
 
 
 def chain_hash(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
@@ -132,6 +134,8 @@ class BlockPool:
         "_hash",
         "_ref",
         "block_size",
+        "free_epoch",
+        "new_hashes",
         "num_blocks",
         "tier",
     )
@@ -150,6 +154,12 @@ class BlockPool:
         self._dups: dict[BlockHash, list[int]] = {}
         # Where evicted full blocks go (None: they are dropped, as in a stock engine).
         self.tier = tier
+        # What can make a refused admission fit (see Engine._admit): blocks coming back to
+        # the free queue (counted by `free_epoch`) and hashes becoming findable (listed in
+        # `new_hashes` since the last epoch). Allocations, touches and evictions only ever
+        # make it harder.
+        self.free_epoch = 0
+        self.new_hashes: list[BlockHash] = []
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -175,19 +185,25 @@ class BlockPool:
 
     def longest_hit(self, hashes: Sequence[BlockHash], max_blocks: int) -> list[int]:
         """Blocks of the longest cached prefix, at most `max_blocks` long."""
-        by_hash = self._by_hash
+        # The lookups run in C (map), in slices so that a short hit stops early.
+        get = self._by_hash.get
         hit: list[int] = []
-        for i in range(min(max_blocks, len(hashes))):
-            b = by_hash.get(hashes[i])
-            if b is None:
+        end = min(max_blocks, len(hashes))
+        start = 0
+        step = 64
+        while start < end:
+            found: list[Any] = list(map(get, hashes[start : min(end, start + step)]))
+            if None in found:
+                hit += found[: found.index(None)]
                 break
-            hit.append(b)
+            hit += found
+            start += step
+            step *= 4
         return hit
 
     def num_evictable(self, blocks: Iterable[int]) -> int:
         """How many of `blocks` sit in the free queue (touching them uses free capacity)."""
-        ref = self._ref
-        return sum(1 for b in blocks if ref[b] == 0)
+        return list(map(self._ref.__getitem__, blocks)).count(0)
 
     def ref_count(self, block: int) -> int:
         return self._ref[block]
@@ -205,32 +221,31 @@ class BlockPool:
         ref = self._ref
         free = self._free
         for b in blocks:
-            if ref[b] == 0:
+            r = ref[b]
+            if not r:
                 del free[b]
-            ref[b] += 1
+            ref[b] = r + 1
 
     def allocate(self, n: int) -> list[int]:
         """Take `n` blocks from the head of the free queue, evicting their cached hashes."""
-        if n > len(self._free):
-            raise ValueError(f"cannot allocate {n} blocks, {len(self._free)} free")
         free = self._free
+        if n > len(free):
+            raise ValueError(f"cannot allocate {n} blocks, {len(free)} free")
+        pop = free.popitem
+        out = [pop(False)[0] for _ in range(n)]
         ref = self._ref
         hashes = self._hash
-        out: list[int] = []
-        for _ in range(n):
-            b = free.popitem(last=False)[0]
-            h = hashes[b]
-            if h is not None:
-                self._uncache(b, h)
+        for b in out:
             ref[b] = 1
-            out.append(b)
+        evicted = [b for b in out if hashes[b] is not None]
+        if evicted:
+            self._evict(evicted)
         return out
 
     def allocate_one(self) -> int:
         b = self._free.popitem(last=False)[0]
-        h = self._hash[b]
-        if h is not None:
-            self._uncache(b, h)
+        if self._hash[b] is not None:
+            self._evict((b,))
         self._ref[b] = 1
         return b
 
@@ -239,10 +254,13 @@ class BlockPool:
         ref = self._ref
         hashes = self._hash
         free = self._free
+        self.free_epoch += 1
+        self.new_hashes = []
         first: list[int] = []
         for b in ordered:
-            ref[b] -= 1
-            if ref[b] == 0:
+            r = ref[b] - 1
+            ref[b] = r
+            if not r:
                 if hashes[b] is None:
                     first.append(b)
                 else:
@@ -254,13 +272,27 @@ class BlockPool:
 
     def cache(self, block: int, block_hash: BlockHash) -> None:
         """Register a full block's hash so later requests can hit it."""
-        if self._hash[block] is not None:
-            return
-        self._hash[block] = block_hash
-        if block_hash in self._by_hash:
-            self._dups.setdefault(block_hash, []).append(block)
-        else:
-            self._by_hash[block_hash] = block
+        self.cache_range([block], [block_hash], 0, 1)
+
+    def cache_range(
+        self, blocks: Sequence[int], hashes: Sequence[BlockHash], start: int, end: int
+    ) -> None:
+        """`cache(blocks[i], hashes[i])` for i in [start, end), in that order."""
+        own = self._hash
+        by_hash = self._by_hash
+        new = self.new_hashes
+        for b, h in zip(blocks[start:end], hashes[start:end], strict=True):
+            if own[b] is not None:
+                continue
+            own[b] = h
+            if h in by_hash:
+                self._dups.setdefault(h, []).append(b)
+            else:
+                by_hash[h] = b
+                new.append(h)
+        if len(new) >= NEW_HASHES_KEPT:
+            self.free_epoch += 1  # forgets every refusal (Engine._admit): safe, only slower
+            self.new_hashes = []
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash, the tiers' too; refused (False) while any request holds
@@ -268,16 +300,32 @@ class BlockPool:
         if len(self._free) != self.num_blocks - 1:
             return False
         self._hash = [None] * self.num_blocks
+        self.free_epoch += 1
+        self.new_hashes = []
         self._by_hash.clear()
         self._dups.clear()
         if self.tier is not None:
             self.tier.clear()
         return True
 
-    def _uncache(self, block: int, block_hash: BlockHash) -> None:
-        if self.tier is not None:
-            self.tier.store(block_hash)
-        self._hash[block] = None
+    def _evict(self, blocks: Iterable[int]) -> None:
+        """Forget the hashes of blocks being reused (in order), storing them in the tier."""
+        own = self._hash
+        by_hash = self._by_hash
+        tier = self.tier
+        for b in blocks:
+            h = own[b]
+            assert h is not None
+            if tier is not None:
+                tier.store(h)
+            own[b] = None
+            if not self._dups:
+                # No hash has two blocks: every cached block is its hash's entry.
+                del by_hash[h]
+            else:
+                self._uncache_dup(b, h)
+
+    def _uncache_dup(self, block: int, block_hash: BlockHash) -> None:
         if self._by_hash.get(block_hash) == block:
             dups = self._dups.get(block_hash)
             if dups:

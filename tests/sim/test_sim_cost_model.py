@@ -6,12 +6,16 @@ from __future__ import annotations
 import pytest
 
 from thunder_mw.sim.cost_model import (
+    ATTENTION_EFFICIENCY,
     GLM46_FP8,
+    LLAMA3_8B,
     PROFILES,
     QWEN3_235B_FP8,
     REGIMES,
+    HardwareFacts,
     ModelFacts,
     get_profile,
+    prefill_positions,
     roofline,
     touched_expert_share,
 )
@@ -87,6 +91,7 @@ def test_moe_flops_follow_the_active_parameters() -> None:
             active_params=GLM46_FP8.total_params,
             num_layers=GLM46_FP8.num_layers,
             hidden_size=GLM46_FP8.hidden_size,
+            num_heads=GLM46_FP8.num_heads,
             num_kv_heads=8,
             head_dim=128,
             weight_bytes=1,
@@ -110,3 +115,62 @@ def test_moe_weight_reads_follow_the_experts_a_batch_touches() -> None:
 def test_fitted_and_derived_profiles_are_told_apart() -> None:
     assert PROFILES["cpu-tiny"].capacity_tokens is None
     assert all(PROFILES[name].capacity_tokens for name in REGIMES)
+
+
+def test_a_64k_token_glm46_recompute_costs_its_matmuls_plus_its_attention_by_hand() -> None:
+    p = get_profile("h100x8-glm46-fp8")
+    n = 65_536
+    # Attention: 4 FLOPs x 92 layers x 96 query heads x 128 dims per key; token i attends to
+    # i + 1 keys, 2,147,516,416 in all; 8 GPUs x 989 TFLOP/s (bf16, the KV's dtype) x 0.6.
+    keys = n * (n + 1) // 2
+    assert prefill_positions(0, n) == keys == 2_147_516_416
+    attention_s = 4 * 92 * 96 * 128 * keys / (8 * 989e12 * ATTENTION_EFFICIENCY)
+    assert attention_s == pytest.approx(2.0456, rel=1e-3)
+    expected = p.a + p.b * n + attention_s
+    assert p.step_seconds(n, 0, 0, keys) == pytest.approx(expected, rel=1e-12)
+    # At this length attention costs twice the matmuls: recompute is ~3x what b alone says.
+    assert 2.9 < (p.b * n + attention_s) / (p.b * n) < 3.3
+
+
+def test_prefill_attention_grows_with_the_position_of_the_chunk() -> None:
+    p = get_profile("h100x8-glm46-fp8")
+    early = p.step_seconds(4096, 0, 0, prefill_positions(0, 4096))
+    late = p.step_seconds(4096, 0, 0, prefill_positions(60_000, 4096))
+    assert late > 3 * early
+    # Chunking a prompt does not change the attention it pays, only when it pays it.
+    chunks = sum(prefill_positions(k, 4096) for k in range(0, 65_536, 4096))
+    assert chunks == prefill_positions(0, 65_536)
+
+
+def test_decode_attention_stays_in_the_kv_read_term() -> None:
+    # A decode step's duration has no attention-FLOPs term: its cost is the KV it reads.
+    p = get_profile("h100x8-glm46-fp8")
+    assert p.step_seconds(0, 10, 400_000) == p.a + p.c * 10 + p.d * 400_000
+
+
+def test_the_fitted_cpu_profile_prices_no_attention() -> None:
+    # Fitted without a Σ-positions feature (benchmarks/fit_cpu_tiny_profile.py): e stays 0.
+    assert get_profile("cpu-tiny").e == 0.0
+
+
+def test_a_1m_token_prefill_of_an_8b_model_on_one_a100_takes_about_30_minutes() -> None:
+    # MInference (arXiv 2407.02490, abstract): "it takes 30 minutes for an 8B LLM to process
+    # a prompt of 1M tokens (i.e., the pre-filling stage) on a single A100 GPU" (a
+    # LLaMA-3-8B long-context variant: same layers and heads). A100 SXM 80 GB datasheet:
+    # 312 TFLOP/s dense BF16, 2,039 GB/s HBM2e, PCIe Gen4 x16 (32 GB/s each way).
+    a100 = HardwareFacts(
+        name="1x A100 SXM 80GB",
+        tp=1,
+        hbm_bytes=80 * 1024**3,
+        hbm_bytes_per_s=2.039e12,
+        dense_flops_per_s=312e12,
+        attention_flops_per_s=312e12,
+        interconnect_bytes_per_s=0.0,
+        host_link_bytes_per_s=32e9,
+    )
+    p = roofline(LLAMA3_8B, a100)
+    n = 1_000_000
+    seconds = p.step_seconds(n, 0, 0, prefill_positions(0, n))
+    assert 30 * 60 * 0.75 <= seconds <= 30 * 60 * 1.25
+    # Without the attention term the roofline said 1.6 minutes.
+    assert p.step_seconds(n, 0, 0) < 2 * 60

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Status
 
 BS = 4
@@ -124,7 +126,9 @@ def test_step_time_follows_the_cost_model() -> None:
     engine.add_request("a", [1] * 10, _params(3))
     result = engine.step()
     assert result is not None
-    assert result.duration == engine.cost.step_seconds(10, 0, 0)
+    # Ten prefill tokens attend to 1 + 2 + ... + 10 = 55 keys.
+    assert result.prefill_positions == 55
+    assert result.duration == engine.cost.step_seconds(10, 0, 0, 55)
     result = engine.step()
     assert result is not None
     assert result.duration == engine.cost.step_seconds(0, 1, 11)
@@ -136,3 +140,36 @@ def test_an_aborted_request_frees_its_blocks() -> None:
     engine.step()
     assert engine.abort("a")
     assert engine.pool.num_free == engine.pool.num_usable and not engine.has_work
+
+
+def test_a_prefill_late_in_a_long_context_costs_more_than_the_same_tokens_at_its_start() -> None:
+    def engine() -> Engine:
+        cfg = EngineConfig(num_blocks=3000, block_size=16, profile="h100x8-glm46-fp8")
+        return Engine(cfg, [7])
+
+    warm = engine()
+    context = list(range(1, 20_001))
+    warm.add_request("first", context, _params(1))
+    warm.run_until_idle()
+    # 20,000 tokens (1,250 full blocks) are cached; the next call prefills 1,024 new ones.
+    warm.add_request("next", [*context, *range(30_001, 31_025)], _params(1))
+    late = warm.step()
+    cold = engine()
+    cold.add_request("fresh", list(range(40_001, 41_025)), _params(1))
+    early = cold.step()
+    assert late is not None and early is not None
+    assert late.prefill_tokens == early.prefill_tokens == 1024
+    assert late.prefill_positions == 1024 * 20_000 + 1024 * 1025 // 2
+    assert late.duration - early.duration == pytest.approx(warm.cost.e * 1024 * 20_000, rel=1e-9)
+
+
+def test_chunked_prefill_pays_the_whole_prompt_s_attention_once() -> None:
+    cfg = EngineConfig(num_blocks=2000, block_size=16, max_num_batched_tokens=2048)
+    engine = Engine(cfg, [7])
+    engine.add_request("a", list(range(1, 10_001)), _params(1))
+    total = 0
+    while engine.has_work:
+        result = engine.step()
+        assert result is not None
+        total += result.prefill_positions
+    assert total == 10_000 * 10_001 // 2

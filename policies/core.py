@@ -103,6 +103,14 @@ class BackendMetrics(msgspec.Struct, frozen=True):
     preemptions_total: float | None = None
     prefix_hits_total: float | None = None
     prefix_queries_total: float | None = None
+    # What a prefill and a decode step cost (policies/overflow_cost.py): vLLM's per-request
+    # prefill/decode time histograms' sums over their token counts.
+    prefill_seconds_total: float | None = None
+    prefill_tokens_total: float | None = None
+    decode_seconds_total: float | None = None
+    decode_tokens_total: float | None = None
+    # A host KV tier the engine reports (SGLang HiCache's host pool), tokens.
+    host_kv_tokens: float | None = None
 
 
 class BackendState:
@@ -116,8 +124,11 @@ class BackendState:
         "draining",
         "healthy",
         "hits_baseline",
+        "host_kv_tokens",
+        "host_load_tokens_per_s",
         "label",
         "metrics",
+        "overflow_tokens",
         "pending_release",
         "preemptions_seen",
         "queries_baseline",
@@ -134,6 +145,13 @@ class BackendState:
         self.pending_release = 0  # of which held by programs marked to pause after their call
         self.scale = 1.0  # shrinks when the engine preempts: our model of it was too generous
         self.congested = False
+        # Tokens past the watermark the cost-aware rule currently accepts (admission and
+        # pausing both plan with limit + this; 0: hold whenever it does not fit).
+        self.overflow_tokens = 0
+        # Host (and disk) KV tier below the GPU's, declared in the config (0: none known;
+        # the engine's own report, metrics.host_kv_tokens, wins), and its reload speed.
+        self.host_kv_tokens = 0
+        self.host_load_tokens_per_s: float | None = None
         self.preemptions_seen: float | None = None
         self.metrics = BackendMetrics()
         # Draining: admits nothing (the core treats it as unhealthy whatever probes say); it
@@ -426,6 +444,20 @@ class SchedulerCore:
         self._resume_pass(now)
         return self._take()
 
+    def declare_host_tier(
+        self, label: str, tokens: int, load_tokens_per_s: float | None = None
+    ) -> None:
+        """A KV tier below the engine's GPU cache (host memory, disk), as the config declares
+        it: evicted KV waits there and reloads at `load_tokens_per_s` instead of recomputing."""
+        backend = self.backends.get(label)
+        if backend is None:
+            raise ValueError(f"unknown backend {label!r}")
+        if tokens < 0 or (load_tokens_per_s is not None and load_tokens_per_s <= 0):
+            raise ValueError("a host KV tier needs tokens >= 0 and a positive load speed")
+        backend.host_kv_tokens = tokens
+        backend.host_load_tokens_per_s = load_tokens_per_s
+        self._room_epoch += 1
+
     def mark_cache_cold(self, now: float, labels: Iterable[str] | None = None) -> list[Action]:
         """The engines' KV caches were flushed (a weight update): nothing a program computed
         is resident any more. Hit-rate baselines restart from the engines' current counters,
@@ -503,6 +535,7 @@ class SchedulerCore:
         self._pause_now(program, now, reason)
 
     def resume(self, program: Program, backend: str, now: float, forced: bool = False) -> None:
+        waited = now - program.queued_at if program.queued_at is not None else None
         self._dequeue(program)
         previous = program.backend
         admitted = program.steps == 0 and program.in_flight == 0 and previous is None
@@ -526,6 +559,9 @@ class SchedulerCore:
         ] += 1
         ttl = self._kv_ttl(program, now) if program.in_flight else None
         self._actions.append(Resumed(program.program_id, backend, previous, forced, admitted, ttl))
+        if waited is not None and not forced:
+            for stage in self.stages:
+                stage.on_resumed(self, program, waited, now)
         self._changed(backend, now)
 
     def release(self, program: Program, reason: str, now: float) -> None:

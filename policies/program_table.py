@@ -31,6 +31,10 @@ class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # The gateway's timing of the call from forwarding it (None: not timed): first token
+    # (streamed answers only: a non-streamed one's first byte is its last) and the whole.
+    ttft_s: float | None = None
+    duration_s: float | None = None
 
 
 class Program(msgspec.Struct, kw_only=True):

@@ -13,6 +13,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from thunder_mw.policies.overflow_cost import (
+    EngineCosts,
+    OverflowView,
+    admit_past_capacity,
+    allowance,
+)
 from thunder_mw.policies.program_table import Program, ProgramState, Usage
 
 if TYPE_CHECKING:
@@ -82,6 +88,11 @@ class Stage:
         self, core: SchedulerCore, program: Program, reason: str, now: float
     ) -> None: ...
 
+    def on_resumed(
+        self, core: SchedulerCore, program: Program, waited_s: float, now: float
+    ) -> None:
+        """A queued program was placed after waiting `waited_s` (not a forced resume)."""
+
 
 # ---------------------------------------------------------------------------- admission
 class AdmissionParams(StageParams):
@@ -93,6 +104,20 @@ class AdmissionParams(StageParams):
     )
     buffer_tokens_per_program: int = Field(
         128, ge=0, description="Tokens reserved per program on top of its context (growth)."
+    )
+    overflow: Literal["hold", "cost_aware"] = Field(
+        "hold",
+        description="A program that does not fit: `hold` it until room appears, or "
+        "`cost_aware`: admit it past capacity when the engine's learned cost of recomputing "
+        "(or reloading from its host KV tier) what then no longer fits is below the batch "
+        "width a hold loses (docs/scheduling.md).",
+    )
+    max_overflow: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="cost_aware: the most a backend is filled past its limit with KV to "
+        "recompute, as a share of its capacity (a host KV tier comes on top).",
     )
 
 
@@ -109,6 +134,8 @@ class Admission(Stage):
         if self.params.low_watermark > self.params.high_watermark:
             raise ValueError("low_watermark must not exceed high_watermark")
         core.buffer_tokens = self.params.buffer_tokens_per_program
+        self.costs: dict[str, EngineCosts] = {}
+        self._seen: dict[str, object] = {}
 
     def admits(
         self, core: SchedulerCore, program: Program, backend: BackendState, tokens: int, now: float
@@ -118,15 +145,103 @@ class Admission(Stage):
             return True
         low = backend.limit(self.params.low_watermark)
         assert low is not None
-        if backend.reserved > high:
+        extra = backend.overflow_tokens
+        if backend.reserved > high + extra:
             backend.congested = True
-        elif backend.reserved <= low:
+        elif backend.reserved <= low + extra:
             backend.congested = False
         if backend.reserved == 0:
             # A program larger than the watermark still runs on an empty engine; otherwise
             # it would block the head of the queue until its resume timeout.
             return True
-        return not backend.congested and backend.reserved + tokens <= high
+        if backend.congested:
+            return False
+        if backend.reserved + tokens <= high:
+            return True
+        if self.params.overflow != "cost_aware":
+            return False
+        return admit_past_capacity(
+            self._costs(core, backend),
+            self._view(core, backend, high),
+            tokens,
+            self._hold_s(core, backend, program),
+        )
+
+    # -- cost-aware overflow (policies/overflow_cost.py): learn, and keep the allowance fresh
+    def _costs(self, core: SchedulerCore, backend: BackendState) -> EngineCosts:
+        costs = self.costs.get(backend.label)
+        if costs is None:
+            costs = self.costs[backend.label] = EngineCosts()
+        speed = backend.host_load_tokens_per_s
+        costs.host_s_per_token = 1.0 / speed if speed else None
+        return costs
+
+    def _view(self, core: SchedulerCore, backend: BackendState, high: float) -> OverflowView:
+        running = backend.metrics.running
+        host = backend.metrics.host_kv_tokens
+        return OverflowView(
+            capacity=high,
+            reserved=backend.reserved,
+            batch=running if running else core.table.programs_on(backend.label),
+            host_tokens=int(host) if host is not None else backend.host_kv_tokens,
+            max_overflow=self.params.max_overflow,
+        )
+
+    def _hold_s(self, core: SchedulerCore, backend: BackendState, program: Program | None) -> float:
+        costs = self.costs.get(backend.label)
+        if costs is not None and costs.hold_s is not None:
+            return costs.hold_s
+        # Nothing held yet: room appears when a program running a tool ends.
+        if program is not None:
+            return core.expected_tool_time(program)
+        return core.tool_time.expected(None, None)
+
+    def on_finished(
+        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
+    ) -> None:
+        if usage is None or program.backend is None or self.params.overflow != "cost_aware":
+            return
+        self._costs(core, core.backends[program.backend]).observe_call(
+            usage.prompt_tokens,
+            usage.cached_tokens,
+            usage.completion_tokens,
+            usage.ttft_s,
+            usage.duration_s,
+        )
+
+    def on_resumed(
+        self, core: SchedulerCore, program: Program, waited_s: float, now: float
+    ) -> None:
+        if program.backend is not None and self.params.overflow == "cost_aware":
+            self._costs(core, core.backends[program.backend]).observe_hold(waited_s)
+
+    def on_backend_change(self, core: SchedulerCore, backend: BackendState, now: float) -> None:
+        if self.params.overflow != "cost_aware":
+            return
+        costs = self._costs(core, backend)
+        m = backend.metrics
+        if m is not self._seen.get(backend.label):
+            self._seen[backend.label] = m
+            costs.observe_counters(
+                m.prefill_seconds_total,
+                m.prefill_tokens_total,
+                m.decode_seconds_total,
+                m.decode_tokens_total,
+            )
+        high = backend.limit(self.params.high_watermark)
+        if high is None:
+            backend.overflow_tokens = 0
+            return
+        programs = core.table.programs_on(backend.label)
+        typical = backend.reserved // programs if programs else 0
+        backend.overflow_tokens = allowance(
+            costs, self._view(core, backend, high), typical, self._hold_s(core, backend, None)
+        )
+
+    def on_tick(self, core: SchedulerCore, now: float) -> None:
+        if self.params.overflow == "cost_aware":
+            for backend in core.backends.values():
+                self.on_backend_change(core, backend, now)
 
 
 # ---------------------------------------------------------------------------- pausing
@@ -212,7 +327,7 @@ class StateAwarePause(Stage):
             limit = backend.limit(self._high)
             if limit is None:
                 continue
-            shortfall = backend.reserved + need - limit
+            shortfall = backend.reserved + need - limit - backend.overflow_tokens
             victims: list[Program] = []
             while shortfall > 0:
                 top = backend.acting.pop()
@@ -243,6 +358,7 @@ class StateAwarePause(Stage):
         limit = backend.limit(self._high)
         if limit is None:
             return
+        limit += backend.overflow_tokens  # what the cost-aware rule lets run past capacity
         use = backend.projected if self.params.reduce_projection else backend.reserved
         while use > limit:
             popped = backend.acting.pop()

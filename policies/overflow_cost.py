@@ -1,0 +1,162 @@
+"""Cost-aware overflow: hold a program that does not fit, or admit it past the KV capacity?
+
+Holding keeps the engine's cache intact but narrows its batch: the held program makes no
+progress for the hold time. Admitting past capacity keeps the batch wide but the engine
+evicts (LRU: the most idle programs' KV goes first) and later recomputes, or reloads from a
+host tier, what no longer fits: every recomputed token stalls each step of the whole batch.
+This module learns, per engine, what those cost and says which is cheaper:
+
+- seconds of engine time per recomputed prompt token `p`, from the engine's own counters
+  (vLLM: `request_prefill_time_seconds` over `request_prefill_kv_computed_tokens`) or, where
+  it has none, from the gateway's timings of calls (time to first token, less one decode
+  step, over the prompt tokens the engine did not have cached);
+- seconds per decode step `t_step` (vLLM: `request_decode_time_seconds` over generation
+  tokens; else the call's time after its first token over its output tokens);
+- seconds a held program waits for room `H` (the queue's observed waits; until one is seen,
+  the program's expected tool time: room appears when a tool-running program ends);
+- seconds per token reloaded from a host KV tier `p_host` (declared, or the engine's report).
+
+Rule, per program of footprint F over a backend whose reservations would pass the high
+watermark by R = min(F, reserved + F - high) tokens, running a batch of B sequences:
+admit past capacity iff R * p_eff * B < H, where p_eff = p_host while the overflow fits the
+host tier and p otherwise, and the total overflow stays within the host tier plus
+`max_overflow` x capacity (beyond the idle programs' evictable KV the engine would preempt
+running sequences, which recompute whole contexts). Pure: every input arrives with `now`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from thunder_mw.policies.estimates import ema
+
+# Calls shorter than this many uncached prompt tokens say too little about the per-token cost
+# (the step's fixed cost dominates their time to first token).
+MIN_PREFILL_SAMPLE_TOKENS = 256
+COST_EMA_ALPHA = 0.2
+
+
+@dataclass(slots=True)
+class Counters:
+    """The last values of an engine's cumulative counters (deltas are what is learned)."""
+
+    prefill_s: float | None = None
+    prefill_tokens: float | None = None
+    decode_s: float | None = None
+    decode_tokens: float | None = None
+
+
+@dataclass(slots=True)
+class EngineCosts:
+    """What one engine's recomputed token, decode step and hold cost, learned online."""
+
+    prefill_s_per_token: float | None = None
+    decode_step_s: float | None = None
+    hold_s: float | None = None
+    host_s_per_token: float | None = None  # declared (or reported) host-tier reload cost
+    samples: int = 0
+    from_engine: bool = False  # the engine's own counters seen: call timings only fill gaps
+    _last: Counters = field(default_factory=Counters)
+
+    def observe_call(
+        self,
+        prompt_tokens: int,
+        cached_tokens: int,
+        completion_tokens: int,
+        ttft_s: float | None,
+        duration_s: float | None,
+    ) -> None:
+        """One call the gateway timed (ttft: first token after forwarding; None: not
+        streamed, so its first byte is its last)."""
+        if ttft_s is None or duration_s is None or ttft_s < 0 or duration_s < ttft_s:
+            return
+        if completion_tokens > 1 and not self.from_engine:
+            step = (duration_s - ttft_s) / (completion_tokens - 1)
+            self.decode_step_s = ema(self.decode_step_s, step, COST_EMA_ALPHA)
+        computed = prompt_tokens - cached_tokens
+        if computed >= MIN_PREFILL_SAMPLE_TOKENS and not self.from_engine:
+            # Its first token came with a step that also decoded the batch: take one off.
+            prefill = max(0.0, ttft_s - (self.decode_step_s or 0.0))
+            self.prefill_s_per_token = ema(
+                self.prefill_s_per_token, prefill / computed, COST_EMA_ALPHA
+            )
+            self.samples += 1
+
+    def observe_counters(
+        self,
+        prefill_s: float | None,
+        prefill_tokens: float | None,
+        decode_s: float | None,
+        decode_tokens: float | None,
+    ) -> None:
+        """Cumulative engine counters (a restart, seen as a counter going back, re-bases)."""
+        last = self._last
+        if prefill_s is not None and prefill_tokens is not None:
+            if last.prefill_s is not None and last.prefill_tokens is not None:
+                dt, dn = prefill_s - last.prefill_s, prefill_tokens - last.prefill_tokens
+                if dt >= 0 and dn >= MIN_PREFILL_SAMPLE_TOKENS:
+                    per_token = dt / dn
+                    old = self.prefill_s_per_token
+                    self.prefill_s_per_token = ema(old, per_token, COST_EMA_ALPHA)
+                    self.samples += 1
+                    self.from_engine = True
+            last.prefill_s, last.prefill_tokens = prefill_s, prefill_tokens
+        if decode_s is not None and decode_tokens is not None:
+            if last.decode_s is not None and last.decode_tokens is not None:
+                dt, dn = decode_s - last.decode_s, decode_tokens - last.decode_tokens
+                if dt >= 0 and dn > 0:
+                    self.decode_step_s = ema(self.decode_step_s, dt / dn, COST_EMA_ALPHA)
+            last.decode_s, last.decode_tokens = decode_s, decode_tokens
+
+    def observe_hold(self, waited_s: float) -> None:
+        """A queued program was placed on this engine after waiting this long."""
+        if waited_s > 0:  # placed in the event it arrived: not held
+            self.hold_s = ema(self.hold_s, waited_s, COST_EMA_ALPHA)
+
+
+@dataclass(frozen=True, slots=True)
+class OverflowView:
+    """One backend as the rule sees it (all in tokens and seconds)."""
+
+    capacity: float  # the high watermark's limit
+    reserved: int
+    batch: int  # sequences the engine is running (or the programs placed on it)
+    host_tokens: int  # host (and disk) KV tier, 0: none
+    max_overflow: float  # share of capacity that may be recomputed past it
+
+
+def allowance(costs: EngineCosts, view: OverflowView, footprint: int, hold_s: float) -> int:
+    """Tokens past the limit the rule accepts for a program of `footprint` tokens and hold
+    time `hold_s`: the host tier while reloading it beats holding it, plus `max_overflow` x
+    capacity while recomputing it does (0 until a per-token cost is known: hold, as before).
+    The pause stage relieves a backend only above its limit plus this."""
+    weight = max(1, footprint) * max(1, view.batch)
+    tokens = 0.0
+    if view.host_tokens > 0 and costs.host_s_per_token is not None:
+        if weight * costs.host_s_per_token < hold_s:
+            tokens += view.host_tokens
+    if costs.prefill_s_per_token is not None and weight * costs.prefill_s_per_token < hold_s:
+        tokens += view.max_overflow * view.capacity
+    return int(tokens)
+
+
+def admit_past_capacity(
+    costs: EngineCosts, view: OverflowView, footprint: int, hold_s: float
+) -> bool:
+    """The per-program rule: R * p_eff * B < H (see the module's docstring)."""
+    overflow = view.reserved + footprint - view.capacity
+    if overflow <= 0:
+        return True
+    recompute = min(footprint, overflow)
+    batch = max(1, view.batch)
+    host = view.host_tokens if costs.host_s_per_token is not None else 0
+    if overflow <= host:
+        assert costs.host_s_per_token is not None
+        per_token = costs.host_s_per_token
+    else:
+        if costs.prefill_s_per_token is None:
+            return False
+        if overflow > host + view.max_overflow * view.capacity:
+            return False
+        per_token = costs.prefill_s_per_token
+    return recompute * per_token * batch < hold_s

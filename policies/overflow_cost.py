@@ -16,12 +16,18 @@ This module learns, per engine, what those cost and says which is cheaper:
   the program's expected tool time: room appears when a tool-running program ends);
 - seconds per token reloaded from a host KV tier `p_host` (declared, or the engine's report).
 
-Rule, per program of footprint F over a backend whose reservations would pass the high
-watermark by R = min(F, reserved + F - high) tokens, running a batch of B sequences:
-admit past capacity iff R * p_eff * B < H, where p_eff = p_host while the overflow fits the
-host tier and p otherwise, and the total overflow stays within the host tier plus
-`max_overflow` x capacity (beyond the idle programs' evictable KV the engine would preempt
-running sequences, which recompute whole contexts). Pure: every input arrives with `now`.
+Rule, per program of footprint F that would take a backend past its high watermark, on an
+engine running a batch of B sequences, with cycle time T (its expected tool time plus the
+engine's mean call time) and expected hold H: admit it past capacity iff
+    F * p_eff * B < min(H, T),
+where p_eff = p_host while the overflow fits the host tier and p otherwise, and the total
+overflow stays within the host tier plus `max_overflow` x capacity (beyond the idle programs'
+evictable KV the engine would preempt running sequences, which recompute whole contexts).
+Why: holding costs the batch one sequence for H seconds. Admitting costs, per cycle while the
+overflow lasts (about H), the recompute of about F tokens (an LRU cache smaller than a cyclic
+working set misses whole contexts, not just the excess), each stalling all B sequences:
+F * p * B * max(1, H / T) sequence-seconds; compared with H that is the rule above.
+Pure: every input arrives with `now`.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ class EngineCosts:
     prefill_s_per_token: float | None = None
     decode_step_s: float | None = None
     hold_s: float | None = None
+    call_s: float | None = None  # a forwarded call's duration on this engine
     host_s_per_token: float | None = None  # declared (or reported) host-tier reload cost
     samples: int = 0
     from_engine: bool = False  # the engine's own counters seen: call timings only fill gaps
@@ -68,6 +75,8 @@ class EngineCosts:
     ) -> None:
         """One call the gateway timed (ttft: first token after forwarding; None: not
         streamed, so its first byte is its last)."""
+        if duration_s is not None and duration_s >= 0:
+            self.call_s = ema(self.call_s, duration_s, COST_EMA_ALPHA)
         if ttft_s is None or duration_s is None or ttft_s < 0 or duration_s < ttft_s:
             return
         if completion_tokens > 1 and not self.from_engine:
@@ -125,30 +134,28 @@ class OverflowView:
     max_overflow: float  # share of capacity that may be recomputed past it
 
 
-def allowance(costs: EngineCosts, view: OverflowView, footprint: int, hold_s: float) -> int:
-    """Tokens past the limit the rule accepts for a program of `footprint` tokens and hold
-    time `hold_s`: the host tier while reloading it beats holding it, plus `max_overflow` x
-    capacity while recomputing it does (0 until a per-token cost is known: hold, as before).
+def allowance(costs: EngineCosts, view: OverflowView, footprint: int, budget_s: float) -> int:
+    """Tokens past the limit the rule accepts for a program of `footprint` tokens whose
+    `budget_s` is min(H, T): the host tier while reloading beats holding, plus `max_overflow`
+    x capacity while recomputing does (0 until a per-token cost is known: hold, as before).
     The pause stage relieves a backend only above its limit plus this."""
     weight = max(1, footprint) * max(1, view.batch)
     tokens = 0.0
     if view.host_tokens > 0 and costs.host_s_per_token is not None:
-        if weight * costs.host_s_per_token < hold_s:
+        if weight * costs.host_s_per_token < budget_s:
             tokens += view.host_tokens
-    if costs.prefill_s_per_token is not None and weight * costs.prefill_s_per_token < hold_s:
+    if costs.prefill_s_per_token is not None and weight * costs.prefill_s_per_token < budget_s:
         tokens += view.max_overflow * view.capacity
     return int(tokens)
 
 
 def admit_past_capacity(
-    costs: EngineCosts, view: OverflowView, footprint: int, hold_s: float
+    costs: EngineCosts, view: OverflowView, footprint: int, budget_s: float
 ) -> bool:
-    """The per-program rule: R * p_eff * B < H (see the module's docstring)."""
+    """The per-program rule, F * p_eff * B < min(H, T) = `budget_s` (module docstring)."""
     overflow = view.reserved + footprint - view.capacity
     if overflow <= 0:
         return True
-    recompute = min(footprint, overflow)
-    batch = max(1, view.batch)
     host = view.host_tokens if costs.host_s_per_token is not None else 0
     if overflow <= host:
         assert costs.host_s_per_token is not None
@@ -159,4 +166,10 @@ def admit_past_capacity(
         if overflow > host + view.max_overflow * view.capacity:
             return False
         per_token = costs.prefill_s_per_token
-    return recompute * per_token * batch < hold_s
+    return footprint * per_token * max(1, view.batch) < budget_s
+
+
+def budget(costs: EngineCosts, expected_tool_s: float) -> float:
+    """min(H, T): the hold a program would wait, bounded by its cycle (tool + call)."""
+    cycle = expected_tool_s + (costs.call_s or 0.0)
+    return cycle if costs.hold_s is None else min(costs.hold_s, cycle)

@@ -18,6 +18,7 @@ from thunder_mw.policies.overflow_cost import (
     OverflowView,
     admit_past_capacity,
     allowance,
+    budget,
 )
 from thunder_mw.policies.program_table import Program, ProgramState, Usage
 
@@ -164,7 +165,7 @@ class Admission(Stage):
             self._costs(core, backend),
             self._view(core, backend, high),
             tokens,
-            self._hold_s(core, backend, program),
+            self._budget_s(core, backend, program),
         )
 
     # -- cost-aware overflow (policies/overflow_cost.py): learn, and keep the allowance fresh
@@ -187,14 +188,15 @@ class Admission(Stage):
             max_overflow=self.params.max_overflow,
         )
 
-    def _hold_s(self, core: SchedulerCore, backend: BackendState, program: Program | None) -> float:
-        costs = self.costs.get(backend.label)
-        if costs is not None and costs.hold_s is not None:
-            return costs.hold_s
-        # Nothing held yet: room appears when a program running a tool ends.
-        if program is not None:
-            return core.expected_tool_time(program)
-        return core.tool_time.expected(None, None)
+    def _budget_s(
+        self, core: SchedulerCore, backend: BackendState, program: Program | None
+    ) -> float:
+        tool = (
+            core.expected_tool_time(program)
+            if program is not None
+            else core.tool_time.expected(None, None)
+        )
+        return budget(self._costs(core, backend), tool)
 
     def on_finished(
         self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
@@ -235,7 +237,7 @@ class Admission(Stage):
         programs = core.table.programs_on(backend.label)
         typical = backend.reserved // programs if programs else 0
         backend.overflow_tokens = allowance(
-            costs, self._view(core, backend, high), typical, self._hold_s(core, backend, None)
+            costs, self._view(core, backend, high), typical, self._budget_s(core, backend, None)
         )
 
     def on_tick(self, core: SchedulerCore, now: float) -> None:

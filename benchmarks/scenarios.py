@@ -51,6 +51,8 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # Ablations of issue 17's mechanisms (docs/scheduling.md), each against the default.
     "thunder-mw/cost-aware": _thunder_mw(admission={"overflow": "cost_aware"}),
     "thunder-mw/hold": _thunder_mw(admission={"overflow": "hold"}),
+    "thunder-mw/resident": _thunder_mw(admission={"resident_floor": 0.5}),
+    "thunder-mw/no-resident": _thunder_mw(admission={"resident_floor": None}),
     "thunder-mw/hw-1.0+acting-0.5": _thunder_mw(
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
         **{"state-aware-pause": {"acting_token_weight": 0.5}},

@@ -134,6 +134,8 @@ class BackendState:
         "queries_baseline",
         "reasoning",
         "reserved",
+        "resident_ratio",
+        "running_reserved",
         "scale",
     )
 
@@ -142,6 +144,11 @@ class BackendState:
         self.capacity = capacity
         self.healthy = healthy
         self.reserved = 0  # tokens held by its ACTIVE programs
+        # Of which held by programs with a call in the engine (what its KV gauge measures).
+        self.running_reserved = 0
+        # Share of `running_reserved` the engine's own KV gauge says it holds (a stage's
+        # bounded correction, policies/resident.py; 1.0: trust the reservations).
+        self.resident_ratio = 1.0
         self.pending_release = 0  # of which held by programs marked to pause after their call
         self.scale = 1.0  # shrinks when the engine preempts: our model of it was too generous
         self.congested = False
@@ -164,6 +171,11 @@ class BackendState:
         self.queries_baseline = 0.0
         self.acting: LazyHeap[Program] = LazyHeap(is_live)
         self.reasoning: LazyHeap[Program] = LazyHeap(is_live)
+
+    @property
+    def unused(self) -> int:
+        """Reserved tokens the engine reports it does not hold (policies/resident.py)."""
+        return int((1.0 - self.resident_ratio) * max(0, self.running_reserved))
 
     @property
     def projected(self) -> int:
@@ -604,6 +616,9 @@ class SchedulerCore:
         if tokens < program.reserved_tokens:
             self._room_epoch += 1
         backend.reserved += tokens - program.reserved_tokens
+        running = tokens if program.in_flight > 0 else 0
+        backend.running_reserved += running - program.running_tokens
+        program.running_tokens = running
         if program.pause_pending:
             backend.pending_release += tokens - program.pending_tokens
             program.pending_tokens = tokens
@@ -615,10 +630,12 @@ class SchedulerCore:
         if program.backend is not None and program.state is ProgramState.ACTIVE:
             backend = self.backends[program.backend]
             backend.reserved -= program.reserved_tokens
+            backend.running_reserved -= program.running_tokens
             if program.pause_pending:
                 backend.pending_release -= program.pending_tokens
                 program.pending_tokens = 0
         program.reserved_tokens = 0
+        program.running_tokens = 0
         program.pause_pending = False
 
     def _move(self, program: Program, target: str) -> None:

@@ -21,6 +21,7 @@ from thunder_mw.policies.overflow_cost import (
     budget,
 )
 from thunder_mw.policies.program_table import Program, ProgramState, Usage
+from thunder_mw.policies.resident import resident_ratio
 
 if TYPE_CHECKING:
     from thunder_mw.policies.core import BackendState, SchedulerCore
@@ -113,6 +114,14 @@ class AdmissionParams(StageParams):
         "(or reloading from its host KV tier) what then no longer fits is below the batch "
         "width a hold loses (docs/scheduling.md).",
     )
+    resident_floor: float | None = Field(
+        None,
+        ge=0.3,
+        le=1,
+        description="Correct the running programs' reservations by the engine's own KV gauge "
+        "(vLLM kv_cache_usage_perc, SGLang token_usage), crediting back down to this share of "
+        "them (null: trust the scheduler's own accounting; docs/scheduling.md).",
+    )
     max_overflow: float = Field(
         0.25,
         ge=0,
@@ -147,9 +156,10 @@ class Admission(Stage):
         low = backend.limit(self.params.low_watermark)
         assert low is not None
         extra = backend.overflow_tokens
-        if backend.reserved > high + extra:
+        reserved = backend.reserved - backend.unused  # what the engine says it holds
+        if reserved > high + extra:
             backend.congested = True
-        elif backend.reserved <= low + extra:
+        elif reserved <= low + extra:
             backend.congested = False
         if backend.reserved == 0:
             # A program larger than the watermark still runs on an empty engine; otherwise
@@ -157,7 +167,7 @@ class Admission(Stage):
             return True
         if backend.congested:
             return False
-        if backend.reserved + tokens <= high:
+        if reserved + tokens <= high:
             return True
         if self.params.overflow != "cost_aware":
             return False
@@ -182,7 +192,7 @@ class Admission(Stage):
         host = backend.metrics.host_kv_tokens
         return OverflowView(
             capacity=high,
-            reserved=backend.reserved,
+            reserved=backend.reserved - backend.unused,
             batch=running if running else core.table.programs_on(backend.label),
             host_tokens=int(host) if host is not None else backend.host_kv_tokens,
             max_overflow=self.params.max_overflow,
@@ -218,12 +228,23 @@ class Admission(Stage):
             self._costs(core, core.backends[program.backend]).observe_hold(waited_s)
 
     def on_backend_change(self, core: SchedulerCore, backend: BackendState, now: float) -> None:
+        m = backend.metrics
+        fresh = m is not self._seen.get(backend.label)
+        if fresh:  # a scrape: the engine's own signals
+            self._seen[backend.label] = m
+            floor = self.params.resident_floor
+            if floor is not None:
+                backend.resident_ratio = resident_ratio(
+                    backend.resident_ratio,
+                    m.kv_usage,
+                    backend.capacity,
+                    backend.running_reserved,
+                    floor,
+                )
         if self.params.overflow != "cost_aware":
             return
         costs = self._costs(core, backend)
-        m = backend.metrics
-        if m is not self._seen.get(backend.label):
-            self._seen[backend.label] = m
+        if fresh:
             costs.observe_counters(
                 m.prefill_seconds_total,
                 m.prefill_tokens_total,
@@ -329,7 +350,7 @@ class StateAwarePause(Stage):
             limit = backend.limit(self._high)
             if limit is None:
                 continue
-            shortfall = backend.reserved + need - limit - backend.overflow_tokens
+            shortfall = backend.reserved - backend.unused + need - limit - backend.overflow_tokens
             victims: list[Program] = []
             while shortfall > 0:
                 top = backend.acting.pop()
@@ -362,6 +383,7 @@ class StateAwarePause(Stage):
             return
         limit += backend.overflow_tokens  # what the cost-aware rule lets run past capacity
         use = backend.projected if self.params.reduce_projection else backend.reserved
+        use -= backend.unused  # what the engine says it does not hold
         while use > limit:
             popped = backend.acting.pop()
             if popped is not None:

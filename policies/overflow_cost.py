@@ -22,7 +22,8 @@ engine's mean call time) and expected hold H: admit it past capacity iff
     F * p_eff * B < min(H, T),
 where p_eff = p_host while the overflow fits the host tier and p otherwise, and the total
 overflow stays within the host tier plus `max_overflow` x capacity (beyond the idle programs'
-evictable KV the engine would preempt running sequences, which recompute whole contexts).
+evictable KV the engine would preempt running sequences, which recompute whole contexts),
+and the programs with a call in the engine still fit its GPU cache by themselves.
 Why: holding costs the batch one sequence for H seconds. Admitting costs, per cycle while the
 overflow lasts (about H), the recompute of about F tokens (an LRU cache smaller than a cyclic
 working set misses whole contexts, not just the excess), each stalling all B sequences:
@@ -129,6 +130,7 @@ class OverflowView:
 
     capacity: float  # the high watermark's limit
     reserved: int
+    running: int  # of which held by programs with a call in the engine (must fit the GPU)
     batch: int  # sequences the engine is running (or the programs placed on it)
     host_tokens: int  # host (and disk) KV tier, 0: none
     max_overflow: float  # share of capacity that may be recomputed past it
@@ -156,6 +158,10 @@ def admit_past_capacity(
     overflow = view.reserved + footprint - view.capacity
     if overflow <= 0:
         return True
+    if view.running + footprint > view.capacity:
+        # Running sequences' KV cannot spill: past this the engine preempts them, and a
+        # preempted sequence recomputes its whole context (only idle programs' KV may go).
+        return False
     host = view.host_tokens if costs.host_s_per_token is not None else 0
     if overflow <= host:
         assert costs.host_s_per_token is not None

@@ -190,11 +190,15 @@ class Admission(Stage):
     def _view(self, core: SchedulerCore, backend: BackendState, high: float) -> OverflowView:
         running = backend.metrics.running
         host = backend.metrics.host_kv_tokens
+        tier = int(host) if host is not None else backend.host_kv_tokens
         return OverflowView(
             capacity=high,
             reserved=backend.reserved - backend.unused,
+            running=backend.running_reserved - backend.unused,
             batch=running if running else core.table.programs_on(backend.label),
-            host_tokens=int(host) if host is not None else backend.host_kv_tokens,
+            # The tier holds idle programs' whole contexts, which reservations count at
+            # the ACTING weight: in reserved tokens it holds that share of its size.
+            host_tokens=int(tier * core.acting_weight),
             max_overflow=self.params.max_overflow,
         )
 

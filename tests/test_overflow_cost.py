@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from thunder_mw.policies.core import BackendMetrics, Forward, Hold, RequestInfo, SchedulerCore
+from thunder_mw.policies.core import (
+    BackendMetrics,
+    Forward,
+    Hold,
+    RequestInfo,
+    Resumed,
+    SchedulerCore,
+)
 from thunder_mw.policies.overflow_cost import (
     EngineCosts,
     OverflowView,
@@ -56,10 +63,11 @@ def teach(core: SchedulerCore, s_per_token: float, hold_s: float) -> None:
 
 
 def fill(core: SchedulerCore, now: float = 0.0) -> None:
-    """Two programs reasoning with 400 tokens each: 800 of 1000 reserved."""
+    """Two programs that ran one call each and now run their tools: 800 of 1000 reserved."""
     for pid in ("a", "b"):
         decision, _ = core.on_request(ctx(pid), info(390), now)
         assert isinstance(decision, Forward)
+        core.on_finished(pid, Usage(390, 10, 0), True, now + 0.5)
 
 
 # ------------------------------------------------------------------ the estimators
@@ -107,7 +115,9 @@ def test_only_real_holds_teach_the_hold_time() -> None:
 
 
 # ------------------------------------------------------------------ the rule
-VIEW = OverflowView(capacity=1000, reserved=900, batch=10, host_tokens=0, max_overflow=0.5)
+VIEW = OverflowView(
+    capacity=1000, reserved=900, running=0, batch=10, host_tokens=0, max_overflow=0.5
+)
 
 
 def test_cheap_recompute_admits_past_capacity_and_dear_recompute_holds() -> None:
@@ -119,8 +129,19 @@ def test_cheap_recompute_admits_past_capacity_and_dear_recompute_holds() -> None
     # A short hold tips the same cheap recompute the other way.
     assert not admit_past_capacity(cheap, VIEW, 400, budget_s=0.1)
     # A wider batch pays more for the same tokens.
-    wide = OverflowView(capacity=1000, reserved=900, batch=1000, host_tokens=0, max_overflow=0.5)
+    wide = OverflowView(
+        capacity=1000, reserved=900, running=0, batch=1000, host_tokens=0, max_overflow=0.5
+    )
     assert not admit_past_capacity(cheap, wide, 400, budget_s=10.0)
+
+
+def test_running_programs_must_fit_the_gpu_by_themselves() -> None:
+    cheap = EngineCosts(prefill_s_per_token=1e-9, host_s_per_token=1e-9)
+    busy = OverflowView(
+        capacity=1000, reserved=900, running=700, batch=10, host_tokens=5000, max_overflow=0.5
+    )
+    assert admit_past_capacity(cheap, busy, 300, budget_s=10.0)  # 1000 running: fits
+    assert not admit_past_capacity(cheap, busy, 301, budget_s=10.0)  # would be preempted
 
 
 def test_nothing_learned_or_past_the_bound_holds() -> None:
@@ -142,9 +163,14 @@ def test_the_budget_is_the_hold_bounded_by_the_cycle() -> None:
 
 def test_a_host_tier_reloads_cheaply_what_recompute_would_not_pay_for() -> None:
     dear = EngineCosts(prefill_s_per_token=1e-2, host_s_per_token=1e-6)
-    tiered = OverflowView(capacity=1000, reserved=900, batch=10, host_tokens=2000, max_overflow=0)
-    assert admit_past_capacity(dear, tiered, 1500, budget_s=10.0)  # 1400 over, in the tier
-    assert not admit_past_capacity(dear, tiered, 2500, budget_s=10.0)  # past the whole pool
+    tiered = OverflowView(
+        capacity=1000, reserved=900, running=0, batch=10, host_tokens=2000, max_overflow=0
+    )
+    assert admit_past_capacity(dear, tiered, 600, budget_s=10.0)  # 500 over, in the tier
+    full = OverflowView(
+        capacity=1000, reserved=2900, running=0, batch=10, host_tokens=2000, max_overflow=0
+    )
+    assert not admit_past_capacity(dear, full, 200, budget_s=10.0)  # past the whole pool
     assert allowance(dear, tiered, 400, budget_s=10.0) == 2000
     assert allowance(dear, VIEW, 400, budget_s=10.0) == 0
     assert allowance(EngineCosts(prefill_s_per_token=1e-6), VIEW, 400, budget_s=10.0) == 500
@@ -184,15 +210,27 @@ def test_cost_aware_learns_from_the_calls_and_the_queue_with_the_clock_injected(
     # Nothing learned yet: the third program is held.
     decision, _ = core.on_request(ctx("c"), info(390), 1.0)
     assert isinstance(decision, Hold)
-    # Program a's call ends at t=5 after a 0.4 s first token over 390 uncached tokens.
-    usage = Usage(390, 10, 0, ttft_s=0.4, duration_s=0.49)
-    core.on_finished("a", usage, True, 5.0)
+    # Program a's next call ends at t=5 after a 0.4 s first token over 390 uncached tokens.
+    decision, _ = core.on_request(ctx("a"), info(400), 2.0)
+    assert isinstance(decision, Forward)
+    actions = core.on_finished("a", Usage(400, 10, 0, ttft_s=0.4, duration_s=0.49), True, 5.0)
     costs = core.stages[0].costs["b0"]  # type: ignore[attr-defined]
-    assert costs.prefill_s_per_token is not None
-    # It is idle in its tool; it ends at t=40: c, queued at t=1, runs after 39 s held.
-    _, actions = core.on_release("a", "release", 40.0)
-    assert any(getattr(a, "program_id", None) == "c" for a in actions)
-    assert costs.hold_s == pytest.approx(39.0)
+    assert costs.prefill_s_per_token == pytest.approx((0.4 - 0.01) / 400)
+    assert costs.call_s == pytest.approx(0.49)
+    # Recomputing c's 400 tokens (0.39 s x 2 programs) costs less than its cycle (the 2 s
+    # default tool time + 0.49 s): c, queued at t=1, runs now past capacity, held 4 s.
+    assert any(isinstance(a, Resumed) and a.program_id == "c" for a in actions)
+    assert core.backends["b0"].reserved == 1210
+    assert costs.hold_s == pytest.approx(4.0)
+
+
+def test_running_programs_are_never_admitted_past_the_gpu() -> None:
+    core = make()
+    teach(core, 1e-9, 60.0)
+    for pid in ("a", "b"):  # both still reasoning: 800 running
+        core.on_request(ctx(pid), info(390), 0.0)
+    decision, _ = core.on_request(ctx("c"), info(390), 1.0)
+    assert isinstance(decision, Hold)
 
 
 def test_declared_host_tier_lets_programs_spill_instead_of_waiting() -> None:

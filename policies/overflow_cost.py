@@ -23,7 +23,8 @@ engine's mean call time) and expected hold H: admit it past capacity iff
 where p_eff = p_host while the overflow fits the host tier and p otherwise, and the total
 overflow stays within the host tier plus `max_overflow` x capacity (beyond the idle programs'
 evictable KV the engine would preempt running sequences, which recompute whole contexts),
-and the programs with a call in the engine still fit its GPU cache by themselves.
+and the programs with a call in the engine still fit its GPU cache by themselves, now and on
+average (reserved x duty <= capacity, duty = mean call time / (call + tool time)).
 Why: holding costs the batch one sequence for H seconds. Admitting costs, per cycle while the
 overflow lasts (about H), the recompute of about F tokens (an LRU cache smaller than a cyclic
 working set misses whole contexts, not just the excess), each stalling all B sequences:
@@ -134,6 +135,9 @@ class OverflowView:
     batch: int  # sequences the engine is running (or the programs placed on it)
     host_tokens: int  # host (and disk) KV tier, 0: none
     max_overflow: float  # share of capacity that may be recomputed past it
+    # Share of its cycle a program spends in a call (mean call time / (call + tool time)):
+    # that share of what is admitted runs at once on average, and must fit the GPU.
+    duty: float = 1.0
 
 
 def allowance(costs: EngineCosts, view: OverflowView, footprint: int, budget_s: float) -> int:
@@ -148,7 +152,12 @@ def allowance(costs: EngineCosts, view: OverflowView, footprint: int, budget_s: 
             tokens += view.host_tokens
     if costs.prefill_s_per_token is not None and weight * costs.prefill_s_per_token < budget_s:
         tokens += view.max_overflow * view.capacity
-    return int(tokens)
+    return int(min(tokens, _duty_room(view)))
+
+
+def _duty_room(view: OverflowView) -> float:
+    """Tokens past capacity whose running share (duty) still fits the GPU on average."""
+    return view.capacity * (1.0 / max(view.duty, 1e-9) - 1.0)
 
 
 def admit_past_capacity(
@@ -162,6 +171,8 @@ def admit_past_capacity(
         # Running sequences' KV cannot spill: past this the engine preempts them, and a
         # preempted sequence recomputes its whole context (only idle programs' KV may go).
         return False
+    if overflow > _duty_room(view):
+        return False  # on average more would be running than the GPU holds
     host = view.host_tokens if costs.host_s_per_token is not None else 0
     if overflow <= host:
         assert costs.host_s_per_token is not None
@@ -173,6 +184,14 @@ def admit_past_capacity(
             return False
         per_token = costs.prefill_s_per_token
     return footprint * per_token * max(1, view.batch) < budget_s
+
+
+def duty(costs: EngineCosts, expected_tool_s: float) -> float:
+    """Share of a program's cycle spent in a call (1.0, no overflow, until calls are timed)."""
+    if costs.call_s is None:
+        return 1.0
+    cycle = costs.call_s + expected_tool_s
+    return costs.call_s / cycle if cycle > 0 else 1.0
 
 
 def budget(costs: EngineCosts, expected_tool_s: float) -> float:

@@ -19,6 +19,7 @@ from thunder_mw.policies.overflow_cost import (
     admit_past_capacity,
     allowance,
     budget,
+    duty,
 )
 from thunder_mw.policies.program_table import Program, ProgramState, Usage
 from thunder_mw.policies.resident import resident_ratio
@@ -200,6 +201,7 @@ class Admission(Stage):
             # the ACTING weight: in reserved tokens it holds that share of its size.
             host_tokens=int(tier * core.acting_weight),
             max_overflow=self.params.max_overflow,
+            duty=duty(self._costs(core, backend), core.tool_time.expected(None, None)),
         )
 
     def _budget_s(

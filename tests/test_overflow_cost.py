@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from thunder_mw.policies.core import (
@@ -18,6 +20,7 @@ from thunder_mw.policies.overflow_cost import (
     admit_past_capacity,
     allowance,
     budget,
+    duty,
 )
 from thunder_mw.policies.pipeline import PipelineError, build_pipeline
 from thunder_mw.policies.program_table import Usage
@@ -59,7 +62,7 @@ def teach(core: SchedulerCore, s_per_token: float, hold_s: float) -> None:
     costs = core.stages[0].costs.setdefault("b0", EngineCosts())  # type: ignore[attr-defined]
     costs.prefill_s_per_token = s_per_token
     costs.hold_s = hold_s
-    costs.call_s = hold_s  # the cycle never binds here
+    costs.call_s = 1.0  # with the 2 s default tool time: a third of each cycle in a call
 
 
 def fill(core: SchedulerCore, now: float = 0.0) -> None:
@@ -116,7 +119,7 @@ def test_only_real_holds_teach_the_hold_time() -> None:
 
 # ------------------------------------------------------------------ the rule
 VIEW = OverflowView(
-    capacity=1000, reserved=900, running=0, batch=10, host_tokens=0, max_overflow=0.5
+    capacity=1000, reserved=900, running=0, batch=10, host_tokens=0, max_overflow=0.5, duty=0.1
 )
 
 
@@ -130,7 +133,13 @@ def test_cheap_recompute_admits_past_capacity_and_dear_recompute_holds() -> None
     assert not admit_past_capacity(cheap, VIEW, 400, budget_s=0.1)
     # A wider batch pays more for the same tokens.
     wide = OverflowView(
-        capacity=1000, reserved=900, running=0, batch=1000, host_tokens=0, max_overflow=0.5
+        capacity=1000,
+        reserved=900,
+        running=0,
+        batch=1000,
+        host_tokens=0,
+        max_overflow=0.5,
+        duty=0.1,
     )
     assert not admit_past_capacity(cheap, wide, 400, budget_s=10.0)
 
@@ -138,10 +147,32 @@ def test_cheap_recompute_admits_past_capacity_and_dear_recompute_holds() -> None
 def test_running_programs_must_fit_the_gpu_by_themselves() -> None:
     cheap = EngineCosts(prefill_s_per_token=1e-9, host_s_per_token=1e-9)
     busy = OverflowView(
-        capacity=1000, reserved=900, running=700, batch=10, host_tokens=5000, max_overflow=0.5
+        capacity=1000,
+        reserved=900,
+        running=700,
+        batch=10,
+        host_tokens=5000,
+        max_overflow=0.5,
+        duty=0.1,
     )
     assert admit_past_capacity(cheap, busy, 300, budget_s=10.0)  # 1000 running: fits
     assert not admit_past_capacity(cheap, busy, 301, budget_s=10.0)  # would be preempted
+
+
+def test_what_runs_on_average_must_fit_the_gpu() -> None:
+    cheap = EngineCosts(prefill_s_per_token=1e-9, host_s_per_token=1e-9)
+    tiered = OverflowView(
+        capacity=1000, reserved=900, running=0, batch=10, host_tokens=5000, max_overflow=0.5
+    )
+    # Programs in a call half the time: 2,000 reserved run 1,000 at once on average.
+    half = replace(tiered, reserved=1100, duty=0.5)
+    assert admit_past_capacity(cheap, half, 900, budget_s=10.0)
+    assert not admit_past_capacity(cheap, half, 901, budget_s=10.0)
+    assert allowance(cheap, half, 400, budget_s=10.0) == 1000
+    # Calls never timed yet: every program is taken to be in a call, nothing overflows.
+    assert not admit_past_capacity(cheap, tiered, 101, budget_s=10.0)
+    assert duty(EngineCosts(), 5.0) == 1.0
+    assert duty(EngineCosts(call_s=5.0), 15.0) == 0.25
 
 
 def test_nothing_learned_or_past_the_bound_holds() -> None:
@@ -164,11 +195,17 @@ def test_the_budget_is_the_hold_bounded_by_the_cycle() -> None:
 def test_a_host_tier_reloads_cheaply_what_recompute_would_not_pay_for() -> None:
     dear = EngineCosts(prefill_s_per_token=1e-2, host_s_per_token=1e-6)
     tiered = OverflowView(
-        capacity=1000, reserved=900, running=0, batch=10, host_tokens=2000, max_overflow=0
+        capacity=1000, reserved=900, running=0, batch=10, host_tokens=2000, max_overflow=0, duty=0.1
     )
     assert admit_past_capacity(dear, tiered, 600, budget_s=10.0)  # 500 over, in the tier
     full = OverflowView(
-        capacity=1000, reserved=2900, running=0, batch=10, host_tokens=2000, max_overflow=0
+        capacity=1000,
+        reserved=2900,
+        running=0,
+        batch=10,
+        host_tokens=2000,
+        max_overflow=0,
+        duty=0.1,
     )
     assert not admit_past_capacity(dear, full, 200, budget_s=10.0)  # past the whole pool
     assert allowance(dear, tiered, 400, budget_s=10.0) == 2000

@@ -317,3 +317,39 @@ def test_sglang_hicache_reports_its_host_tier() -> None:
 
     text = b'sglang:hicache_host_total_tokens{model_name="m"} 500000.0\n'
     assert parse_signals("sglang", text).host_kv_tokens == 500000.0
+
+
+def test_a_backends_host_tier_comes_from_its_config_its_sim_engine_or_its_plan() -> None:
+    from thunder_mw.engines.pool import Backend
+    from thunder_mw.schemas.config import BackendSettings
+
+    def tier(**kw):
+        return Backend(BackendSettings.model_validate(kw), "http://e", "e").host_tier
+
+    assert tier(url="http://e") == (0, None)
+    assert tier(url="http://e", host_kv_tokens=9000, host_kv_load_tokens_per_s=5e5) == (9000, 5e5)
+    assert tier(type="sim", sim={"host_kv_tokens": 4000, "host_kv_load_tokens_per_s": 1e6}) == (
+        4000,
+        1e6,
+    )
+    plan = {"kv_space_gib": 1.0, "layers": 2, "kv_heads": 2, "head_dim": 64, "offload_tokens": 7}
+    assert tier(url="http://e", plan=plan) == (7, None)
+
+
+def test_the_gateway_times_streamed_calls_only_to_their_first_token() -> None:
+    import time
+
+    from thunder_mw.middleware.call_state import CallState, RequestBody
+    from thunder_mw.middleware.live_scheduler import _timed
+
+    call = CallState()
+    assert _timed(call, Usage(10, 2, 0)) == Usage(10, 2, 0)  # never forwarded: untimed
+    call.forwarded_at = time.perf_counter() - 2.0
+    call.first_body_at = call.forwarded_at + 0.5
+    unstreamed = _timed(call, Usage(10, 2, 0))
+    assert unstreamed is not None and unstreamed.ttft_s is None
+    assert unstreamed.duration_s is not None and unstreamed.duration_s >= 2.0
+    call.body = RequestBody({"stream": True}, b"{}")
+    streamed = _timed(call, Usage(10, 2, 0))
+    assert streamed is not None and streamed.ttft_s == pytest.approx(0.5)
+    assert _timed(call, None) is None

@@ -26,8 +26,11 @@ DEFAULT_POLICIES = ("round_robin", "sticky", "thunderagent", "thunder-mw")
 
 def _thunder_mw(**overrides: dict[str, Any]) -> list[dict[str, Any]]:
     """The default pipeline with some stages' params replaced."""
-    stages = ("admission", "state_aware_pause", "migration", "gc_hooks")
-    return [{name: dict(overrides.get(name.replace("_", "-"), {}))} for name in stages]
+    out = []
+    for entry in PIPELINE_PRESETS["thunder-mw"]:
+        ((name, params),) = entry.items()
+        out.append({name: {**params, **overrides.get(name.replace("_", "-"), {})}})
+    return out
 
 
 POLICIES: dict[str, list[dict[str, Any]]] = {
@@ -49,10 +52,9 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "thunder-mw/fifo": _thunder_mw(migration={"placement": "most_room"}),
     "thunder-mw/yield-5s": _thunder_mw(**{"state-aware-pause": {"yield_idle_after_s": 5.0}}),
     # Ablations of issue 17's mechanisms (docs/scheduling.md), each against the default.
-    "thunder-mw/cost-aware": _thunder_mw(admission={"overflow": "cost_aware"}),
-    "thunder-mw/hold": _thunder_mw(admission={"overflow": "hold"}),
+    "thunder-mw/no-cost-aware": _thunder_mw(admission={"overflow": "hold"}),
+    "thunder-mw/no-host-tier": _thunder_mw(admission={"host_tier": False}),
     "thunder-mw/resident": _thunder_mw(admission={"resident_floor": 0.5}),
-    "thunder-mw/no-resident": _thunder_mw(admission={"resident_floor": None}),
     "thunder-mw/hw-1.0+acting-0.5": _thunder_mw(
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
         **{"state-aware-pause": {"acting_token_weight": 0.5}},

@@ -123,6 +123,11 @@ class AdmissionParams(StageParams):
         "(vLLM kv_cache_usage_perc, SGLang token_usage), crediting back down to this share of "
         "them (null: trust the scheduler's own accounting; docs/scheduling.md).",
     )
+    host_tier: bool = Field(
+        True,
+        description="cost_aware: count a backend's host (and disk) KV tier in its pool, at "
+        "its reload cost (false: plan with the GPU cache alone).",
+    )
     max_overflow: float = Field(
         0.25,
         ge=0,
@@ -199,7 +204,7 @@ class Admission(Stage):
             batch=running if running else core.table.programs_on(backend.label),
             # The tier holds idle programs' whole contexts, which reservations count at
             # the ACTING weight: in reserved tokens it holds that share of its size.
-            host_tokens=int(tier * core.acting_weight),
+            host_tokens=int(tier * core.acting_weight) if self.params.host_tier else 0,
             max_overflow=self.params.max_overflow,
             duty=duty(self._costs(core, backend), core.tool_time.expected(None, None)),
         )
@@ -570,7 +575,14 @@ BUILTIN_STAGES: dict[str, type[Stage]] = {
 # capacity check only every 5 s tick, shortest-first victims, marking without lowering the
 # projection, 100 tokens per program, no home preference, 1,800 s force-resume.
 THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
-    {"admission": {"high_watermark": 1.0, "low_watermark": 1.0, "buffer_tokens_per_program": 100}},
+    {
+        "admission": {
+            "high_watermark": 1.0,
+            "low_watermark": 1.0,
+            "buffer_tokens_per_program": 100,
+            "overflow": "hold",
+        }
+    },
     {
         "state_aware_pause": {
             "victim": "shortest_first",
@@ -591,7 +603,7 @@ THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
 ]
 
 DEFAULT_PIPELINE: list[dict[str, Any]] = [
-    {"admission": {}},
+    {"admission": {"overflow": "cost_aware"}},
     {"state_aware_pause": {}},
     {"migration": {}},
     {"gc_hooks": {}},

@@ -142,6 +142,7 @@ class _Program:
         "done_at",
         "failed",
         "first_token_at",
+        "forwarded_at",
         "held",
         "held_s",
         "held_since",
@@ -165,6 +166,7 @@ class _Program:
         self.arrived_at = 0.0
         self.sent_at = 0.0
         self.first_token_at: float | None = None
+        self.forwarded_at = 0.0
         self.held = False
         self.held_since = 0.0
         self.held_s = 0.0
@@ -210,6 +212,14 @@ class Simulation:
             [(b.label, b.engine.capacity_tokens) for b in self.backends.values()],
             build_pipeline(pipeline),
         )
+        for b in self.backends.values():
+            tier = b.engine.host_tier
+            if tier is not None:
+                # As a config's `host_kv_tokens` declares it (the host tier; a disk below it
+                # holds more but reloads slower: planning counts the host tier only).
+                self.core.declare_host_tier(
+                    b.label, tier.capacity_blocks * cluster.block_size, tier.load_tokens_per_s
+                )
         self.top = list(programs)
         self.runs: dict[str, _Program] = {}
         self.now = 0.0
@@ -369,6 +379,7 @@ class Simulation:
         else:
             new = call.growth_tokens + 1
         self.first_time_tokens += new
+        run.forwarded_at = self.now
         engine.advance(self.now)  # the engine's clock (TTL pins) follows simulated time
         seq = engine.add_request(
             f"{spec.program_id}#{run.call}",
@@ -513,10 +524,17 @@ class Simulation:
         call = spec.calls[run.call]
         self.steps_done += 1
         self.output_tokens += seq.num_output
-        usage = Usage(seq.prompt_len, seq.num_output, max(seq.num_cached_tokens, 0))
-        self._apply(self.core.on_finished(spec.program_id, usage, True, self.now))
         if run.first_token_at is None:
             run.first_token_at = self.now
+        # The gateway's timing of the call, as the live forwarder measures a streamed one.
+        usage = Usage(
+            seq.prompt_len,
+            seq.num_output,
+            max(seq.num_cached_tokens, 0),
+            ttft_s=run.first_token_at - run.forwarded_at,
+            duration_s=self.now - run.forwarded_at,
+        )
+        self._apply(self.core.on_finished(spec.program_id, usage, True, self.now))
         self.ttft.append(run.first_token_at - run.sent_at)
         if run.call + 1 >= len(spec.calls):
             self._at(self.now, _RELEASE, run)

@@ -63,6 +63,10 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "thunder-mw/no-home": _thunder_mw(migration={"prefer_home_backend": False}),
     "thunder-mw/fifo": _thunder_mw(migration={"placement": "most_room"}),
     "thunder-mw/yield-5s": _thunder_mw(**{"state-aware-pause": {"yield_idle_after_s": 5.0}}),
+    # Ablations of issue 17's mechanisms (docs/scheduling.md), each against the default.
+    "thunder-mw/no-cost-aware": _thunder_mw(admission={"overflow": "hold"}),
+    "thunder-mw/no-host-tier": _thunder_mw(admission={"host_tier": False}),
+    "thunder-mw/resident": _thunder_mw(admission={"resident_floor": 0.5}),
     "thunder-mw/hw-1.0+acting-0.5": _thunder_mw(
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
         **{"state-aware-pause": {"acting_token_weight": 0.5}},

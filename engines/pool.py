@@ -41,6 +41,11 @@ _SIGNALS: dict[str, dict[str, tuple[bytes, ...]]] = {
             b"vllm:prefix_cache_queries_total",
             b"vllm:gpu_prefix_cache_queries_total",
         ),
+        # What a prefill token and a decode step cost (policies/overflow_cost.py).
+        "prefill_seconds_total": (b"vllm:request_prefill_time_seconds_sum",),
+        "prefill_tokens_total": (b"vllm:request_prefill_kv_computed_tokens_sum",),
+        "decode_seconds_total": (b"vllm:request_decode_time_seconds_sum",),
+        "decode_tokens_total": (b"vllm:generation_tokens_total",),
     },
     "sglang": {
         "kv_usage": (b"sglang:token_usage",),
@@ -49,6 +54,8 @@ _SIGNALS: dict[str, dict[str, tuple[bytes, ...]]] = {
         "preemptions_total": (b"sglang:num_retracted_requests_total",),
         "prefix_hits_total": (b"sglang:cached_tokens_total",),
         "prefix_queries_total": (b"sglang:prompt_tokens_total",),
+        # HiCache's host pool: a KV tier below the GPU's, counted in the scheduler's pool.
+        "host_kv_tokens": (b"sglang:hicache_host_total_tokens",),
     },
 }
 _SAMPLE = re.compile(rb"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? ([-+0-9.eEinfNa]+)", re.MULTILINE)
@@ -106,6 +113,20 @@ class Backend:
         """KV capacity in tokens: the YAML override, else what the engine reports, else the
         capacity planned from the model and hardware."""
         return self.settings.capacity_tokens or self.discovered_capacity or self.planned_capacity
+
+    @property
+    def host_tier(self) -> tuple[int, float | None]:
+        """The KV tier below the GPU's (tokens, reload tokens/s): the YAML's, else the sim
+        engine's, else the capacity plan's offload tier (the numbers `thunder-mw plan` uses)."""
+        s = self.settings
+        tokens = s.host_kv_tokens
+        speed = s.host_kv_load_tokens_per_s
+        if tokens is None and s.type == "sim":
+            tokens = s.sim.host_kv_tokens
+            speed = speed or s.sim.host_kv_load_tokens_per_s
+        if tokens is None and s.plan is not None:
+            tokens = s.plan.offload_tokens
+        return tokens or 0, speed
 
     def describe(self) -> BackendView:
         return BackendView(

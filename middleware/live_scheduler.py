@@ -17,6 +17,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from thunder_mw.engines.pool import Backend, BackendPool
 from thunder_mw.middleware.call_state import CallState, Outcome, RequestBody
 from thunder_mw.middleware.scheduling import ClientGone, Rejected
@@ -33,7 +35,7 @@ from thunder_mw.policies.core import (
 )
 from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.pipeline import build_pipeline
-from thunder_mw.policies.program_table import Program
+from thunder_mw.policies.program_table import Program, Usage
 
 log = logging.getLogger("thunder_mw.scheduler")
 RETRY_AFTER_S = b"5"
@@ -107,6 +109,7 @@ class LiveScheduler:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         for backend in self.pool.backends:
+            self._declare_host_tier(backend)
             self._on_probe(backend, None)
         self._timer = asyncio.create_task(self._tick_loop(), name="thunder-mw-scheduler")
 
@@ -224,7 +227,8 @@ class LiveScheduler:
                 del self.calls[call.backend]
         self._call_ended.set()
         program_id = call.context.program_id
-        self._apply(self.core.on_finished(program_id, call.usage, outcome == "ok", self.clock()))
+        usage = _timed(call, call.usage)
+        self._apply(self.core.on_finished(program_id, usage, outcome == "ok", self.clock()))
 
     def reroute(self, call: CallState, failed_backend: str) -> Backend | None:
         assert call.context is not None
@@ -257,6 +261,12 @@ class LiveScheduler:
                 backend.label, backend.capacity_tokens, self.clock(), healthy=backend.healthy
             )
         )
+        self._declare_host_tier(backend)
+
+    def _declare_host_tier(self, backend: Backend) -> None:
+        tokens, speed = backend.host_tier
+        if tokens and backend.label in self.core.backends:
+            self.core.declare_host_tier(backend.label, tokens, speed)
 
     def drain_backend(self, label: str) -> None:
         self._apply(self.core.drain_backend(label, self.clock()))
@@ -362,3 +372,16 @@ class LiveScheduler:
 async def _until_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+def _timed(call: CallState, usage: Usage | None) -> Usage | None:
+    """The call's usage with the gateway's timing of it (what the cost-aware overflow rule
+    learns a prefill token's and a decode step's cost from where the engine reports none):
+    from forwarding to its first body (streamed answers only) and to now."""
+    if usage is None or call.forwarded_at is None:
+        return usage
+    now = time.perf_counter()
+    ttft = None
+    if call.stream and call.first_body_at is not None:
+        ttft = call.first_body_at - call.forwarded_at
+    return msgspec.structs.replace(usage, ttft_s=ttft, duration_s=now - call.forwarded_at)

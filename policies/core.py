@@ -119,6 +119,14 @@ class BackendMetrics(msgspec.Struct, frozen=True):
     preemptions_total: float | None = None
     prefix_hits_total: float | None = None
     prefix_queries_total: float | None = None
+    # What a prefill and a decode step cost (policies/overflow_cost.py): vLLM's per-request
+    # prefill/decode time histograms' sums over their token counts.
+    prefill_seconds_total: float | None = None
+    prefill_tokens_total: float | None = None
+    decode_seconds_total: float | None = None
+    decode_tokens_total: float | None = None
+    # A host KV tier the engine reports (SGLang HiCache's host pool), tokens.
+    host_kv_tokens: float | None = None
 
 
 class BackendState:
@@ -132,13 +140,18 @@ class BackendState:
         "draining",
         "healthy",
         "hits_baseline",
+        "host_kv_tokens",
+        "host_load_tokens_per_s",
         "label",
         "metrics",
+        "overflow_tokens",
         "pending_release",
         "preemptions_seen",
         "queries_baseline",
         "reasoning",
         "reserved",
+        "resident_ratio",
+        "running_reserved",
         "scale",
     )
 
@@ -147,9 +160,21 @@ class BackendState:
         self.capacity = capacity
         self.healthy = healthy
         self.reserved = 0  # tokens held by its ACTIVE programs
+        # Of which held by programs with a call in the engine (what its KV gauge measures).
+        self.running_reserved = 0
+        # Share of `running_reserved` the engine's own KV gauge says it holds (a stage's
+        # bounded correction, policies/resident.py; 1.0: trust the reservations).
+        self.resident_ratio = 1.0
         self.pending_release = 0  # of which held by programs marked to pause after their call
         self.scale = 1.0  # shrinks when the engine preempts: our model of it was too generous
         self.congested = False
+        # Tokens past the watermark the cost-aware rule currently accepts (admission and
+        # pausing both plan with limit + this; 0: hold whenever it does not fit).
+        self.overflow_tokens = 0
+        # Host (and disk) KV tier below the GPU's, declared in the config (0: none known;
+        # the engine's own report, metrics.host_kv_tokens, wins), and its reload speed.
+        self.host_kv_tokens = 0
+        self.host_load_tokens_per_s: float | None = None
         self.preemptions_seen: float | None = None
         self.metrics = BackendMetrics()
         # Draining: admits nothing (the core treats it as unhealthy whatever probes say); it
@@ -162,6 +187,11 @@ class BackendState:
         self.queries_baseline = 0.0
         self.acting: LazyHeap[Program] = LazyHeap(is_live)
         self.reasoning: LazyHeap[Program] = LazyHeap(is_live)
+
+    @property
+    def unused(self) -> int:
+        """Reserved tokens the engine reports it does not hold (policies/resident.py)."""
+        return int((1.0 - self.resident_ratio) * max(0, self.running_reserved))
 
     @property
     def projected(self) -> int:
@@ -445,6 +475,20 @@ class SchedulerCore:
         self._resume_pass(now)
         return self._take()
 
+    def declare_host_tier(
+        self, label: str, tokens: int, load_tokens_per_s: float | None = None
+    ) -> None:
+        """A KV tier below the engine's GPU cache (host memory, disk), as the config declares
+        it: evicted KV waits there and reloads at `load_tokens_per_s` instead of recomputing."""
+        backend = self.backends.get(label)
+        if backend is None:
+            raise ValueError(f"unknown backend {label!r}")
+        if tokens < 0 or (load_tokens_per_s is not None and load_tokens_per_s <= 0):
+            raise ValueError("a host KV tier needs tokens >= 0 and a positive load speed")
+        backend.host_kv_tokens = tokens
+        backend.host_load_tokens_per_s = load_tokens_per_s
+        self._room_epoch += 1
+
     def mark_cache_cold(self, now: float, labels: Iterable[str] | None = None) -> list[Action]:
         """The engines' KV caches were flushed (a weight update): nothing a program computed
         is resident any more. Hit-rate baselines restart from the engines' current counters,
@@ -522,6 +566,7 @@ class SchedulerCore:
         self._pause_now(program, now, reason)
 
     def resume(self, program: Program, backend: str, now: float, forced: bool = False) -> None:
+        waited = now - program.queued_at if program.queued_at is not None else None
         self._dequeue(program)
         previous = program.backend
         admitted = program.steps == 0 and program.in_flight == 0 and previous is None
@@ -547,6 +592,9 @@ class SchedulerCore:
         self._actions.append(Resumed(program.program_id, backend, previous, forced, admitted, ttl))
         for stage in self.stages:
             stage.on_resumed(self, program, previous, now)
+        if waited is not None and not forced:
+            for stage in self.stages:
+                stage.on_queue_wait(self, program, waited, now)
         self._changed(backend, now)
 
     def release(self, program: Program, reason: str, now: float) -> None:
@@ -589,6 +637,9 @@ class SchedulerCore:
         if tokens < program.reserved_tokens:
             self._room_epoch += 1
         backend.reserved += tokens - program.reserved_tokens
+        running = tokens if program.in_flight > 0 else 0
+        backend.running_reserved += running - program.running_tokens
+        program.running_tokens = running
         if program.pause_pending:
             backend.pending_release += tokens - program.pending_tokens
             program.pending_tokens = tokens
@@ -600,10 +651,12 @@ class SchedulerCore:
         if program.backend is not None and program.state is ProgramState.ACTIVE:
             backend = self.backends[program.backend]
             backend.reserved -= program.reserved_tokens
+            backend.running_reserved -= program.running_tokens
             if program.pause_pending:
                 backend.pending_release -= program.pending_tokens
                 program.pending_tokens = 0
         program.reserved_tokens = 0
+        program.running_tokens = 0
         program.pause_pending = False
 
     def _move(self, program: Program, target: str) -> None:

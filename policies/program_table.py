@@ -31,6 +31,10 @@ class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # The gateway's timing of the call from forwarding it (None: not timed): first token
+    # (streamed answers only: a non-streamed one's first byte is its last) and the whole.
+    ttft_s: float | None = None
+    duration_s: float | None = None
 
 
 class Program(msgspec.Struct, kw_only=True):
@@ -48,6 +52,7 @@ class Program(msgspec.Struct, kw_only=True):
     reserved_tokens: int = 0  # what it holds on `backend` while ACTIVE
     request_tokens: int = 0  # estimated footprint of its latest request (context + output)
     pending_tokens: int = 0  # of `reserved_tokens`, counted as about to be released
+    running_tokens: int = 0  # of `reserved_tokens`, counted as held by a call in the engine
     steps: int = 0
     in_flight: int = 0
     waiting: int = 0  # requests held until it is admitted or resumed

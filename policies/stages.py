@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from thunder_mw.policies.overflow_cost import (
+    EngineCosts,
+    OverflowView,
+    admit_past_capacity,
+    allowance,
+    budget,
+    duty,
+)
 from thunder_mw.policies.program_table import Program, ProgramState, Usage
+from thunder_mw.policies.resident import resident_ratio
 
 if TYPE_CHECKING:
     from thunder_mw.policies.core import BackendState, SchedulerCore
@@ -88,6 +97,11 @@ class Stage:
         """`program` was just placed on `program.backend` (admitted, resumed or moved from
         `previous`); its held requests, if any, go there."""
 
+    def on_queue_wait(
+        self, core: SchedulerCore, program: Program, waited_s: float, now: float
+    ) -> None:
+        """A queued program was placed after waiting `waited_s` (not a forced resume)."""
+
 
 # ---------------------------------------------------------------------------- admission
 class AdmissionParams(StageParams):
@@ -99,6 +113,33 @@ class AdmissionParams(StageParams):
     )
     buffer_tokens_per_program: int = Field(
         128, ge=0, description="Tokens reserved per program on top of its context (growth)."
+    )
+    overflow: Literal["hold", "cost_aware"] = Field(
+        "hold",
+        description="A program that does not fit: `hold` it until room appears, or "
+        "`cost_aware`: admit it past capacity when the engine's learned cost of recomputing "
+        "(or reloading from its host KV tier) what then no longer fits is below the batch "
+        "width a hold loses (docs/scheduling.md).",
+    )
+    resident_floor: float | None = Field(
+        None,
+        ge=0.3,
+        le=1,
+        description="Correct the running programs' reservations by the engine's own KV gauge "
+        "(vLLM kv_cache_usage_perc, SGLang token_usage), crediting back down to this share of "
+        "them (null: trust the scheduler's own accounting; docs/scheduling.md).",
+    )
+    host_tier: bool = Field(
+        True,
+        description="cost_aware: count a backend's host (and disk) KV tier in its pool, at "
+        "its reload cost (false: plan with the GPU cache alone).",
+    )
+    max_overflow: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="cost_aware: the most a backend is filled past its limit with KV to "
+        "recompute, as a share of its capacity (a host KV tier comes on top).",
     )
 
 
@@ -115,6 +156,8 @@ class Admission(Stage):
         if self.params.low_watermark > self.params.high_watermark:
             raise ValueError("low_watermark must not exceed high_watermark")
         core.buffer_tokens = self.params.buffer_tokens_per_program
+        self.costs: dict[str, EngineCosts] = {}
+        self._seen: dict[str, object] = {}
 
     def admits(
         self, core: SchedulerCore, program: Program, backend: BackendState, tokens: int, now: float
@@ -124,15 +167,121 @@ class Admission(Stage):
             return True
         low = backend.limit(self.params.low_watermark)
         assert low is not None
-        if backend.reserved > high:
+        extra = backend.overflow_tokens
+        reserved = backend.reserved - backend.unused  # what the engine says it holds
+        if reserved > high + extra:
             backend.congested = True
-        elif backend.reserved <= low:
+        elif reserved <= low + extra:
             backend.congested = False
         if backend.reserved == 0:
             # A program larger than the watermark still runs on an empty engine; otherwise
             # it would block the head of the queue until its resume timeout.
             return True
-        return not backend.congested and backend.reserved + tokens <= high
+        if backend.congested:
+            return False
+        if reserved + tokens <= high:
+            return True
+        if self.params.overflow != "cost_aware":
+            return False
+        return admit_past_capacity(
+            self._costs(core, backend),
+            self._view(core, backend, high),
+            tokens,
+            self._budget_s(core, backend, program),
+        )
+
+    # -- cost-aware overflow (policies/overflow_cost.py): learn, and keep the allowance fresh
+    def _costs(self, core: SchedulerCore, backend: BackendState) -> EngineCosts:
+        costs = self.costs.get(backend.label)
+        if costs is None:
+            costs = self.costs[backend.label] = EngineCosts()
+        speed = backend.host_load_tokens_per_s
+        costs.host_s_per_token = 1.0 / speed if speed else None
+        return costs
+
+    def _view(self, core: SchedulerCore, backend: BackendState, high: float) -> OverflowView:
+        running = backend.metrics.running
+        host = backend.metrics.host_kv_tokens
+        tier = int(host) if host is not None else backend.host_kv_tokens
+        return OverflowView(
+            capacity=high,
+            reserved=backend.reserved - backend.unused,
+            running=backend.running_reserved - backend.unused,
+            batch=running if running else core.table.programs_on(backend.label),
+            # The tier holds idle programs' whole contexts, which reservations count at
+            # the ACTING weight: in reserved tokens it holds that share of its size.
+            host_tokens=int(tier * core.acting_weight) if self.params.host_tier else 0,
+            max_overflow=self.params.max_overflow,
+            duty=duty(self._costs(core, backend), core.tool_time.expected(None, None)),
+        )
+
+    def _budget_s(
+        self, core: SchedulerCore, backend: BackendState, program: Program | None
+    ) -> float:
+        tool = (
+            core.expected_tool_time(program)
+            if program is not None
+            else core.tool_time.expected(None, None)
+        )
+        return budget(self._costs(core, backend), tool)
+
+    def on_finished(
+        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
+    ) -> None:
+        if usage is None or program.backend is None or self.params.overflow != "cost_aware":
+            return
+        self._costs(core, core.backends[program.backend]).observe_call(
+            usage.prompt_tokens,
+            usage.cached_tokens,
+            usage.completion_tokens,
+            usage.ttft_s,
+            usage.duration_s,
+        )
+
+    def on_queue_wait(
+        self, core: SchedulerCore, program: Program, waited_s: float, now: float
+    ) -> None:
+        if program.backend is not None and self.params.overflow == "cost_aware":
+            self._costs(core, core.backends[program.backend]).observe_hold(waited_s)
+
+    def on_backend_change(self, core: SchedulerCore, backend: BackendState, now: float) -> None:
+        m = backend.metrics
+        fresh = m is not self._seen.get(backend.label)
+        if fresh:  # a scrape: the engine's own signals
+            self._seen[backend.label] = m
+            floor = self.params.resident_floor
+            if floor is not None:
+                backend.resident_ratio = resident_ratio(
+                    backend.resident_ratio,
+                    m.kv_usage,
+                    backend.capacity,
+                    backend.running_reserved,
+                    floor,
+                )
+        if self.params.overflow != "cost_aware":
+            return
+        costs = self._costs(core, backend)
+        if fresh:
+            costs.observe_counters(
+                m.prefill_seconds_total,
+                m.prefill_tokens_total,
+                m.decode_seconds_total,
+                m.decode_tokens_total,
+            )
+        high = backend.limit(self.params.high_watermark)
+        if high is None:
+            backend.overflow_tokens = 0
+            return
+        programs = core.table.programs_on(backend.label)
+        typical = backend.reserved // programs if programs else 0
+        backend.overflow_tokens = allowance(
+            costs, self._view(core, backend, high), typical, self._budget_s(core, backend, None)
+        )
+
+    def on_tick(self, core: SchedulerCore, now: float) -> None:
+        if self.params.overflow == "cost_aware":
+            for backend in core.backends.values():
+                self.on_backend_change(core, backend, now)
 
 
 # ---------------------------------------------------------------------------- pausing
@@ -218,7 +367,7 @@ class StateAwarePause(Stage):
             limit = backend.limit(self._high)
             if limit is None:
                 continue
-            shortfall = backend.reserved + need - limit
+            shortfall = backend.reserved - backend.unused + need - limit - backend.overflow_tokens
             victims: list[Program] = []
             while shortfall > 0:
                 top = backend.acting.pop()
@@ -249,7 +398,9 @@ class StateAwarePause(Stage):
         limit = backend.limit(self._high)
         if limit is None:
             return
+        limit += backend.overflow_tokens  # what the cost-aware rule lets run past capacity
         use = backend.projected if self.params.reduce_projection else backend.reserved
+        use -= backend.unused  # what the engine says it does not hold
         while use > limit:
             popped = backend.acting.pop()
             if popped is not None:
@@ -430,7 +581,14 @@ BUILTIN_STAGES: dict[str, type[Stage]] = {
 # capacity check only every 5 s tick, shortest-first victims, marking without lowering the
 # projection, 100 tokens per program, no home preference, 1,800 s force-resume.
 THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
-    {"admission": {"high_watermark": 1.0, "low_watermark": 1.0, "buffer_tokens_per_program": 100}},
+    {
+        "admission": {
+            "high_watermark": 1.0,
+            "low_watermark": 1.0,
+            "buffer_tokens_per_program": 100,
+            "overflow": "hold",
+        }
+    },
     {
         "state_aware_pause": {
             "victim": "shortest_first",
@@ -451,7 +609,7 @@ THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
 ]
 
 DEFAULT_PIPELINE: list[dict[str, Any]] = [
-    {"admission": {}},
+    {"admission": {"overflow": "cost_aware"}},
     {"state_aware_pause": {}},
     {"migration": {}},
     {"gc_hooks": {}},

@@ -316,6 +316,19 @@ class BackendSettings(_Section):
     capacity_tokens: int | None = Field(
         None, gt=0, description="KV capacity override in tokens (wins over discovery)."
     )
+    host_kv_tokens: int | None = Field(
+        None,
+        ge=0,
+        description="Host-memory (and disk) KV tier of this engine, tokens: vLLM's offloading "
+        "connector, LMCache, SGLang HiCache (default: the sim engine's own, else the plan's "
+        "`offload_tokens`; SGLang's report wins). The scheduler counts it in the engine's pool.",
+    )
+    host_kv_load_tokens_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="Speed at which that tier reloads KV to the GPU, tokens/s (its PCIe "
+        "bandwidth over the KV bytes per token); without it the tier is not planned with.",
+    )
     keep_alive_s: float = Field(
         4.0,
         gt=0,

@@ -1,0 +1,200 @@
+"""Cost-aware overflow: hold a program that does not fit, or admit it past the KV capacity?
+
+Holding keeps the engine's cache intact but narrows its batch: the held program makes no
+progress for the hold time. Admitting past capacity keeps the batch wide but the engine
+evicts (LRU: the most idle programs' KV goes first) and later recomputes, or reloads from a
+host tier, what no longer fits: every recomputed token stalls each step of the whole batch.
+This module learns, per engine, what those cost and says which is cheaper:
+
+- seconds of engine time per recomputed prompt token `p`, from the engine's own counters
+  (vLLM: `request_prefill_time_seconds` over `request_prefill_kv_computed_tokens`) or, where
+  it has none, from the gateway's timings of calls (time to first token, less one decode
+  step, over the prompt tokens the engine did not have cached);
+- seconds per decode step `t_step` (vLLM: `request_decode_time_seconds` over generation
+  tokens; else the call's time after its first token over its output tokens);
+- seconds a held program waits for room `H` (the queue's observed waits; until one is seen,
+  the program's expected tool time: room appears when a tool-running program ends);
+- seconds per token reloaded from a host KV tier `p_host` (declared, or the engine's report).
+
+Rule, per program of footprint F that would take a backend past its high watermark, on an
+engine running a batch of B sequences, with cycle time T (its expected tool time plus the
+engine's mean call time) and expected hold H: admit it past capacity iff
+    F * p_eff * B < min(H, T),
+where p_eff = p_host while the overflow fits the host tier and p otherwise, and the total
+overflow stays within the host tier plus `max_overflow` x capacity (beyond the idle programs'
+evictable KV the engine would preempt running sequences, which recompute whole contexts),
+and the programs with a call in the engine still fit its GPU cache by themselves, now and on
+average (reserved x duty <= capacity, duty = mean call time / (call + tool time)).
+Why: holding costs the batch one sequence for H seconds. Admitting costs, per cycle while the
+overflow lasts (about H), the recompute of about F tokens (an LRU cache smaller than a cyclic
+working set misses whole contexts, not just the excess), each stalling all B sequences:
+F * p * B * max(1, H / T) sequence-seconds; compared with H that is the rule above.
+Pure: every input arrives with `now`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from thunder_mw.policies.estimates import ema
+
+# Calls shorter than this many uncached prompt tokens say too little about the per-token cost
+# (the step's fixed cost dominates their time to first token).
+MIN_PREFILL_SAMPLE_TOKENS = 256
+COST_EMA_ALPHA = 0.2
+
+
+@dataclass(slots=True)
+class Counters:
+    """The last values of an engine's cumulative counters (deltas are what is learned)."""
+
+    prefill_s: float | None = None
+    prefill_tokens: float | None = None
+    decode_s: float | None = None
+    decode_tokens: float | None = None
+
+
+@dataclass(slots=True)
+class EngineCosts:
+    """What one engine's recomputed token, decode step and hold cost, learned online."""
+
+    prefill_s_per_token: float | None = None
+    decode_step_s: float | None = None
+    hold_s: float | None = None
+    call_s: float | None = None  # a forwarded call's duration on this engine
+    host_s_per_token: float | None = None  # declared (or reported) host-tier reload cost
+    samples: int = 0
+    from_engine: bool = False  # the engine's own counters seen: call timings only fill gaps
+    _last: Counters = field(default_factory=Counters)
+
+    def observe_call(
+        self,
+        prompt_tokens: int,
+        cached_tokens: int,
+        completion_tokens: int,
+        ttft_s: float | None,
+        duration_s: float | None,
+    ) -> None:
+        """One call the gateway timed (ttft: first token after forwarding; None: not
+        streamed, so its first byte is its last)."""
+        if duration_s is not None and duration_s >= 0:
+            self.call_s = ema(self.call_s, duration_s, COST_EMA_ALPHA)
+        if ttft_s is None or duration_s is None or ttft_s < 0 or duration_s < ttft_s:
+            return
+        if completion_tokens > 1 and not self.from_engine:
+            step = (duration_s - ttft_s) / (completion_tokens - 1)
+            self.decode_step_s = ema(self.decode_step_s, step, COST_EMA_ALPHA)
+        computed = prompt_tokens - cached_tokens
+        if computed >= MIN_PREFILL_SAMPLE_TOKENS and not self.from_engine:
+            # Its first token came with a step that also decoded the batch: take one off.
+            prefill = max(0.0, ttft_s - (self.decode_step_s or 0.0))
+            self.prefill_s_per_token = ema(
+                self.prefill_s_per_token, prefill / computed, COST_EMA_ALPHA
+            )
+            self.samples += 1
+
+    def observe_counters(
+        self,
+        prefill_s: float | None,
+        prefill_tokens: float | None,
+        decode_s: float | None,
+        decode_tokens: float | None,
+    ) -> None:
+        """Cumulative engine counters (a restart, seen as a counter going back, re-bases)."""
+        last = self._last
+        if prefill_s is not None and prefill_tokens is not None:
+            if last.prefill_s is not None and last.prefill_tokens is not None:
+                dt, dn = prefill_s - last.prefill_s, prefill_tokens - last.prefill_tokens
+                if dt >= 0 and dn >= MIN_PREFILL_SAMPLE_TOKENS:
+                    per_token = dt / dn
+                    old = self.prefill_s_per_token
+                    self.prefill_s_per_token = ema(old, per_token, COST_EMA_ALPHA)
+                    self.samples += 1
+                    self.from_engine = True
+            last.prefill_s, last.prefill_tokens = prefill_s, prefill_tokens
+        if decode_s is not None and decode_tokens is not None:
+            if last.decode_s is not None and last.decode_tokens is not None:
+                dt, dn = decode_s - last.decode_s, decode_tokens - last.decode_tokens
+                if dt >= 0 and dn > 0:
+                    self.decode_step_s = ema(self.decode_step_s, dt / dn, COST_EMA_ALPHA)
+            last.decode_s, last.decode_tokens = decode_s, decode_tokens
+
+    def observe_hold(self, waited_s: float) -> None:
+        """A queued program was placed on this engine after waiting this long."""
+        if waited_s > 0:  # placed in the event it arrived: not held
+            self.hold_s = ema(self.hold_s, waited_s, COST_EMA_ALPHA)
+
+
+@dataclass(frozen=True, slots=True)
+class OverflowView:
+    """One backend as the rule sees it (all in tokens and seconds)."""
+
+    capacity: float  # the high watermark's limit
+    reserved: int
+    running: int  # of which held by programs with a call in the engine (must fit the GPU)
+    batch: int  # sequences the engine is running (or the programs placed on it)
+    host_tokens: int  # host (and disk) KV tier, 0: none
+    max_overflow: float  # share of capacity that may be recomputed past it
+    # Share of its cycle a program spends in a call (mean call time / (call + tool time)):
+    # that share of what is admitted runs at once on average, and must fit the GPU.
+    duty: float = 1.0
+
+
+def allowance(costs: EngineCosts, view: OverflowView, footprint: int, budget_s: float) -> int:
+    """Tokens past the limit the rule accepts for a program of `footprint` tokens whose
+    `budget_s` is min(H, T): the host tier while reloading beats holding, plus `max_overflow`
+    x capacity while recomputing does (0 until a per-token cost is known: hold, as before).
+    The pause stage relieves a backend only above its limit plus this."""
+    weight = max(1, footprint) * max(1, view.batch)
+    tokens = 0.0
+    if view.host_tokens > 0 and costs.host_s_per_token is not None:
+        if weight * costs.host_s_per_token < budget_s:
+            tokens += view.host_tokens
+    if costs.prefill_s_per_token is not None and weight * costs.prefill_s_per_token < budget_s:
+        tokens += view.max_overflow * view.capacity
+    return int(min(tokens, _duty_room(view)))
+
+
+def _duty_room(view: OverflowView) -> float:
+    """Tokens past capacity whose running share (duty) still fits the GPU on average."""
+    return view.capacity * (1.0 / max(view.duty, 1e-9) - 1.0)
+
+
+def admit_past_capacity(
+    costs: EngineCosts, view: OverflowView, footprint: int, budget_s: float
+) -> bool:
+    """The per-program rule, F * p_eff * B < min(H, T) = `budget_s` (module docstring)."""
+    overflow = view.reserved + footprint - view.capacity
+    if overflow <= 0:
+        return True
+    if view.running + footprint > view.capacity:
+        # Running sequences' KV cannot spill: past this the engine preempts them, and a
+        # preempted sequence recomputes its whole context (only idle programs' KV may go).
+        return False
+    if overflow > _duty_room(view):
+        return False  # on average more would be running than the GPU holds
+    host = view.host_tokens if costs.host_s_per_token is not None else 0
+    if overflow <= host:
+        assert costs.host_s_per_token is not None
+        per_token = costs.host_s_per_token
+    else:
+        if costs.prefill_s_per_token is None:
+            return False
+        if overflow > host + view.max_overflow * view.capacity:
+            return False
+        per_token = costs.prefill_s_per_token
+    return footprint * per_token * max(1, view.batch) < budget_s
+
+
+def duty(costs: EngineCosts, expected_tool_s: float) -> float:
+    """Share of a program's cycle spent in a call (1.0, no overflow, until calls are timed)."""
+    if costs.call_s is None:
+        return 1.0
+    cycle = costs.call_s + expected_tool_s
+    return costs.call_s / cycle if cycle > 0 else 1.0
+
+
+def budget(costs: EngineCosts, expected_tool_s: float) -> float:
+    """min(H, T): the hold a program would wait, bounded by its cycle (tool + call)."""
+    cycle = expected_tool_s + (costs.call_s or 0.0)
+    return cycle if costs.hold_s is None else min(costs.hold_s, cycle)

@@ -69,9 +69,11 @@ def build_script(encode: Any, decode: Any) -> Script:
         Turn(1, 1100, label="p1 fourth"),
         Turn(5, 1300, label="p5 again"),
     ]
-    # Any two overflow calls outgrow the cache together (2 x 1,500 tokens = 24 blocks > 23), so
-    # the engine must preempt however staggered their arrival on a busy host.
-    overflow = [Turn(10 + i, 1100, max_tokens=400, label=f"overflow {i}") for i in range(6)]
+    # Any two overflow calls outgrow the cache together (1,900 tokens = 15 blocks each; 23
+    # usable): the engine must preempt unless the second starts over 870 tokens after the
+    # first. (With 400 output tokens, 12 + 12 blocks, a lag of 92 tokens on a busy host was
+    # enough for the first to finish before the second needed its last block: no preemption.)
+    overflow = [Turn(10 + i, 1100, max_tokens=800, label=f"overflow {i}") for i in range(6)]
     texts: dict[int, str] = {}
     for turn in seq + overflow:
         need = max(t.context_tokens for t in seq + overflow if t.program == turn.program)

@@ -95,6 +95,11 @@ class ReplayResult:
 
 
 class Replayer:
+    # Statuses after which a call is sent again (a client riding out a lost gateway), and
+    # how often; none by default: a lost call is counted as lost.
+    retry_statuses: frozenset[int] = frozenset()
+    max_attempts = 1
+
     def __init__(
         self,
         url: str,
@@ -125,6 +130,7 @@ class Replayer:
         self.calls_done = 0
         self.failed_calls = 0
         self.stale_retries = 0
+        self.retries = 0
         self.started_at: float | None = None
         self.progress = progress
         self._fresh: aiohttp.ClientSession | None = None
@@ -267,6 +273,22 @@ class Replayer:
         if self.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
+        for _ in range(self.max_attempts - 1):
+            record, answer = await self._attempt(session, program_id, index, body, headers)
+            if record.status not in self.retry_statuses:
+                return record, answer
+            self.retries += 1
+            await asyncio.sleep(0.2)
+        return await self._attempt(session, program_id, index, body, headers)
+
+    async def _attempt(
+        self,
+        session: aiohttp.ClientSession,
+        program_id: str,
+        index: int,
+        body: dict[str, Any],
+        headers: dict[str, str],
+    ) -> tuple[CallRecord, Any]:
         record = CallRecord(program_id, index, time.monotonic())
         text: list[Any] = []
         try:

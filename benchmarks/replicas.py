@@ -34,7 +34,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 
 from thunder_mw.benchmarks import proxy_overhead as po
@@ -42,7 +41,7 @@ from thunder_mw.benchmarks.des import ClusterConfig
 from thunder_mw.benchmarks.engine_counters import read_counters
 from thunder_mw.benchmarks.live import Gateway, engines_gateway_config, live_metrics
 from thunder_mw.benchmarks.peers import _cluster, _programs, sim_engines
-from thunder_mw.benchmarks.replay import CallRecord, Identity, Replayer, thunder_identity
+from thunder_mw.benchmarks.replay import Identity, Replayer, thunder_identity
 from thunder_mw.benchmarks.replica_stack import (
     Nginx,
     RedisServer,
@@ -71,26 +70,8 @@ def header_identity(
 class RetryingReplayer(Replayer):
     """A client that retries a call its gateway lost (connection error, 502/503/504)."""
 
-    retries = 0
-
-    async def _call(
-        self,
-        session: aiohttp.ClientSession,
-        program_id: str,
-        index: int,
-        prompt: str | list[int],
-        output_tokens: int,
-        last: bool = False,
-    ) -> tuple[CallRecord, Any]:
-        for _ in range(20):
-            record, text = await super()._call(
-                session, program_id, index, prompt, output_tokens, last
-            )
-            if record.status not in RETRY_STATUSES:
-                break
-            self.retries += 1
-            await asyncio.sleep(0.2)
-        return record, text
+    retry_statuses = RETRY_STATUSES
+    max_attempts = 20
 
 
 class ReservationSampler:

@@ -164,7 +164,95 @@ def per_size(name: str = "cluster-scaling", base: str = "kv_aware") -> str:
     return "\n".join(lines) + "\n"
 
 
+# Baselines that know nothing of programs: issue 17's 1.15x is against the best of these.
+NOT_PROGRAM_AWARE = (
+    "kv_aware",
+    "session_affinity",
+    "offload",
+    "continuum",
+    "vllm",
+    "round_robin",
+    "sticky",
+)
+
+
+def _medians(report: dict, point: tuple[int, int]) -> dict[str, dict]:
+    return {
+        r["policy"]: r
+        for r in report.get("steady", [])
+        if (r["engines"], r["programs_per_engine"]) == point
+    }
+
+
+def _ratio(main: dict[str, dict], policy: str) -> float | None:
+    if policy not in main or "thunder-mw" not in main:
+        return None
+    theirs = main[policy]["steps_per_min_steady"]["median"]
+    return main["thunder-mw"]["steps_per_min_steady"]["median"] / theirs if theirs else None
+
+
+def _verdict(value: float | None, goal: float, more: bool = True) -> str:
+    if value is None:
+        return "-"
+    met = value >= goal if more else value <= goal
+    return f"{value:.2f}" if met else f"**{value:.2f}**"
+
+
+def targets(names: list[str]) -> str:
+    """Issue 17's targets per scenario, from its main (past-the-knee) point and its smallest
+    sweep point; a figure in bold misses its target. The last column: the best ablation
+    variant of thunder-mw in `<name>-variants.json`, where one was run."""
+    lines = [
+        "| scenario | / best not program-aware (>= 1.15) | / original's rules (>= 1.1) | "
+        "/ vllm_router_program (>= 1.1) | JCT mean / best other (<= 1) | max/median JCT "
+        "(<= 3) | smallest sweep point: / best baseline (>= 0.98) | best variant / thunder-mw |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            continue
+        report = json.loads(path.read_text())
+        c = report["config"]
+        main = _medians(report, (c["engines"], c["programs_per_engine"]))
+        if "thunder-mw" not in main:
+            continue
+        plain = [p for p in main if p in NOT_PROGRAM_AWARE]
+        best = max(plain, key=lambda p: main[p]["steps_per_min_steady"]["median"], default=None)
+        others = [p for p in main if p != "thunder-mw"]
+        jct = main["thunder-mw"]["jct_mean_s"]["median"] / min(
+            main[p]["jct_mean_s"]["median"] for p in others
+        )
+        spread = main["thunder-mw"]["jct_max_over_median"]["median"]
+        points = sorted({(r["engines"], r["programs_per_engine"]) for r in report["steady"]})
+        low = "-"
+        if len(points) > 1:
+            small = _medians(report, points[0])
+            rivals = [p for p in small if p not in LEAD]
+            top = max(rivals, key=lambda p: small[p]["steps_per_min_steady"]["median"])
+            low = f"{_verdict(_ratio(small, top), 0.98)} ({top}, {points[0][1]} per engine)"
+        variant = "-"
+        vpath = RESULTS / f"{name}-variants.json"
+        if vpath.exists():
+            vmain = _medians(json.loads(vpath.read_text()), (c["engines"], c["programs_per_engine"]))
+            tried = [p for p in vmain if p.startswith("thunder-mw/")]
+            if tried and "thunder-mw" in vmain:
+                top = max(tried, key=lambda p: vmain[p]["steps_per_min_steady"]["median"])
+                variant = f"{top} {1 / _ratio(vmain, top):.2f}"  # type: ignore[operator]
+        lines.append(
+            f"| `{name}` | {_verdict(_ratio(main, best), 1.15) if best else '-'} ({best}) | "
+            f"{_verdict(_ratio(main, 'thunderagent'), 1.1)} | "
+            f"{_verdict(_ratio(main, 'vllm_router_program'), 1.1)} | "
+            f"{_verdict(jct, 1.0, more=False)} | {_verdict(spread, 3.0, more=False)} | "
+            f"{low} | {variant} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--targets"]:
+        print(targets(sys.argv[2:] or PUBLISHED))
+        sys.exit()
     if sys.argv[1:2] == ["--reproduction"]:
         names = sys.argv[2:] or PUBLISHED
         print(steady(names))

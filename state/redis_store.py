@@ -88,9 +88,40 @@ class SyncResult(msgspec.Struct, frozen=True):
 _RECORD = msgspec.json.Encoder()
 _RECORD_DECODER = msgspec.json.Decoder(ProgramRecord)
 
+# Sums the reservations live replicas hold on one engine (all but program `skip`), deleting
+# those of replicas whose lease has lapsed; `alive` caches each replica's lease check.
+_TALLY = """
+local function tally(P, me, engine, skip, alive)
+  local resv, hk = P .. 'resv:' .. engine, P .. 'holder:' .. engine
+  local h = redis.call('HGETALL', hk)
+  local foreign, total = 0, 0
+  for i = 1, #h, 2 do
+    local f, r = h[i], h[i + 1]
+    if f ~= skip then
+      local ok = alive[r]
+      if ok == nil then
+        ok = (r == me) or (redis.call('EXISTS', P .. 'lease:' .. r) == 1)
+        alive[r] = ok
+      end
+      if ok then
+        local t = tonumber(redis.call('HGET', resv, f) or '0')
+        total = total + t
+        if r ~= me then foreign = foreign + t end
+      else
+        redis.call('HDEL', hk, f)
+        redis.call('HDEL', resv, f)
+      end
+    end
+  end
+  return foreign, total
+end
+"""
+
 # ARGV: prefix, me, program, mode, engine, tokens, limit (-1: none), record json ("": keep),
 # record ttl ms, waiting score ("": not waiting), then every engine label.
-SYNC = """
+SYNC = (
+    _TALLY
+    + """
 local P, me, prog, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local engine, tokens, limit = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local rec, ttl, waiting = ARGV[8], tonumber(ARGV[9]), ARGV[10]
@@ -118,27 +149,8 @@ end
 local foreign = 0
 if engine ~= '' then
   local resv, hk = P .. 'resv:' .. engine, P .. 'holder:' .. engine
-  local h = redis.call('HGETALL', hk)
-  local alive = {}
-  local total = 0
-  for i = 1, #h, 2 do
-    local f, r = h[i], h[i + 1]
-    if f ~= prog then
-      local ok = alive[r]
-      if ok == nil then
-        ok = (r == me) or (redis.call('EXISTS', P .. 'lease:' .. r) == 1)
-        alive[r] = ok
-      end
-      if ok then
-        local t = tonumber(redis.call('HGET', resv, f) or '0')
-        total = total + t
-        if r ~= me then foreign = foreign + t end
-      else
-        redis.call('HDEL', hk, f)
-        redis.call('HDEL', resv, f)
-      end
-    end
-  end
+  local total
+  foreign, total = tally(P, me, engine, prog, {})
   local current = tonumber(redis.call('HGET', resv, prog) or '0')
   -- An engine nobody else reserves admits any program (as the admission stage does).
   if tokens > current and limit >= 0 and total > 0 and total + tokens > limit then
@@ -156,40 +168,26 @@ else
 end
 return {1, foreign, freed}
 """
+)
 
 # ARGV: prefix, me, lease ms, then every engine label. Renews the lease, reaps the dead
 # replicas' reservations; returns per engine: tokens other live replicas reserve, and the
 # total reserved by all live replicas.
-SNAPSHOT = """
+SNAPSHOT = (
+    _TALLY
+    + """
 local P, me, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 redis.call('SET', P .. 'lease:' .. me, '1', 'PX', lease)
 local out = {}
 local alive = {}
 for i = 4, #ARGV do
-  local resv, hk = P .. 'resv:' .. ARGV[i], P .. 'holder:' .. ARGV[i]
-  local h = redis.call('HGETALL', hk)
-  local foreign, total = 0, 0
-  for j = 1, #h, 2 do
-    local f, r = h[j], h[j + 1]
-    local ok = alive[r]
-    if ok == nil then
-      ok = (r == me) or (redis.call('EXISTS', P .. 'lease:' .. r) == 1)
-      alive[r] = ok
-    end
-    if ok then
-      local t = tonumber(redis.call('HGET', resv, f) or '0')
-      total = total + t
-      if r ~= me then foreign = foreign + t end
-    else
-      redis.call('HDEL', hk, f)
-      redis.call('HDEL', resv, f)
-    end
-  end
+  local foreign, total = tally(P, me, ARGV[i], nil, alive)
   table.insert(out, foreign)
   table.insert(out, total)
 end
 return out
 """
+)
 
 
 class RedisStore:

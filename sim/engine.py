@@ -103,7 +103,9 @@ class Sequence:
         "_o0",
         "_refused_at",
         "_refused_epoch",
+        "_scheduled_at",
         "block_hashes",
+        "first_token_at",
         "blocks",
         "decoding",
         "finish_reason",
@@ -173,6 +175,10 @@ class Sequence:
         self._refused_epoch = -1
         self._refused_at = 0
         self._chain: set[BlockHash] | None = None
+        # Engine time (simulated seconds) of its first scheduling and its first token: vLLM's
+        # request prefill and decode time histograms are measured between these and the end.
+        self._scheduled_at = -1.0
+        self.first_token_at = -1.0
 
     @property
     def num_tokens(self) -> int:
@@ -200,6 +206,13 @@ class EngineStats:
     external_prefix_cache_queries: int = 0
     external_prefix_cache_hits: int = 0
     cached_by_source: dict[str, int] = field(default_factory=dict)
+    # vLLM's per-request phase times, summed over finished requests (its histograms' _sum):
+    # first scheduling to first token, the prompt tokens that needed computing, first to
+    # last token.
+    request_prefill_seconds: float = 0.0
+    request_prefill_kv_computed_tokens: int = 0
+    request_decode_seconds: float = 0.0
+    requests_timed: int = 0
     kv_load_tokens: int = 0
     kv_load_seconds: float = 0.0
     # TTL pins: made, ended by their program's next request, ended by their TTL.
@@ -501,6 +514,8 @@ class Engine:
             if seq.num_computed < seq.num_tokens:
                 continue  # more chunks to go
             del self._prefilling[seq.run_no]
+            if seq.num_output == 0:
+                seq.first_token_at = self.now
             if seq.num_preemptions == 0 and seq.num_output == 0:
                 st.prompt_tokens += seq.prompt_len
                 st.prompt_tokens_cached += max(seq.num_cached_tokens, 0)
@@ -624,6 +639,8 @@ class Engine:
                 by_source["device"] = by_source.get("device", 0) + hit_tokens
             for tier in tiers:
                 by_source[tier.name] = by_source.get(tier.name, 0) + bs
+        if seq._scheduled_at < 0:
+            seq._scheduled_at = self.now  # this step's start
         if seq.num_cached_tokens < 0:
             seq.num_cached_tokens = hit_tokens + loaded_tokens
             seq.num_loaded_tokens = loaded_tokens
@@ -770,8 +787,14 @@ class Engine:
         seq.status = Status.FINISHED
         seq.finish_step = s
         seq.finish_reason = seq.stop_reason
-        done = self.stats.requests_finished
+        st = self.stats
+        done = st.requests_finished
         done[seq.stop_reason] = done.get(seq.stop_reason, 0) + 1
+        if seq._scheduled_at >= 0 and seq.first_token_at >= 0:
+            st.request_prefill_seconds += seq.first_token_at - seq._scheduled_at
+            st.request_prefill_kv_computed_tokens += seq.prompt_len - max(seq.num_cached_tokens, 0)
+            st.request_decode_seconds += self.now - seq.first_token_at
+            st.requests_timed += 1
         self._by_id.pop(seq.request_id, None)
         finished.append(seq)
 

@@ -6,7 +6,12 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 if TYPE_CHECKING:
     from thunder_mw.sim.server import SimService
@@ -161,6 +166,7 @@ class _VllmCollector(_EngineCollector):
             "Number of generation tokens processed.",
             st.generation_tokens,
         )
+        yield from _vllm_request_phases(svc, labels, values)
         success = CounterMetricFamily(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -189,6 +195,34 @@ class _VllmCollector(_EngineCollector):
         )
         info.add_metric([info_values[k] for k in names], 1.0)
         yield info
+
+
+def _vllm_request_phases(svc: SimService, labels: list[str], values: list[str]) -> Iterator[Metric]:
+    """vLLM's per-request prefill and decode histograms, as their sums and counts (one +Inf
+    bucket): what a gateway learns an engine's prefill and decode costs from. Times are the
+    engine's simulated seconds over the time scale, i.e. the wall seconds clients see."""
+    st = svc.engine.stats
+    scale = svc.time_scale
+    for name, doc, total in (
+        (
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            st.request_prefill_seconds / scale,
+        ),
+        (
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            st.request_decode_seconds / scale,
+        ),
+        (
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            float(st.request_prefill_kv_computed_tokens),
+        ),
+    ):
+        h = HistogramMetricFamily(name, doc, labels=labels)
+        h.add_metric(values, [("+Inf", float(st.requests_timed))], total)
+        yield h
 
 
 def _vllm_offload(svc: SimService, labels: list[str], values: list[str]) -> Iterator[Metric]:

@@ -19,7 +19,9 @@ REFERENCE = Path(__file__).with_name("vllm_0.32_metrics.txt")
 def _with_engine(body: Callable[[httpx.AsyncClient], Awaitable[Any]], **settings: Any) -> Any:
     async def main() -> Any:
         engine = EmbeddedEngine(
-            SimEngineSettings(num_blocks=64, block_size=16, profile="instant", **settings)
+            SimEngineSettings(
+                **{"num_blocks": 64, "block_size": 16, "profile": "instant", **settings}
+            )
         )
         url = await engine.start()
         try:
@@ -58,6 +60,9 @@ def test_vllm_metrics_have_the_real_engines_names_types_and_labels() -> None:
         "vllm:num_preemptions",
         "vllm:prompt_tokens",
         "vllm:generation_tokens",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_prefill_kv_computed_tokens",
     ):
         assert name in sim, name
     for name, (kind, labels) in sim.items():
@@ -79,6 +84,29 @@ def test_vllm_metrics_report_capacity_and_prefix_hits_in_tokens() -> None:
     assert samples["vllm:prefix_cache_queries_total"].value == 2 * n
     # The repeat reuses its full blocks except the one holding its last token.
     assert samples["vllm:prefix_cache_hits_total"].value == (n - 1) // 16 * 16
+
+
+def test_vllm_request_phase_histograms_feed_the_gateways_cost_counters() -> None:
+    """What the cost-aware overflow rule learns from a live engine (engines/pool.py reads the
+    histograms' sums): the prompt tokens computed, prefill and decode time, in wall seconds."""
+    from thunder_mw.engines.pool import parse_signals
+
+    async def body(client: httpx.AsyncClient) -> tuple[int, bytes]:
+        n = (await client.post("/tokenize", json={"prompt": "word " * 40})).json()["count"]
+        for _ in range(2):
+            await client.post("/v1/completions", json={"prompt": "word " * 40, "max_tokens": 5})
+        return n, (await client.get("/metrics")).content
+
+    n, text = _with_engine(body, profile="h100-8b", time_scale=1000.0)
+    m = parse_signals("vllm", text)
+    # The repeat computes only what its cached full blocks do not hold.
+    assert m.prefill_tokens_total == n + (n - (n - 1) // 16 * 16)
+    assert m.decode_tokens_total == 10
+    assert m.prefill_seconds_total is not None and m.decode_seconds_total is not None
+    # Priced by the profile (milliseconds a step), reported over the time scale.
+    assert 0 < m.prefill_seconds_total < 0.001
+    assert 0 < m.decode_seconds_total < 0.001
+    assert m.decode_seconds_total > m.prefill_seconds_total  # four steps against one
 
 
 def test_sglang_flavour_serves_its_metrics_and_load_routes() -> None:

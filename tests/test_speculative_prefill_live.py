@@ -79,6 +79,27 @@ async def until(done, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def ready(client: httpx.AsyncClient) -> None:
+    """Until both engines are probed: a drain moves a program only to an engine whose
+    capacity is known (else it pauses it, and the test would wait on a resume)."""
+
+    async def done() -> bool:
+        backends = (await client.get("/backends")).json()["backends"]
+        return all(b["healthy"] and b["capacity_tokens"] for b in backends)
+
+    await until(done)
+
+
+async def acting(client: httpx.AsyncClient, program: str) -> None:
+    """Until the gateway has closed the program's call (it answers the client first)."""
+
+    async def done() -> bool:
+        view = (await client.get(f"/programs/{program}")).json()
+        return view["phase"] == "acting" and view["in_flight"] == 0
+
+    await until(done)
+
+
 def test_a_program_moved_while_acting_is_warmed_and_its_next_call_hits_the_cache():
     async def run() -> None:
         app = ThunderGateway(config())
@@ -87,11 +108,13 @@ def test_a_program_moved_while_acting_is_warmed_and_its_next_call_hits_the_cache
             async with httpx.AsyncClient(
                 transport=transport, base_url="http://gw", timeout=30
             ) as client:
+                await ready(client)
                 messages = [
                     {"role": "system", "content": SYSTEM},
                     {"role": "user", "content": TASK},
                 ]
                 answer, first = await streamed(client, request("p", messages, stream=True))
+                await acting(client, "p")
                 home = (await client.get("/programs/p")).json()["backend"]
                 other = "sim-1" if home == "sim-0" else "sim-0"
                 # Its engine is drained while its tool runs: it is moved, and warmed there.
@@ -143,12 +166,14 @@ def test_the_byte_budget_evicts_the_least_recent_programs_prompt():
             async with httpx.AsyncClient(
                 transport=transport, base_url="http://gw", timeout=30
             ) as client:
+                await ready(client)
                 task = [{"role": "user", "content": TASK[:2500]}]
                 for program in ("a", "b"):
                     r = await client.post(
                         "/v1/chat/completions", json=request(program, task, stream=False)
                     )
                     assert r.status_code == 200
+                    await acting(client, program)  # its answer is stored once its call closes
                 metrics = (await client.get("/metrics")).text
                 assert metric(metrics, "thunder_mw_speculative_prefill_memory_evictions_total") == 1
                 assert metric(metrics, "thunder_mw_speculative_prefill_memory_programs") == 1

@@ -91,7 +91,10 @@ class LiveScheduler:
             pool.configured(),
             build_pipeline(policies),
         )
-        self._prefix_keys = any(isinstance(stage, KvPlacement) for stage in self.core.stages)
+        # Key requests by their shared prefix only for stages that use it (it costs a hash).
+        self._prefix_keys = self.core.dedupe_prefixes or any(
+            isinstance(stage, KvPlacement) for stage in self.core.stages
+        )
         self._waiters: dict[str, list[asyncio.Future[str]]] = {}
         # Calls handed to each engine and not yet ended (a drain or a weight update waits
         # for them), and the calls held at the gate while generation is paused.

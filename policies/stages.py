@@ -134,6 +134,12 @@ class AdmissionParams(StageParams):
         description="cost_aware: count a backend's host (and disk) KV tier in its pool, at "
         "its reload cost (false: plan with the GPU cache alone).",
     )
+    shared_prefix: bool = Field(
+        False,
+        description="Count a prefix (system prompt) that programs on one backend share once, "
+        "as an engine with prefix caching holds it (false: every reservation counts its "
+        "whole context; docs/scheduling.md).",
+    )
     max_overflow: float = Field(
         0.25,
         ge=0,
@@ -156,6 +162,7 @@ class Admission(Stage):
         if self.params.low_watermark > self.params.high_watermark:
             raise ValueError("low_watermark must not exceed high_watermark")
         core.buffer_tokens = self.params.buffer_tokens_per_program
+        core.dedupe_prefixes = self.params.shared_prefix
         self.costs: dict[str, EngineCosts] = {}
         self._seen: dict[str, object] = {}
 
@@ -206,7 +213,7 @@ class Admission(Stage):
         return OverflowView(
             capacity=high,
             reserved=backend.reserved - backend.unused,
-            running=backend.running_reserved - backend.unused,
+            running=backend.running_reserved - backend.running_unused,
             batch=running if running else core.table.programs_on(backend.label),
             # The tier holds idle programs' whole contexts, which reservations count at
             # the ACTING weight: in reserved tokens it holds that share of its size.
@@ -255,7 +262,8 @@ class Admission(Stage):
                     backend.resident_ratio,
                     m.kv_usage,
                     backend.capacity,
-                    backend.running_reserved,
+                    # what the gauge can see: each shared prefix once
+                    backend.running_reserved - backend.shared_running_credit,
                     floor,
                 )
         if self.params.overflow != "cost_aware":
@@ -308,6 +316,12 @@ class PauseParams(StageParams):
         description="When the queue's head fits nowhere, pause ACTING programs expected to "
         "stay in their tool at least this long more, to make room for it (null: never).",
     )
+    reasoning_victim: Literal["largest", "youngest", "smallest"] = Field(
+        "largest",
+        description="cost_benefit: which REASONING program is marked first: the `largest` "
+        "(the fewest programs pay a pause) or the `youngest` (admitted last: the least "
+        "context to recompute, the programs already under way run to completion).",
+    )
     reduce_projection: bool = Field(
         True,
         description="Count a REASONING program marked to pause as already freed (false "
@@ -344,6 +358,10 @@ class StateAwarePause(Stage):
         if acting:
             expected_end = program.acting_since + core.expected_tool_time(program)
             return (program.priority, -expected_end, -program.reserved_tokens)
+        if self.params.reasoning_victim == "youngest":
+            return (program.priority, -program.created_at)
+        if self.params.reasoning_victim == "smallest":
+            return (program.priority, program.reserved_tokens)
         return (program.priority, -program.reserved_tokens)
 
     def on_backend_change(self, core: SchedulerCore, backend: BackendState, now: float) -> None:
@@ -423,7 +441,7 @@ class StateAwarePause(Stage):
 
 # ---------------------------------------------------------------------------- migration
 class MigrationParams(StageParams):
-    placement: Literal["best_fit_decreasing", "most_room"] = Field(
+    placement: Literal["best_fit_decreasing", "most_room", "oldest_program"] = Field(
         "best_fit_decreasing",
         description="Queue order within a priority band: largest first (BFD) or arrival.",
     )
@@ -454,6 +472,9 @@ class Migration(Stage):
     def queue_key(self, core: SchedulerCore, program: Program) -> Any:
         assert program.queued_at is not None
         band = math.floor(program.queued_at / self.params.aging_s - program.priority)
+        if self.params.placement == "oldest_program":
+            band = math.floor(program.created_at / self.params.aging_s - program.priority)
+            return (band, program.created_at)
         if self.params.placement == "best_fit_decreasing":
             return (band, -program.request_tokens, program.queued_at)
         return (band, program.queued_at)
@@ -609,7 +630,7 @@ THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
 ]
 
 DEFAULT_PIPELINE: list[dict[str, Any]] = [
-    {"admission": {"overflow": "cost_aware"}},
+    {"admission": {"overflow": "cost_aware", "shared_prefix": True}},
     {"state_aware_pause": {}},
     {"migration": {}},
     {"gc_hooks": {}},

@@ -316,11 +316,12 @@ class PauseParams(StageParams):
         description="When the queue's head fits nowhere, pause ACTING programs expected to "
         "stay in their tool at least this long more, to make room for it (null: never).",
     )
-    reasoning_victim: Literal["largest", "youngest", "smallest"] = Field(
+    reasoning_victim: Literal["largest", "smallest"] = Field(
         "largest",
         description="cost_benefit: which REASONING program is marked first: the `largest` "
-        "(the fewest programs pay a pause) or the `youngest` (admitted last: the least "
-        "context to recompute, the programs already under way run to completion).",
+        "(the fewest programs pay a pause) or the `smallest` (the least context to recompute "
+        "when it returns; the programs furthest along run on: pays on very long contexts, "
+        "costs batch width on moderate ones; docs/scheduling.md).",
     )
     reduce_projection: bool = Field(
         True,
@@ -338,7 +339,10 @@ class StateAwarePause(Stage):
     - `cost_benefit` (default): lowest priority first; then the program whose tool call is
       expected to run longest from now (EMA of its own tool gaps, else its session type's),
       i.e. the most memory freed for the longest time per recompute it will cost; REASONING
-      programs: the largest first, so the fewest programs pay a pause.
+      programs (`reasoning_victim`): the largest first, so the fewest programs pay a pause,
+      or the smallest first: each pause then costs the least recompute when the program
+      returns, and the programs furthest along run to completion instead of every program
+      taking turns through the cache (docs/scheduling.md, "Which call pauses").
     """
 
     name = "state_aware_pause"
@@ -358,8 +362,6 @@ class StateAwarePause(Stage):
         if acting:
             expected_end = program.acting_since + core.expected_tool_time(program)
             return (program.priority, -expected_end, -program.reserved_tokens)
-        if self.params.reasoning_victim == "youngest":
-            return (program.priority, -program.created_at)
         if self.params.reasoning_victim == "smallest":
             return (program.priority, program.reserved_tokens)
         return (program.priority, -program.reserved_tokens)
@@ -441,7 +443,7 @@ class StateAwarePause(Stage):
 
 # ---------------------------------------------------------------------------- migration
 class MigrationParams(StageParams):
-    placement: Literal["best_fit_decreasing", "most_room", "oldest_program"] = Field(
+    placement: Literal["best_fit_decreasing", "most_room"] = Field(
         "best_fit_decreasing",
         description="Queue order within a priority band: largest first (BFD) or arrival.",
     )
@@ -472,9 +474,6 @@ class Migration(Stage):
     def queue_key(self, core: SchedulerCore, program: Program) -> Any:
         assert program.queued_at is not None
         band = math.floor(program.queued_at / self.params.aging_s - program.priority)
-        if self.params.placement == "oldest_program":
-            band = math.floor(program.created_at / self.params.aging_s - program.priority)
-            return (band, program.created_at)
         if self.params.placement == "best_fit_decreasing":
             return (band, -program.request_tokens, program.queued_at)
         return (band, program.queued_at)
@@ -630,7 +629,7 @@ THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
 ]
 
 DEFAULT_PIPELINE: list[dict[str, Any]] = [
-    {"admission": {"overflow": "cost_aware", "shared_prefix": True}},
+    {"admission": {"overflow": "cost_aware"}},
     {"state_aware_pause": {}},
     {"migration": {}},
     {"gc_hooks": {}},

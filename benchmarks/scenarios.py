@@ -65,6 +65,16 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "thunder-mw/yield-5s": _thunder_mw(**{"state-aware-pause": {"yield_idle_after_s": 5.0}}),
     # Ablations of issue 17's mechanisms (docs/scheduling.md), each against the default.
     "thunder-mw/no-cost-aware": _thunder_mw(admission={"overflow": "hold"}),
+    # docs/scheduling.md, "Shared prefixes counted once" and "Which call pauses": off by
+    # default (each lost on some published setup).
+    "thunder-mw/shared-prefix": _thunder_mw(admission={"shared_prefix": True}),
+    "thunder-mw/smallest-victim": _thunder_mw(
+        **{"state-aware-pause": {"reasoning_victim": "smallest"}}
+    ),
+    "thunder-mw/shared-prefix+smallest-victim": _thunder_mw(
+        admission={"shared_prefix": True},
+        **{"state-aware-pause": {"reasoning_victim": "smallest"}},
+    ),
     "thunder-mw/no-host-tier": _thunder_mw(admission={"host_tier": False}),
     "thunder-mw/resident": _thunder_mw(admission={"resident_floor": 0.5}),
     "thunder-mw/hw-1.0+acting-0.5": _thunder_mw(

@@ -43,7 +43,8 @@ RETRY_AFTER_S = b"5"
 
 def request_info(body: RequestBody | None, prefix_keys: bool = True) -> RequestInfo:
     """What the core is told of a request; `prefix_keys`: key its shared prefix (only a
-    pipeline that places by prefix needs it: hashing a long system prompt costs time)."""
+    pipeline that places by prefix or counts shared prefixes once needs it: hashing a long
+    system prompt costs time)."""
     if body is None:
         return RequestInfo()
     data = body.data
@@ -91,7 +92,11 @@ class LiveScheduler:
             pool.configured(),
             build_pipeline(policies),
         )
-        self._prefix_keys = any(isinstance(stage, KvPlacement) for stage in self.core.stages)
+        # Key requests by their shared prefix only for stages that use it (it costs a hash):
+        # KV-aware placement, and admission counting shared prefixes once.
+        self._prefix_keys = self.core.dedupe_prefixes or any(
+            isinstance(stage, KvPlacement) for stage in self.core.stages
+        )
         self._waiters: dict[str, list[asyncio.Future[str]]] = {}
         # Calls handed to each engine and not yet ended (a drain or a weight update waits
         # for them), and the calls held at the gate while generation is paused.

@@ -20,6 +20,7 @@ import msgspec
 from thunder_mw.policies.estimates import TokenEstimator, ToolTimeModel
 from thunder_mw.policies.lazy_heap import LazyHeap
 from thunder_mw.policies.program_table import Phase, Program, ProgramState, ProgramTable, Usage
+from thunder_mw.policies.shared_prefix import SharedPrefixes
 from thunder_mw.schemas.agent_context import AgentContext
 
 if TYPE_CHECKING:
@@ -153,6 +154,7 @@ class BackendState:
         "resident_ratio",
         "running_reserved",
         "scale",
+        "shared",
     )
 
     def __init__(self, label: str, capacity: int | None, healthy: bool, is_live: Any) -> None:
@@ -187,11 +189,29 @@ class BackendState:
         self.queries_baseline = 0.0
         self.acting: LazyHeap[Program] = LazyHeap(is_live)
         self.reasoning: LazyHeap[Program] = LazyHeap(is_live)
+        # Prefixes its programs share, counted once (policies/shared_prefix.py; None: every
+        # reservation counts its whole context).
+        self.shared: SharedPrefixes | None = None
 
     @property
     def unused(self) -> int:
-        """Reserved tokens the engine reports it does not hold (policies/resident.py)."""
-        return int((1.0 - self.resident_ratio) * max(0, self.running_reserved))
+        """Reserved tokens the engine does not hold: copies of a shared prefix it holds once
+        (policies/shared_prefix.py), and what its KV gauge says (policies/resident.py)."""
+        return self.shared_credit + self.running_unused - self.shared_running_credit
+
+    @property
+    def running_unused(self) -> int:
+        """Of `unused`, what is reserved by programs with a call in flight."""
+        running = max(0, self.running_reserved - self.shared_running_credit)
+        return self.shared_running_credit + int((1.0 - self.resident_ratio) * running)
+
+    @property
+    def shared_credit(self) -> int:
+        return self.shared.credit if self.shared is not None else 0
+
+    @property
+    def shared_running_credit(self) -> int:
+        return self.shared.running_credit if self.shared is not None else 0
 
     @property
     def projected(self) -> int:
@@ -239,6 +259,9 @@ class SchedulerCore:
         # Footprint parameters; stages set them when bound.
         self.buffer_tokens = 0
         self.acting_weight = 1.0
+        # Count a prefix shared by programs on one backend once (a stage turns it on).
+        self.dedupe_prefixes = False
+        self._prefix_slots: dict[str, tuple[SharedPrefixes, str, bool]] = {}
         self.queue: LazyHeap[Program] = LazyHeap(_live)
         self.queue_fifo: collections.deque[tuple[float, Program]] = collections.deque()
         self.idle: LazyHeap[Program] = LazyHeap(_live)
@@ -538,6 +561,10 @@ class SchedulerCore:
 
     def admits(self, program: Program, backend: BackendState, now: float) -> bool:
         tokens = self._footprint(program, for_resume=True)
+        if backend.shared is not None and program.program_id not in self._prefix_slots:
+            # What the engine already holds of it: its prefix, if others here share it.
+            running = program.in_flight > 0 or program.waiting > 0
+            tokens -= backend.shared.credit_for(program.prefix_key, running)
         return all(stage.admits(self, program, backend, tokens, now) for stage in self.stages)
 
     def programs(self) -> list[Program]:
@@ -640,6 +667,8 @@ class SchedulerCore:
         running = tokens if program.in_flight > 0 else 0
         backend.running_reserved += running - program.running_tokens
         program.running_tokens = running
+        if self.dedupe_prefixes:
+            self._hold_prefix(program, backend, running > 0)
         if program.pause_pending:
             backend.pending_release += tokens - program.pending_tokens
             program.pending_tokens = tokens
@@ -658,6 +687,25 @@ class SchedulerCore:
         program.reserved_tokens = 0
         program.running_tokens = 0
         program.pause_pending = False
+        slot = self._prefix_slots.pop(program.program_id, None)
+        if slot is not None:
+            slot[0].remove(slot[1], slot[2])
+
+    def _hold_prefix(self, program: Program, backend: BackendState, running: bool) -> None:
+        """Keep `program`'s entry among the prefixes its backend holds once up to date."""
+        key = program.prefix_key if program.prefix_tokens > 0 else None
+        slot = self._prefix_slots.get(program.program_id)
+        if slot is not None:
+            if slot[0] is backend.shared and slot[1] == key and slot[2] == running:
+                return
+            slot[0].remove(slot[1], slot[2])
+            del self._prefix_slots[program.program_id]
+        if key is None:
+            return
+        if backend.shared is None:
+            backend.shared = SharedPrefixes(self.acting_weight)
+        backend.shared.add(key, program.prefix_tokens, running)
+        self._prefix_slots[program.program_id] = (backend.shared, key, running)
 
     def _move(self, program: Program, target: str) -> None:
         tokens = program.reserved_tokens

@@ -134,6 +134,12 @@ class AdmissionParams(StageParams):
         description="cost_aware: count a backend's host (and disk) KV tier in its pool, at "
         "its reload cost (false: plan with the GPU cache alone).",
     )
+    shared_prefix: bool = Field(
+        False,
+        description="Count a prefix (system prompt) that programs on one backend share once, "
+        "as an engine with prefix caching holds it (false: every reservation counts its "
+        "whole context; docs/scheduling.md).",
+    )
     max_overflow: float = Field(
         0.25,
         ge=0,
@@ -156,6 +162,7 @@ class Admission(Stage):
         if self.params.low_watermark > self.params.high_watermark:
             raise ValueError("low_watermark must not exceed high_watermark")
         core.buffer_tokens = self.params.buffer_tokens_per_program
+        core.dedupe_prefixes = self.params.shared_prefix
         self.costs: dict[str, EngineCosts] = {}
         self._seen: dict[str, object] = {}
 
@@ -206,7 +213,7 @@ class Admission(Stage):
         return OverflowView(
             capacity=high,
             reserved=backend.reserved - backend.unused,
-            running=backend.running_reserved - backend.unused,
+            running=backend.running_reserved - backend.running_unused,
             batch=running if running else core.table.programs_on(backend.label),
             # The tier holds idle programs' whole contexts, which reservations count at
             # the ACTING weight: in reserved tokens it holds that share of its size.
@@ -255,7 +262,8 @@ class Admission(Stage):
                     backend.resident_ratio,
                     m.kv_usage,
                     backend.capacity,
-                    backend.running_reserved,
+                    # what the gauge can see: each shared prefix once
+                    backend.running_reserved - backend.shared_running_credit,
                     floor,
                 )
         if self.params.overflow != "cost_aware":
@@ -308,6 +316,13 @@ class PauseParams(StageParams):
         description="When the queue's head fits nowhere, pause ACTING programs expected to "
         "stay in their tool at least this long more, to make room for it (null: never).",
     )
+    reasoning_victim: Literal["largest", "smallest"] = Field(
+        "largest",
+        description="cost_benefit: which REASONING program is marked first: the `largest` "
+        "(the fewest programs pay a pause) or the `smallest` (the least context to recompute "
+        "when it returns; the programs furthest along run on: pays on very long contexts, "
+        "costs batch width on moderate ones; docs/scheduling.md).",
+    )
     reduce_projection: bool = Field(
         True,
         description="Count a REASONING program marked to pause as already freed (false "
@@ -324,7 +339,10 @@ class StateAwarePause(Stage):
     - `cost_benefit` (default): lowest priority first; then the program whose tool call is
       expected to run longest from now (EMA of its own tool gaps, else its session type's),
       i.e. the most memory freed for the longest time per recompute it will cost; REASONING
-      programs: the largest first, so the fewest programs pay a pause.
+      programs (`reasoning_victim`): the largest first, so the fewest programs pay a pause,
+      or the smallest first: each pause then costs the least recompute when the program
+      returns, and the programs furthest along run to completion instead of every program
+      taking turns through the cache (docs/scheduling.md, "Which call pauses").
     """
 
     name = "state_aware_pause"
@@ -344,6 +362,8 @@ class StateAwarePause(Stage):
         if acting:
             expected_end = program.acting_since + core.expected_tool_time(program)
             return (program.priority, -expected_end, -program.reserved_tokens)
+        if self.params.reasoning_victim == "smallest":
+            return (program.priority, program.reserved_tokens)
         return (program.priority, -program.reserved_tokens)
 
     def on_backend_change(self, core: SchedulerCore, backend: BackendState, now: float) -> None:

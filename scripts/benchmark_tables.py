@@ -234,7 +234,9 @@ def targets(names: list[str]) -> str:
         variant = "-"
         vpath = RESULTS / f"{name}-variants.json"
         if vpath.exists():
-            vmain = _medians(json.loads(vpath.read_text()), (c["engines"], c["programs_per_engine"]))
+            vmain = _medians(
+                json.loads(vpath.read_text()), (c["engines"], c["programs_per_engine"])
+            )
             tried = [p for p in vmain if p.startswith("thunder-mw/")]
             if tried and "thunder-mw" in vmain:
                 top = max(tried, key=lambda p: vmain[p]["steps_per_min_steady"]["median"])

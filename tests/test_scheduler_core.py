@@ -157,6 +157,18 @@ def test_marking_a_reasoning_program_lowers_the_projection_so_only_one_is_marked
     assert len(marked) == 1  # 1130 - 410 = 720 <= 1000: one is enough
 
 
+@pytest.mark.parametrize(("rule", "marked"), [("largest", "r2"), ("smallest", "r1")])
+def test_the_reasoning_victim_rule_picks_which_call_is_marked(rule, marked):
+    core = make(pause={"reasoning_victim": rule})
+    run_step(core, "r3", 100, 0)
+    core.on_request(ctx("r1"), info(300), 1)
+    core.on_request(ctx("r2"), info(500), 1)
+    _, actions = core.on_request(ctx("r3"), info(300), 2)  # 1130 > 1000, all reasoning
+    # Either frees enough alone: `smallest` marks the call whose context is cheapest to
+    # recompute when it returns, `largest` the one that frees the most.
+    assert [p.program_id for p in of(actions, Paused) if p.pending] == [marked]
+
+
 def test_the_original_rule_over_pauses_and_is_kept_only_for_its_baseline():
     core = make(capacities=(1200,), policies=[{"thunderagent": {}}])
     run_step(core, "r3", 100, 0)

@@ -3,6 +3,7 @@ so the figures there are the files' figures: python scripts/benchmark_tables.py"
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -67,6 +68,14 @@ PUBLISHED = [
 LEAD = ("thunder-mw", "thunderagent")
 
 
+def _reports(names: list[str]) -> Iterator[tuple[str, dict]]:
+    """Each named scenario's committed result, in order; scenarios without one are skipped."""
+    for name in names:
+        path = RESULTS / f"{name}.json"
+        if path.exists():
+            yield name, json.loads(path.read_text())
+
+
 def _spread(s: dict | None) -> str:
     if not s:
         return "-"
@@ -80,11 +89,7 @@ def reproduction(names: list[str]) -> str:
         "thunder-mw over the same baseline |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name in names:
-        path = RESULTS / f"{name}.json"
-        if not path.exists():
-            continue
-        report = json.loads(path.read_text())
+    for name, report in _reports(names):
         for r in report.get("reproduction", []):
             measured = r["measured_ratio"]
             sim = (
@@ -110,11 +115,7 @@ def steady(names: list[str]) -> str:
         "| scenario | thunder-mw | thunderagent | strongest baseline | thunder-mw / it | wall s |",
         "|---|---|---|---|---|---|",
     ]
-    for name in names:
-        path = RESULTS / f"{name}.json"
-        if not path.exists():
-            continue
-        report = json.loads(path.read_text())
+    for name, report in _reports(names):
         c = report["config"]
         main = {
             r["policy"]: r
@@ -208,11 +209,7 @@ def targets(names: list[str]) -> str:
         "(<= 3) | smallest sweep point: / best baseline (>= 0.98) | best variant / thunder-mw |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name in names:
-        path = RESULTS / f"{name}.json"
-        if not path.exists():
-            continue
-        report = json.loads(path.read_text())
+    for name, report in _reports(names):
         c = report["config"]
         main = _medians(report, (c["engines"], c["programs_per_engine"]))
         if "thunder-mw" not in main:

@@ -6,11 +6,14 @@ concurrent context than the KV cache holds. Prompt lengths are measured with the
 tokenizer, so the script is the same for any engine serving that tokenizer.
 
 The overflow is queued in a paused engine and released at once (vLLM's dev-mode `/pause?mode=keep`
-and `/resume`, which the simulator serves too): sent straight away, the real engine's API server
-handed it over staggered by up to 0.8 s on a loaded 2-core host (it tokenizes and parses while it
-streams the first request's tokens out), about 700 decode steps of the tiny model, and a request
-that reaches the scheduler that late is not admitted beside the first one (no room for its
-prompt) but after it, so the two never collide.
+and `/resume`, which the simulator serves too). Sent straight away, its requests reached the real
+engine 1.0-1.5 s after the first one in half the runs on a loaded 2-core host (the client's event
+loop stalled for that long mid-send): over 700 decode steps of the tiny model at ~1 ms each. By
+then the first request holds 15 of the 23 usable blocks, a newcomer needs 9 for its prompt, so
+vLLM queues it until the first finishes and the two never collide (with every gap that long,
+no pair does: the real engine's 0 preemptions in 3 of 4 runs on 2026-11-30). Paused, no step
+runs (vLLM's scheduler gives a PAUSED_ALL step no token budget), so the release is the same on a
+busy host as on an idle one.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ class Turn:
 @dataclass
 class Script:
     sequential: list[Turn]
-    overflow: list[Turn]  # sent all at once after a prefix-cache reset
+    overflow: list[Turn]  # released at once after a prefix-cache reset (run_script)
     texts: dict[int, str] = field(default_factory=dict)
 
 

@@ -43,6 +43,9 @@ _IGNORED_FIELDS_LOGGER = "vllm.entrypoints.serve.engine.protocol"
 _IGNORED_FIELDS_RE = re.compile(
     r"The following fields were present in the request but ignored: (\{.*\}|set\(\))"
 )
+# With `--enable-log-requests` the API server logs this line (vllm/v1/engine/async_llm.py) once it
+# has sent a request to the engine core, over the same socket as later /pause and /resume calls.
+_ADDED_REQUEST_RE = re.compile(r"\] Added request \S+\.$", re.MULTILINE)
 _LOG_FORMAT = (
     "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s "
     "[%(fileinfo)s:%(lineno)d] %(message)s"
@@ -69,6 +72,7 @@ class RealVllm:
     block_size: int
     log_path: Path
     pid: int
+    log_requests: bool = False
 
     def reset_prefix_cache(self) -> bool:
         """Drops every cached prefix block (dev-mode endpoint); False while blocks are held."""
@@ -96,6 +100,20 @@ class RealVllm:
             log.seek(offset)
             text = log.read().decode("utf-8", errors="replace")
         return parse_ignored_fields(text)
+
+    def requests_added_since(self, offset: int) -> int:
+        """How many requests the API server has handed to the engine core since `offset`.
+
+        Needs an engine started with `log_requests=True`. vLLM logs "Added request" after the
+        request's message is on the engine core's input socket, so once the count covers a
+        request, a /resume sent afterwards reaches the scheduler after it.
+        """
+        if not self.log_requests:
+            raise RuntimeError("requests_added_since needs start_vllm(log_requests=True)")
+        with self.log_path.open("rb") as log:
+            log.seek(offset)
+            text = log.read().decode("utf-8", errors="replace")
+        return len(_ADDED_REQUEST_RE.findall(text))
 
     def log_tail(self, lines: int = 60) -> str:
         """The last `lines` lines of the engine log, for failure messages."""
@@ -131,12 +149,15 @@ def start_vllm(
     max_model_len: int = 2048,
     startup_timeout_s: float = 240.0,
     log_dir: Path | None = None,
+    log_requests: bool = False,
     extra_args: Sequence[str] = (),
 ) -> Iterator[RealVllm]:
     """Runs one `vllm serve` of the tiny model with `num_blocks` KV blocks until the block exits.
 
     `num_blocks=None` leaves the KV cache at what the 1 GiB KV space (VLLM_CPU_KVCACHE_SPACE)
-    holds, as an engine without `--num-gpu-blocks-override` sizes it.
+    holds, as an engine without `--num-gpu-blocks-override` sizes it. `log_requests` adds
+    `--enable-log-requests` (two INFO lines a request), which `RealVllm.requests_added_since`
+    reads.
 
     Raises EngineUnavailable when the venv or model is missing and EngineStartError when the
     engine dies or is not healthy within `startup_timeout_s`.
@@ -165,6 +186,7 @@ def start_vllm(
             "--enforce-eager",
             *(("--num-gpu-blocks-override", str(num_blocks)) if num_blocks is not None else ()),
             "--enable-prompt-tokens-details",
+            *(("--enable-log-requests",) if log_requests else ()),
             *extra_args,
         ]
         env = _engine_env(Path(scratch))
@@ -196,6 +218,7 @@ def start_vllm(
                 block_size=block_size,
                 log_path=log_path,
                 pid=process.pid,
+                log_requests=log_requests,
             )
         finally:
             _stop_group(process)

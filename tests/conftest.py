@@ -56,6 +56,7 @@ def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]:
         num_blocks=24,
         log_dir=tmp_path_factory.mktemp("vllm"),
         startup_timeout_s=ENGINE_STARTUP_TIMEOUT_S,
+        log_requests=True,  # test_sim_validation waits for its overflow to reach the engine
     ) as engine:
         yield engine
 

@@ -133,3 +133,56 @@ def test_release_removes_the_programs_copy() -> None:
     core.on_release("b", "client", 3.0)
     assert core.backends["b0"].unused == 0
     assert core.backends["b0"].reserved == 600
+
+
+# ------------------------------------------------------------------ live
+def test_the_live_gateway_credits_a_system_prompt_its_programs_share() -> None:
+    """Through the gateway: two programs with one system prompt on one engine; the backend's
+    reservation carries a credit for the copy it holds once, and none without the option."""
+    import asyncio
+
+    import httpx
+
+    from thunder_mw.middleware.app import ThunderGateway
+    from thunder_mw.schemas.config import ThunderConfig
+
+    system = {"role": "system", "content": "You are a careful software engineer. " * 40}
+
+    def credit(shared: bool) -> int:
+        config = ThunderConfig(
+            backends=[
+                {
+                    "name": "sim-0",
+                    "type": "sim",
+                    "sim": {"num_blocks": 2048, "block_size": 16, "time_scale": 50.0},
+                }
+            ],
+            policies=[{"admission": {"shared_prefix": shared}}, {"migration": {}}],
+            tools={"docker": {"enabled": False}},
+        )
+
+        async def run() -> int:
+            app = ThunderGateway(config)
+            try:
+                async with httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app=app), base_url="http://gw", timeout=30
+                ) as client:
+                    for program in ("a", "b"):
+                        body = {
+                            "model": "sim-model",
+                            "messages": [system, {"role": "user", "content": f"task {program}"}],
+                            "max_tokens": 4,
+                            "program_id": program,
+                        }
+                        r = await client.post("/v1/chat/completions", json=body)
+                        assert r.status_code == 200, r.text
+                return app.core.scheduler.core.backends["sim-0"].shared_credit
+            finally:
+                await app.core.shutdown()
+
+        return asyncio.run(run())
+
+    with_option = credit(True)
+    # One copy of the ~370-token system prompt is credited back (at the ACTING weight).
+    assert 100 < with_option < 400
+    assert credit(False) == 0

@@ -4,6 +4,8 @@ prompt and answer; the program's next call finds it cached; no client's usage co
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -79,6 +81,20 @@ async def until(done, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+@contextlib.asynccontextmanager
+async def gateway(config: ThunderConfig) -> AsyncIterator[tuple[ThunderGateway, httpx.AsyncClient]]:
+    """The gateway in process and a client of it, once both engines are probed."""
+    app = ThunderGateway(config)
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gw", timeout=30
+        ) as client:
+            await ready(client)
+            yield app, client
+    finally:
+        await app.core.shutdown()
+
+
 async def ready(client: httpx.AsyncClient) -> None:
     """Until both engines are probed: a drain moves a program only to an engine whose
     capacity is known (else it pauses it, and the test would wait on a resume)."""
@@ -102,57 +118,49 @@ async def acting(client: httpx.AsyncClient, program: str) -> None:
 
 def test_a_program_moved_while_acting_is_warmed_and_its_next_call_hits_the_cache():
     async def run() -> None:
-        app = ThunderGateway(config())
-        transport = httpx.ASGITransport(app=app)
-        try:
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://gw", timeout=30
-            ) as client:
-                await ready(client)
-                messages = [
-                    {"role": "system", "content": SYSTEM},
-                    {"role": "user", "content": TASK},
-                ]
-                answer, first = await streamed(client, request("p", messages, stream=True))
-                await acting(client, "p")
-                home = (await client.get("/programs/p")).json()["backend"]
-                other = "sim-1" if home == "sim-0" else "sim-0"
-                # Its engine is drained while its tool runs: it is moved, and warmed there.
-                app.core.scheduler.drain_backend(home)
-                ok = f'thunder_mw_speculative_prefills_total{{backend="{other}",outcome="ok"}}'
+        async with gateway(config()) as (app, client):
+            messages = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": TASK},
+            ]
+            answer, first = await streamed(client, request("p", messages, stream=True))
+            await acting(client, "p")
+            home = (await client.get("/programs/p")).json()["backend"]
+            other = "sim-1" if home == "sim-0" else "sim-0"
+            # Its engine is drained while its tool runs: it is moved, and warmed there.
+            app.core.scheduler.drain_backend(home)
+            ok = f'thunder_mw_speculative_prefills_total{{backend="{other}",outcome="ok"}}'
 
-                async def warmed() -> bool:
-                    return ok + " 1.0" in (await client.get("/metrics")).text
+            async def warmed() -> bool:
+                return ok + " 1.0" in (await client.get("/metrics")).text
 
-                await until(warmed)
-                assert (await client.get("/programs/p")).json()["backend"] == other
+            await until(warmed)
+            assert (await client.get("/programs/p")).json()["backend"] == other
 
-                messages += [
-                    {"role": "assistant", "content": answer},
-                    {"role": "user", "content": "ls returned two files"},
-                ]
-                r = await client.post("/v1/chat/completions", json=request("p", messages, False))
-                assert r.status_code == 200
-                second = r.json()["usage"]
-                # All but the new turn (and a partial block) was already cached on `other`,
-                # which had never seen this program before the warming request.
-                new_turn = 16 + 16
-                assert second["prompt_tokens_details"]["cached_tokens"] >= (
-                    second["prompt_tokens"] - new_turn
-                )
-                assert second["prompt_tokens"] > first["prompt_tokens"] > 300
-                # The warming request is in no usage: the client's, the program's, its profile's.
-                view = (await client.get("/programs/p")).json()
-                assert view["prompt_tokens"] == first["prompt_tokens"] + second["prompt_tokens"]
-                assert view["steps"] == 2
-                profile = (await client.get("/profiles/p")).json()
-                assert profile["steps_total"] == 2 and profile["speculative_prefills"] == 1
-                assert profile["prompt_tokens"] == view["prompt_tokens"]
-                metrics = (await client.get("/metrics")).text
-                assert metric(metrics, "thunder_mw_speculative_prefill_memory_programs") == 1
-                assert metric(metrics, "thunder_mw_speculative_prefill_memory_bytes") > 0
-        finally:
-            await app.core.shutdown()
+            messages += [
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": "ls returned two files"},
+            ]
+            r = await client.post("/v1/chat/completions", json=request("p", messages, False))
+            assert r.status_code == 200
+            second = r.json()["usage"]
+            # All but the new turn (and a partial block) was already cached on `other`,
+            # which had never seen this program before the warming request.
+            new_turn = 16 + 16
+            assert second["prompt_tokens_details"]["cached_tokens"] >= (
+                second["prompt_tokens"] - new_turn
+            )
+            assert second["prompt_tokens"] > first["prompt_tokens"] > 300
+            # The warming request is in no usage: the client's, the program's, its profile's.
+            view = (await client.get("/programs/p")).json()
+            assert view["prompt_tokens"] == first["prompt_tokens"] + second["prompt_tokens"]
+            assert view["steps"] == 2
+            profile = (await client.get("/profiles/p")).json()
+            assert profile["steps_total"] == 2 and profile["speculative_prefills"] == 1
+            assert profile["prompt_tokens"] == view["prompt_tokens"]
+            metrics = (await client.get("/metrics")).text
+            assert metric(metrics, "thunder_mw_speculative_prefill_memory_programs") == 1
+            assert metric(metrics, "thunder_mw_speculative_prefill_memory_bytes") > 0
 
     asyncio.run(run())
 
@@ -160,36 +168,28 @@ def test_a_program_moved_while_acting_is_warmed_and_its_next_call_hits_the_cache
 def test_the_byte_budget_evicts_the_least_recent_programs_prompt():
     async def run() -> None:
         # Room for one program's prompt and answer, not two.
-        app = ThunderGateway(config(memory_bytes=4000))
-        transport = httpx.ASGITransport(app=app)
-        try:
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://gw", timeout=30
-            ) as client:
-                await ready(client)
-                task = [{"role": "user", "content": TASK[:2500]}]
-                for program in ("a", "b"):
-                    r = await client.post(
-                        "/v1/chat/completions", json=request(program, task, stream=False)
-                    )
-                    assert r.status_code == 200
-                    await acting(client, program)  # its answer is stored once its call closes
-                metrics = (await client.get("/metrics")).text
-                assert metric(metrics, "thunder_mw_speculative_prefill_memory_evictions_total") == 1
-                assert metric(metrics, "thunder_mw_speculative_prefill_memory_programs") == 1
-                held = metric(metrics, "thunder_mw_speculative_prefill_memory_bytes")
-                assert 2500 < held <= 4000
-                # "a" was evicted: moving it asks for a warming request with nothing to send.
-                home = (await client.get("/programs/a")).json()["backend"]
-                app.core.scheduler.drain_backend(home)
-                none = 'thunder_mw_speculative_prefills_total{backend="%s",outcome="no_prompt"} 1.0'
-                other = "sim-1" if home == "sim-0" else "sim-0"
+        async with gateway(config(memory_bytes=4000)) as (app, client):
+            task = [{"role": "user", "content": TASK[:2500]}]
+            for program in ("a", "b"):
+                r = await client.post(
+                    "/v1/chat/completions", json=request(program, task, stream=False)
+                )
+                assert r.status_code == 200
+                await acting(client, program)  # its answer is stored once its call closes
+            metrics = (await client.get("/metrics")).text
+            assert metric(metrics, "thunder_mw_speculative_prefill_memory_evictions_total") == 1
+            assert metric(metrics, "thunder_mw_speculative_prefill_memory_programs") == 1
+            held = metric(metrics, "thunder_mw_speculative_prefill_memory_bytes")
+            assert 2500 < held <= 4000
+            # "a" was evicted: moving it asks for a warming request with nothing to send.
+            home = (await client.get("/programs/a")).json()["backend"]
+            app.core.scheduler.drain_backend(home)
+            none = 'thunder_mw_speculative_prefills_total{backend="%s",outcome="no_prompt"} 1.0'
+            other = "sim-1" if home == "sim-0" else "sim-0"
 
-                async def counted() -> bool:
-                    return none % other in (await client.get("/metrics")).text
+            async def counted() -> bool:
+                return none % other in (await client.get("/metrics")).text
 
-                await until(counted)
-        finally:
-            await app.core.shutdown()
+            await until(counted)
 
     asyncio.run(run())

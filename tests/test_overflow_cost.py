@@ -132,38 +132,20 @@ def test_cheap_recompute_admits_past_capacity_and_dear_recompute_holds() -> None
     # A short hold tips the same cheap recompute the other way.
     assert not admit_past_capacity(cheap, VIEW, 400, budget_s=0.1)
     # A wider batch pays more for the same tokens.
-    wide = OverflowView(
-        capacity=1000,
-        reserved=900,
-        running=0,
-        batch=1000,
-        host_tokens=0,
-        max_overflow=0.5,
-        duty=0.1,
-    )
+    wide = replace(VIEW, batch=1000)
     assert not admit_past_capacity(cheap, wide, 400, budget_s=10.0)
 
 
 def test_running_programs_must_fit_the_gpu_by_themselves() -> None:
     cheap = EngineCosts(prefill_s_per_token=1e-9, host_s_per_token=1e-9)
-    busy = OverflowView(
-        capacity=1000,
-        reserved=900,
-        running=700,
-        batch=10,
-        host_tokens=5000,
-        max_overflow=0.5,
-        duty=0.1,
-    )
+    busy = replace(VIEW, running=700, host_tokens=5000)
     assert admit_past_capacity(cheap, busy, 300, budget_s=10.0)  # 1000 running: fits
     assert not admit_past_capacity(cheap, busy, 301, budget_s=10.0)  # would be preempted
 
 
 def test_what_runs_on_average_must_fit_the_gpu() -> None:
     cheap = EngineCosts(prefill_s_per_token=1e-9, host_s_per_token=1e-9)
-    tiered = OverflowView(
-        capacity=1000, reserved=900, running=0, batch=10, host_tokens=5000, max_overflow=0.5
-    )
+    tiered = replace(VIEW, host_tokens=5000, duty=1.0)
     # Programs in a call half the time: 2,000 reserved run 1,000 at once on average.
     half = replace(tiered, reserved=1100, duty=0.5)
     assert admit_past_capacity(cheap, half, 900, budget_s=10.0)
@@ -194,19 +176,9 @@ def test_the_budget_is_the_hold_bounded_by_the_cycle() -> None:
 
 def test_a_host_tier_reloads_cheaply_what_recompute_would_not_pay_for() -> None:
     dear = EngineCosts(prefill_s_per_token=1e-2, host_s_per_token=1e-6)
-    tiered = OverflowView(
-        capacity=1000, reserved=900, running=0, batch=10, host_tokens=2000, max_overflow=0, duty=0.1
-    )
+    tiered = replace(VIEW, host_tokens=2000, max_overflow=0)
     assert admit_past_capacity(dear, tiered, 600, budget_s=10.0)  # 500 over, in the tier
-    full = OverflowView(
-        capacity=1000,
-        reserved=2900,
-        running=0,
-        batch=10,
-        host_tokens=2000,
-        max_overflow=0,
-        duty=0.1,
-    )
+    full = replace(tiered, reserved=2900)
     assert not admit_past_capacity(dear, full, 200, budget_s=10.0)  # past the whole pool
     assert allowance(dear, tiered, 400, budget_s=10.0) == 2000
     assert allowance(dear, VIEW, 400, budget_s=10.0) == 0

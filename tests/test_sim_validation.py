@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 from real_vllm import RealVllm, parse_metrics
@@ -15,15 +16,20 @@ from thunder_mw.sim.embedded import EmbeddedEngine
 from thunder_mw.sim.tokenizer import FileTokenizer, RuleTokenizer
 
 
+def _engine_settings(**engine: Any) -> SimEngineSettings:
+    """A simulated engine scheduled as the real one is served (vLLM's CPU defaults for the
+    API server: 2,048 batched tokens, 128 sequences; the fixture's 2,048-token model)."""
+    return SimEngineSettings(
+        max_num_batched_tokens=2048, max_num_seqs=128, max_model_len=2048, **engine
+    )
+
+
 def _run_both(real: RealVllm) -> tuple[RunResult, RunResult]:
     tok = FileTokenizer(str(real.tokenizer_json))
     script = build_script(tok.encode, tok.decode)
-    settings = SimEngineSettings(
+    settings = _engine_settings(
         num_blocks=real.num_blocks,
         block_size=real.block_size,
-        max_num_batched_tokens=2048,  # vLLM's CPU default for the API server
-        max_num_seqs=128,
-        max_model_len=2048,
         model_name=real.model,
         tokenizer_file=str(real.tokenizer_json),
         profile="cpu-tiny",
@@ -100,15 +106,7 @@ def test_the_overflow_reaches_the_engine_before_any_of_it_runs() -> None:
     # counts the whole overflow, all of it waits in the paused engine and none of it runs.
     tok = RuleTokenizer()
     script = build_script(tok.encode, tok.decode)
-    settings = SimEngineSettings(
-        num_blocks=24,
-        block_size=128,
-        max_num_batched_tokens=2048,
-        max_num_seqs=128,
-        max_model_len=2048,
-        model_name="sim",
-        profile="instant",
-    )
+    settings = _engine_settings(num_blocks=24, block_size=128, model_name="sim", profile="instant")
     at_release: list[dict[str, float]] = []
 
     def on_arrivals(samples: dict[str, float]) -> None:

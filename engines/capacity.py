@@ -91,6 +91,25 @@ def server_info_capacity(content: bytes) -> int | None:
     return result.tokens if found else None
 
 
+def models_max_len(content: bytes) -> int | None:
+    """The longest `max_model_len` a `/v1/models` body reports (vLLM and SGLang list it per
+    served model); None where it reports none."""
+    try:
+        body = msgspec.json.decode(content)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    models = body.get("data") if isinstance(body, dict) else None
+    lengths = [
+        m["max_model_len"]
+        for m in models or ()
+        if isinstance(m, dict)
+        and isinstance(m.get("max_model_len"), int)
+        and not isinstance(m["max_model_len"], bool)
+        and m["max_model_len"] > 0
+    ]
+    return max(lengths) if lengths else None
+
+
 def metrics_capacity(content: bytes) -> int | None:
     """An engine's capacity from its /metrics page (None where it reports none)."""
     result = EngineCapacity()

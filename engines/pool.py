@@ -21,7 +21,12 @@ import httpx
 import msgspec
 from httpx_aiohttp import AiohttpTransport
 
-from thunder_mw.engines.capacity import metrics_capacity, planned_capacity, server_info_capacity
+from thunder_mw.engines.capacity import (
+    metrics_capacity,
+    models_max_len,
+    planned_capacity,
+    server_info_capacity,
+)
 from thunder_mw.engines.client import EngineClient
 from thunder_mw.policies.core import BackendMetrics
 from thunder_mw.schemas.config import BackendSettings, ServerSettings
@@ -101,6 +106,8 @@ class Backend:
         self.last_error: str | None = None
         self.discovered_capacity: int | None = None
         self.planned_capacity: int | None = None
+        # The served model's longest prompt + output (`/v1/models`), read once per healthy run.
+        self.max_model_len: int | None = None
         self.draining = False  # leaving the pool: takes no new call, finishes its own
         self.auth_header: tuple[bytes, bytes] | None = (
             (b"authorization", f"Bearer {settings.api_key.get_secret_value()}".encode())
@@ -412,6 +419,7 @@ class BackendPool:
             backend.healthy = False
             backend.last_error = f"health probe: {exc!r}"
             backend.discovered_capacity = None
+            backend.max_model_len = None  # a restarted engine may serve another model
         else:
             # A probe sent before failed calls took the engine down is older evidence than
             # they are: only a later one brings it back.
@@ -430,6 +438,11 @@ class BackendPool:
             r = await backend.client.get("/server_info", timeout=timeout)
             if r.status_code == 200:
                 backend.discovered_capacity = server_info_capacity(r.content)
+        if backend.max_model_len is None:
+            auth = dict([backend.auth_header]) if backend.auth_header else None
+            models = await backend.client.get("/v1/models", timeout=timeout, headers=auth)
+            if models.status_code == 200:
+                backend.max_model_len = models_max_len(models.content)
         r = await backend.client.get("/metrics", timeout=timeout)
         if r.status_code != 200:
             return None

@@ -23,7 +23,7 @@ from thunder_mw.middleware.call_timing import CallTiming
 from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.fleet import Fleet
 from thunder_mw.middleware.forwarder import Forwarder
-from thunder_mw.middleware.live_scheduler import LiveScheduler
+from thunder_mw.middleware.live_scheduler import HoldLimits, LiveScheduler
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.rollout_routes import RolloutRoutes
 from thunder_mw.middleware.scheduling import SchedulingMiddleware
@@ -45,7 +45,7 @@ def _scheduler(
     server = config.server
     if config.state.backend == "memory":
         return LiveScheduler(
-            pool, config.policies, clock, server.tick_interval_s, server.max_held_requests
+            pool, config.policies, clock, server.tick_interval_s, HoldLimits.of(server)
         )
     from thunder_mw.middleware.shared_scheduler import SharedScheduler
     from thunder_mw.state.redis_store import RedisStore
@@ -58,7 +58,7 @@ def _scheduler(
         config.state.on_unavailable,
         clock,
         server.tick_interval_s,
-        server.max_held_requests,
+        HoldLimits.of(server),
     )
 
 

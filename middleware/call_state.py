@@ -77,6 +77,7 @@ class CallState:
         "held_s",
         "outcome",
         "path",
+        "planned",
         "receive",
         "status",
         "usage",
@@ -98,6 +99,9 @@ class CallState:
         self.usage: Usage | None = None
         self.outcome: Outcome | None = None
         self.path = ""  # set by the forwarder: how to read the engine's usage
+        # False: sent past every engine's limit by the scheduler's estimate (the engine
+        # decides; policies/context_limit.py), so the scheduler does not count its end.
+        self.planned = True
 
     @property
     def native(self) -> bool:

@@ -36,6 +36,7 @@ from thunder_mw.policies.core import (
 from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Program, Usage
+from thunder_mw.schemas.config import ServerSettings
 
 log = logging.getLogger("thunder_mw.scheduler")
 RETRY_AFTER_S = b"5"
@@ -73,6 +74,21 @@ def shared_prefix(data: dict[str, Any]) -> str | None:
     return instructions if isinstance(instructions, str) and instructions else None
 
 
+class HoldLimits(msgspec.Struct, frozen=True):
+    """Bounds on the requests held for capacity (server settings of the same names)."""
+
+    max_held_requests: int = 10_000
+    max_held_bytes: int = 256 * 1024 * 1024
+    max_hold_s: float = 600.0
+    alone_hold_s: float = 10.0
+
+    @classmethod
+    def of(cls, server: ServerSettings) -> HoldLimits:
+        return cls(
+            server.max_held_requests, server.max_held_bytes, server.max_hold_s, server.alone_hold_s
+        )
+
+
 class LiveScheduler:
     def __init__(
         self,
@@ -80,13 +96,14 @@ class LiveScheduler:
         policies: list[dict[str, Any]] | None,
         clock: Callable[[], float] = time.monotonic,
         tick_interval_s: float = 1.0,
-        max_held_requests: int = 10_000,
+        limits: HoldLimits | None = None,
     ) -> None:
         self.pool = pool
         self.clock = clock
         self.tick_interval_s = tick_interval_s
-        self.max_held_requests = max_held_requests
+        self.limits = limits or HoldLimits()
         self.held = 0
+        self.held_bytes = 0  # body bytes of the held requests
         self.draining = False
         self.core = SchedulerCore(
             pool.configured(),
@@ -160,6 +177,7 @@ class LiveScheduler:
                 backend.label,
                 healthy=backend.healthy,
                 capacity=backend.capacity_tokens,
+                max_model_len=backend.max_model_len,
                 metrics=metrics,
                 now=self.clock(),
             )
@@ -180,38 +198,65 @@ class LiveScheduler:
         decision, actions = self.core.on_request(ctx, info, self.clock())
         self._apply(actions)
         if isinstance(decision, Forward):
+            call.planned = decision.planned
             return decision.backend
         if isinstance(decision, Reject):
-            raise Rejected(decision.status, decision.message, decision.code)
+            raise Rejected(decision.status, decision.message, decision.code, param=decision.param)
         assert isinstance(decision, Hold)
-        if self.draining:
+        size = len(call.body.raw) if call.body is not None else 0
+        refusal = self._hold_refusal(size)
+        if refusal is not None:
+            # Refused rather than held: the program keeps whatever it already had.
             self._apply(self.core.on_abandoned(ctx.program_id, self.clock()))
-            raise Rejected(503, "the gateway is shutting down", "shutting_down")
-        if self.held >= self.max_held_requests:
-            # Bounded memory: refuse rather than queue without limit; the program keeps
-            # whatever it already had.
-            self._apply(self.core.on_abandoned(ctx.program_id, self.clock()))
-            raise Rejected(
-                429,
-                f"{self.held} requests are already waiting for capacity; retry later",
-                "queue_full",
-                [(b"retry-after", RETRY_AFTER_S)],
-            )
+            raise refusal
         held_at = self.clock()
+        self.held_bytes += size
         try:
-            return await self._hold(ctx.program_id, call.receive)
+            return await self._hold(ctx.program_id, call.receive, decision.alone)
         finally:
+            self.held_bytes -= size
             call.held_s = self.clock() - held_at
 
-    async def _hold(self, program_id: str, receive: Receive | None) -> str:
+    def _hold_refusal(self, size: int) -> Rejected | None:
+        """Why a request may not be held (shutting down, or past a bound on held requests:
+        memory is bounded by count and by bytes), or None."""
+        if self.draining:
+            return Rejected(503, "the gateway is shutting down", "shutting_down")
+        retry = [(b"retry-after", RETRY_AFTER_S)]
+        if self.held >= self.limits.max_held_requests:
+            message = f"{self.held} requests are already waiting for capacity; retry later"
+            return Rejected(429, message, "queue_full", retry)
+        if self.held_bytes + size > self.limits.max_held_bytes:
+            message = (
+                f"the requests waiting for capacity already hold {self.held_bytes} body bytes "
+                f"(server.max_held_bytes: {self.limits.max_held_bytes}); retry later"
+            )
+            return Rejected(503, message, "held_bytes_full", retry)
+        return None
+
+    async def _hold(self, program_id: str, receive: Receive | None, alone: bool = False) -> str:
+        """Waits for the program's `Resumed`, its client leaving, or the hold deadline:
+        `alone_hold_s` for a request that could only run on an empty engine (then it is
+        placed anyway), else `max_hold_s` (then 503 `hold_timeout`)."""
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(program_id, []).append(fut)
         gone = asyncio.ensure_future(_until_disconnect(receive)) if receive else None
+        deadline = self.limits.alone_hold_s if alone else self.limits.max_hold_s
         self.held += 1
         try:
-            if gone is None:
-                return await fut
-            await asyncio.wait((fut, gone), return_when=asyncio.FIRST_COMPLETED)
+            waiting: set[asyncio.Future[Any]] = {fut} if gone is None else {fut, gone}
+            await asyncio.wait(waiting, timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
+            if not fut.done() and (gone is None or not gone.done()):
+                # Past the deadline: placed now (it could only run alone), else let go.
+                self._apply(self.core.on_hold_expired(program_id, self.clock(), place=alone))
+                if not fut.done():
+                    self._drop_waiter(program_id, fut)
+                    raise Rejected(
+                        503,
+                        f"no engine had room for this request within {deadline:g} s; retry later",
+                        "hold_timeout",
+                        [(b"retry-after", RETRY_AFTER_S)],
+                    )
             if fut.done():
                 return fut.result()
             # The client left while held: it leaves the queue now, not when it would run.
@@ -231,14 +276,19 @@ class LiveScheduler:
             if self.calls[call.backend] <= 0:
                 del self.calls[call.backend]
         self._call_ended.set()
+        if not call.planned:
+            return  # sent unplanned (past every engine's limit): the core never counted it
         program_id = call.context.program_id
         usage = _timed(call, call.usage)
         self._apply(self.core.on_finished(program_id, usage, outcome == "ok", self.clock()))
 
     def reroute(self, call: CallState, failed_backend: str) -> Backend | None:
         assert call.context is not None
-        target = self.core.reroute(call.context.program_id, failed_backend, self.clock())
-        backend = self.pool.get(target) if target else None
+        if call.planned:
+            target = self.core.reroute(call.context.program_id, failed_backend, self.clock())
+            backend = self.pool.get(target) if target else None
+        else:
+            backend = self.pool.any_healthy(exclude=failed_backend)
         if backend is not None:
             # The call moves (the forwarder sets call.backend to it next): so does its count.
             self.calls[failed_backend] -= 1
@@ -319,15 +369,9 @@ class LiveScheduler:
         return released
 
     async def _wait_at_gate(self, call: CallState) -> None:
-        if self.draining:
-            raise Rejected(503, "the gateway is shutting down", "shutting_down")
-        if self.held >= self.max_held_requests:
-            raise Rejected(
-                429,
-                f"{self.held} requests are already waiting; retry later",
-                "queue_full",
-                [(b"retry-after", RETRY_AFTER_S)],
-            )
+        refusal = self._hold_refusal(0)
+        if refusal is not None:
+            raise refusal
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._gated.append(fut)
         receive = call.receive

@@ -30,10 +30,11 @@ class Rejected(Exception):
         message: str,
         code: str,
         headers: list[tuple[bytes, bytes]] | None = None,
+        param: str | None = "program_id",
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
-        self.headers = headers
+        self.headers, self.param = headers, param
 
 
 class ToolGate(Protocol):
@@ -107,7 +108,7 @@ class SchedulingMiddleware:
             return
         except Rejected as exc:
             self._unbind_if_never_ran(ctx, bound)
-            await send_error(send, exc.status, exc.message, "program_id", exc.code, exc.headers)
+            await send_error(send, exc.status, exc.message, exc.param, exc.code, exc.headers)
             return
         except ClientGone:
             self._unbind_if_never_ran(ctx, bound)

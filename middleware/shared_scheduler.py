@@ -29,7 +29,7 @@ from typing import Any
 
 from thunder_mw.engines.pool import Backend, BackendPool
 from thunder_mw.middleware.call_state import CallState, Outcome
-from thunder_mw.middleware.live_scheduler import LiveScheduler, _until_disconnect
+from thunder_mw.middleware.live_scheduler import HoldLimits, LiveScheduler, _until_disconnect
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import ClientGone, Rejected
 from thunder_mw.middleware.types import Receive
@@ -59,9 +59,9 @@ class SharedScheduler(LiveScheduler):
         on_unavailable: str,
         clock: Callable[[], float] = time.monotonic,
         tick_interval_s: float = 1.0,
-        max_held_requests: int = 10_000,
+        limits: HoldLimits | None = None,
     ) -> None:
-        super().__init__(pool, policies, clock, tick_interval_s, max_held_requests)
+        super().__init__(pool, policies, clock, tick_interval_s, limits)
         self.store = store
         self.replica_id = store.replica_id
         self.fail_closed = on_unavailable == "fail_closed"
@@ -130,7 +130,8 @@ class SharedScheduler(LiveScheduler):
             self.calls[backend] -= 1
             if self.calls[backend] <= 0:
                 del self.calls[backend]
-            self._apply(self.core.on_finished(ctx.program_id, None, False, self.clock()))
+            if call.planned:
+                self._apply(self.core.on_finished(ctx.program_id, None, False, self.clock()))
             raise
         return backend
 
@@ -193,11 +194,11 @@ class SharedScheduler(LiveScheduler):
             self.core.counters["takeovers"] += 1
         self._spawn(self._publish("claim", ctx.program_id, self.replica_id))
 
-    async def _hold(self, program_id: str, receive: Receive | None) -> str:
+    async def _hold(self, program_id: str, receive: Receive | None, alone: bool = False) -> str:
         # Held until resumed: the program joins (and then leaves) the queue in Redis.
         self._mark(program_id)
         try:
-            return await super()._hold(program_id, receive)
+            return await super()._hold(program_id, receive, alone)
         finally:
             self._mark(program_id)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from thunder_mw.policies import context_limit
 from thunder_mw.policies.estimates import TokenEstimator, ToolTimeModel
 from thunder_mw.policies.lazy_heap import LazyHeap
 from thunder_mw.policies.program_table import Phase, Program, ProgramState, ProgramTable, Usage
@@ -34,10 +35,16 @@ class Forward(msgspec.Struct, frozen=True):
     # Keep the call's KV resident this long after it ends (an engine with TTL pinning,
     # as Continuum's; None: the engine's own eviction). Set by a stage's `kv_ttl` hook.
     kv_ttl_s: float | None = None
+    # False: the request is past every engine's limit by the scheduler's estimate only
+    # (policies/context_limit.py); it goes to the engine unplanned, counted nowhere.
+    planned: bool = True
 
 
 class Hold(msgspec.Struct, frozen=True):
     program_id: str
+    # Larger than every healthy engine's KV as planned: it could only run on an empty engine,
+    # so it is held briefly (`server.alone_hold_s`), then placed (`on_hold_expired`).
+    alone: bool = False
 
 
 class Reject(msgspec.Struct, frozen=True):
@@ -47,6 +54,7 @@ class Reject(msgspec.Struct, frozen=True):
     status: int
     code: str
     message: str
+    param: str | None = "program_id"
 
 
 class Resumed(msgspec.Struct, frozen=True):
@@ -144,6 +152,7 @@ class BackendState:
         "host_kv_tokens",
         "host_load_tokens_per_s",
         "label",
+        "max_model_len",
         "metrics",
         "overflow_tokens",
         "pending_release",
@@ -160,6 +169,8 @@ class BackendState:
     def __init__(self, label: str, capacity: int | None, healthy: bool, is_live: Any) -> None:
         self.label = label
         self.capacity = capacity
+        # The served model's longest prompt + output, as the engine reports it (None: unknown).
+        self.max_model_len: int | None = None
         self.healthy = healthy
         self.reserved = 0  # tokens held by its ACTIVE programs
         # Of which held by programs with a call in the engine (what its KV gauge measures).
@@ -285,6 +296,9 @@ class SchedulerCore:
             # Fail fast rather than hold a client on a fleet that is entirely down.
             reject = Reject(ctx.program_id, 503, "no_backend", "no healthy backend is available")
             return reject, []
+        too_large = self._too_large(ctx, info)
+        if too_large is not None:
+            return too_large, []
         program, created = self.table.touch(ctx, now)
         if ctx.final:
             program.final_requested = True
@@ -329,7 +343,9 @@ class SchedulerCore:
             # Admitted in this very event: the arriving request runs now.
             forward = Forward(program.program_id, program.backend, self._kv_ttl(program, now))
             return forward, self._take()
-        return Hold(program.program_id), self._take()
+        limits = [b.limit(1.0) for b in self.backends.values() if b.healthy]
+        alone = all(limit is not None and request_tokens > limit for limit in limits)
+        return Hold(program.program_id, alone), self._take()
 
     def on_finished(
         self, program_id: str, usage: Usage | None, ok: bool, now: float
@@ -398,6 +414,21 @@ class SchedulerCore:
         self._resume_pass(now)
         return self._take()
 
+    def on_hold_expired(self, program_id: str, now: float, *, place: bool) -> list[Action]:
+        """A held request waited past its deadline. `place`: put its program on the healthy
+        engine with the most room now (its home first), as a forced resume — the request
+        could only ever run alone and the engine copes with it as its own scheduler can;
+        otherwise (or with no healthy engine) it leaves the queue, as if abandoned."""
+        program = self.table.get(program_id)
+        healthy = self.healthy_backends()
+        if place and program is not None and healthy and program.state is not ProgramState.ACTIVE:
+            self._actions = []
+            home = self.backends.get(program.backend) if program.backend else None
+            target = home if home is not None and home.healthy else max(healthy, key=self.room)
+            self.resume(program, target.label, now, forced=True)
+            return self._take()
+        return self.on_abandoned(program_id, now)
+
     def on_release(self, program_id: str, reason: str, now: float) -> tuple[bool, list[Action]]:
         self._actions = []
         program = self.table.get(program_id)
@@ -422,6 +453,7 @@ class SchedulerCore:
         *,
         healthy: bool | None = None,
         capacity: int | None = None,
+        max_model_len: int | None = None,
         metrics: BackendMetrics | None = None,
         now: float,
     ) -> list[Action]:
@@ -433,6 +465,8 @@ class SchedulerCore:
             return self._take()
         if capacity is not None:
             backend.capacity = capacity
+        if max_model_len is not None:
+            backend.max_model_len = max_model_len
         if metrics is not None:
             self._learn_from_engine(backend, metrics)
         if healthy is not None and healthy != backend.healthy:
@@ -638,6 +672,32 @@ class SchedulerCore:
         return self.tool_time.expected(program.session_type, program.tool_time_ema_s)
 
     # ================================================================ mechanics
+    def _too_large(self, ctx: AgentContext, info: RequestInfo) -> Reject | Forward | None:
+        """A request past every healthy engine's limit never waits for room (it would wait
+        forever, and pause others for it): refused, or sent to an engine unplanned."""
+        eligible = [b for b in self.backends.values() if b.healthy]
+        known = self.table.get(ctx.program_id)
+        home = known.backend if known is not None else None
+        prompt = self.tokens.prompt_tokens(info.prompt_chars, home)
+        if known is not None:
+            prompt = max(prompt, known.context_tokens)
+        verdict = context_limit.check(
+            eligible, info.prompt_chars, info.max_tokens, prompt + (info.max_tokens or 0)
+        )
+        if isinstance(verdict, context_limit.Refusal):
+            self.counters["context_length_refusals"] += 1
+            return Reject(
+                ctx.program_id, 400, "context_length_exceeded", verdict.message, verdict.param
+            )
+        if isinstance(verdict, context_limit.Unplanned):
+            self.counters["unplanned_forwards"] += 1
+            target = self.backends[verdict.backend]
+            own = self.backends.get(home) if home is not None else None
+            if own is not None and own.healthy and own.max_model_len == target.max_model_len:
+                target = own  # as long a model at home, where its prefix may be cached
+            return Forward(ctx.program_id, target.label, planned=False)
+        return None
+
     def _take(self) -> list[Action]:
         actions, self._actions = self._actions, []
         return actions

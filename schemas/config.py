@@ -134,6 +134,25 @@ class ServerSettings(_Section):
         description="Requests held at once (their program paused or not yet admitted); past "
         "it a new one gets 429 with Retry-After instead of unbounded memory.",
     )
+    max_held_bytes: int = Field(
+        256 * 1024 * 1024,
+        gt=0,
+        description="Body bytes of the requests held at once (each keeps its body until it "
+        "runs); past it a new one gets 503 `held_bytes_full` with Retry-After.",
+    )
+    max_hold_s: float = Field(
+        600.0,
+        gt=0,
+        description="Longest a request is held for capacity; then 503 `hold_timeout` with "
+        "Retry-After (the OpenAI client gives up after 600 s by default).",
+    )
+    alone_hold_s: float = Field(
+        10.0,
+        gt=0,
+        description="Longest a request is held when it is larger than every engine's KV cache "
+        "as planned, so it could only run on an empty engine; then it is placed on the engine "
+        "with the most room, which serves it as its own scheduler can.",
+    )
     forward_authorization: bool = Field(
         False,
         description="Forward the client's Authorization header to engines (a backend's "

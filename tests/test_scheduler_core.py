@@ -358,11 +358,12 @@ def test_round_robin_spreads_one_programs_requests_over_backends():
 
 
 def test_sticky_keeps_a_program_home_and_never_holds():
-    core = make(capacities=(100, 100), policies=[{"sticky": {}}])
+    core = make(capacities=(1000, 1000), policies=[{"sticky": {}}])
     homes = {run_step(core, "a", 500, t) for t in range(3)}
     assert len(homes) == 1
-    decision, _ = core.on_request(ctx("b"), info(5000), 5)
-    assert isinstance(decision, Forward)
+    for pid in ("b", "c", "d"):  # 500 + 3 x 800 tokens: far past both engines' room
+        decision, _ = core.on_request(ctx(pid), info(800), 5)
+        assert isinstance(decision, Forward) and decision.planned
 
 
 def test_unknown_stage_params_are_errors_naming_the_location():

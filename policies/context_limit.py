@@ -1,0 +1,115 @@
+"""Requests too large for every engine: refused at once, or handed to an engine unplanned.
+
+Holding a request only makes sense when waiting can make room for it. One whose prompt plus
+`max_tokens` exceeds the served model's `max_model_len` or the whole KV cache of every
+engine that could take it would wait for room that never comes — and, at the head of the
+queue, make the pause stage evict other programs for it. So it never enters the queue:
+
+- **Certainly too large** (a lower bound on its size is past every engine's limit): refused
+  with OpenAI's `context_length_exceeded` 400, naming the limit and the size, before the
+  program table is touched — nobody is paused, nothing is reserved.
+- **Past every `max_model_len` by the estimate only** (the point estimate is past, the lower
+  bound is not): forwarded at once to the engine serving the longest model length,
+  unplanned (no reservation, so no one is paused for it). The engine has the exact
+  tokenizer: it answers its own 400, or runs the call if the estimate was high.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+# Characters per token an estimate may never exceed when it must be a LOWER bound on the
+# prompt's tokens. Ordinary BPE text averages ~4 characters a token (English, code) and the
+# longest merges of common vocabularies (runs of spaces or of one character in Llama-3's and
+# GPT-4's 100k-200k vocabularies) stay below 32; the JSON framing of a chat body only adds
+# characters the template also turns into tokens. So `chars / 32` undercounts any real body.
+MAX_CHARS_PER_TOKEN = 32
+
+
+class EngineLimits(Protocol):
+    """What the check reads of an engine (policies/core.py's BackendState)."""
+
+    label: str
+    capacity: int | None
+    max_model_len: int | None
+
+
+def engine_limit(engine: EngineLimits) -> tuple[int, str] | None:
+    """The most tokens one request may take on `engine` (prompt + output) and which limit that
+    is; None when the engine reports neither."""
+    limits: list[tuple[int, str]] = []
+    if engine.max_model_len:
+        limits.append((engine.max_model_len, "max_model_len"))
+    if engine.capacity:
+        limits.append((engine.capacity, "KV cache"))
+    return min(limits) if limits else None
+
+
+def prompt_floor(prompt_chars: int) -> int:
+    """A lower bound on a body's prompt tokens (a chat template adds at least one)."""
+    return max(1, prompt_chars // MAX_CHARS_PER_TOKEN) if prompt_chars > 0 else 0
+
+
+class Refusal:
+    """Refuse with OpenAI's context-length 400."""
+
+    __slots__ = ("message", "param")
+
+    def __init__(self, message: str, param: str) -> None:
+        self.message, self.param = message, param
+
+
+class Unplanned:
+    """Forward to `backend` without a reservation: the engine decides."""
+
+    __slots__ = ("backend",)
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+
+
+def check(
+    engines: Iterable[EngineLimits],
+    prompt_chars: int,
+    max_tokens: int | None,
+    estimated_tokens: int,
+) -> Refusal | Unplanned | None:
+    """None: the request may fit somewhere (schedule it as usual). `estimated_tokens` is the
+    scheduler's point estimate of the request's footprint (prompt + output)."""
+    best: tuple[int, str, str] | None = None
+    longest: tuple[int, str] | None = None  # the longest max_model_len, and whose
+    all_lengths_known = True
+    for engine in engines:
+        limit = engine_limit(engine)
+        if limit is None:
+            return None  # an engine whose limits are unknown might take it
+        if best is None or limit[0] > best[0]:
+            best = (limit[0], limit[1], engine.label)
+        if engine.max_model_len is None:
+            all_lengths_known = False
+        elif longest is None or engine.max_model_len > longest[0]:
+            longest = (engine.max_model_len, engine.label)
+    if best is None:
+        return None
+    limit_tokens, kind, label = best
+    prompt_min = prompt_floor(prompt_chars)
+    output = max_tokens or 0
+    floor = prompt_min + output
+    if floor > limit_tokens:
+        param = "max_tokens" if output >= limit_tokens else "messages"
+        return Refusal(
+            f"This request needs at least {floor} tokens ({prompt_min}+ in the messages, "
+            f"{output} in the completion), more than any engine here can serve: the largest "
+            f"limit is {limit_tokens} tokens ({kind} of {label}). Reduce the length of the "
+            "messages or max_tokens.",
+            param,
+        )
+    # Past every served model's length by the estimate: the engine, which counts exactly,
+    # refuses it (or, if the estimate was high, serves it). Past the KV cache alone it is
+    # scheduled as usual: it runs once an engine has room for it (policies/core.py `alone`).
+    if all_lengths_known and longest is not None and estimated_tokens > longest[0]:
+        return Unplanned(longest[1])
+    return None

@@ -1,0 +1,100 @@
+"""Requests past every engine's limit (policies/context_limit.py): refused at once or sent
+unplanned, never held; and requests that could only run alone, held briefly then placed."""
+
+from __future__ import annotations
+
+from test_scheduler_core import ctx, info, make, run_step
+
+from thunder_mw.policies import context_limit
+from thunder_mw.policies.core import Forward, Hold, Paused, Reject, RequestInfo, Resumed
+from thunder_mw.policies.program_table import ProgramState
+
+
+def engines(core, max_model_len=None):
+    for backend in core.backends.values():
+        backend.max_model_len = max_model_len
+    return core
+
+
+def test_max_tokens_past_every_model_length_is_refused_without_touching_anyone():
+    core = engines(make(capacities=(100_000, 100_000)), max_model_len=32_768)
+    run_step(core, "busy", 20_000, 0)
+    decision, actions = core.on_request(ctx("huge"), info(10, out=200_000), 1)
+    assert isinstance(decision, Reject)
+    assert (decision.status, decision.code, decision.param) == (
+        400,
+        "context_length_exceeded",
+        "max_tokens",
+    )
+    assert "32768 tokens (max_model_len of b0)" in decision.message
+    assert "200000 in the completion" in decision.message
+    assert actions == []
+    assert core.table.get("huge") is None  # no program was made for it
+    assert core.table.get("busy").state is ProgramState.ACTIVE
+    assert core.counters["context_length_refusals"] == 1
+
+
+def test_a_prompt_past_every_kv_cache_is_refused_naming_the_messages():
+    core = make(capacities=(1000, 2000))  # model lengths unknown: the KV cache bounds
+    chars = 2001 * context_limit.MAX_CHARS_PER_TOKEN  # at least 2,001 tokens, whatever it is
+    decision, _ = core.on_request(ctx("p"), RequestInfo(prompt_chars=chars), 0)
+    assert isinstance(decision, Reject) and decision.param == "messages"
+    assert "2000 tokens (KV cache of b1)" in decision.message
+
+
+def test_an_unhealthy_engine_with_room_does_not_make_a_request_fit():
+    core = make(capacities=(1000, 10_000))
+    core.on_backend("b1", healthy=False, now=0)
+    decision, _ = core.on_request(ctx("p"), info(10, out=5000), 1)
+    assert isinstance(decision, Reject) and "KV cache of b0" in decision.message
+
+
+def test_an_engine_with_unknown_limits_might_take_anything():
+    core = make(capacities=(1000, None))
+    decision, _ = core.on_request(ctx("p"), info(10, out=50_000), 0)
+    assert not isinstance(decision, Reject)
+
+
+def test_past_the_model_length_by_the_estimate_only_goes_to_the_engine_unplanned():
+    """The estimate (4 chars a token) says 5,000 tokens; the floor (32 a token) 625: only the
+    engine's tokenizer can tell, so it is asked at once, and nothing is reserved or paused."""
+    core = engines(make(capacities=(10_000, 10_000)), max_model_len=2048)
+    core.backends["b1"].max_model_len = 4096
+    run_step(core, "busy", 1500, 0)
+    decision, actions = core.on_request(ctx("long"), info(5000), 1)
+    assert isinstance(decision, Forward) and not decision.planned
+    assert decision.backend == "b1"  # the longest model length
+    assert actions == [] and core.table.get("long") is None
+    assert sum(b.reserved for b in core.backends.values()) == core.table.get("busy").reserved_tokens
+
+
+def test_a_known_program_sent_unplanned_goes_home_when_home_serves_as_long_a_model():
+    core = engines(make(capacities=(10_000, 10_000)), max_model_len=2048)
+    home = run_step(core, "a", 1000, 0)
+    reserved = core.table.get("a").reserved_tokens
+    decision, _ = core.on_request(ctx("a"), info(4000), 2)
+    assert isinstance(decision, Forward) and not decision.planned and decision.backend == home
+    assert core.table.get("a").reserved_tokens == reserved  # its reservation did not grow
+
+
+def test_larger_than_every_kv_cache_by_the_estimate_is_held_alone_then_placed():
+    core = make(capacities=(1000,))
+    run_step(core, "resident", 600, 0)
+    decision, _ = core.on_request(ctx("big"), info(1100), 1)  # floor 137: may fit an engine
+    assert isinstance(decision, Hold) and decision.alone
+    actions = core.on_hold_expired("big", 11, place=True)
+    resumed = [a for a in actions if isinstance(a, Resumed)]
+    assert [(a.program_id, a.backend, a.forced) for a in resumed] == [("big", "b0", True)]
+    # The idle program's KV is what the engine evicts for it anyway: paused, not lost.
+    paused = {a.program_id for a in actions if isinstance(a, Paused)}
+    assert "resident" in paused
+
+
+def test_a_request_that_merely_waits_for_room_is_not_alone_and_leaves_on_its_deadline():
+    core = make(capacities=(1000,))
+    run_step(core, "resident", 700, 0)
+    decision, _ = core.on_request(ctx("late"), info(500), 1)
+    assert isinstance(decision, Hold) and not decision.alone
+    core.on_hold_expired("late", 601, place=False)
+    assert core.table.get("late") is None  # a program that never ran leaves no trace
+    assert core.queue_length() == 0

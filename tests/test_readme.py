@@ -104,3 +104,19 @@ def test_the_readme_usage_examples_work_as_printed(docker_state, tmp_path):
     assert after == before, "the demo wrote into the checkout"
     journal = tmp_path / "state" / "thunder-mw" / "tool-journal.sqlite3"
     assert journal.exists() is (docker_state == "with Docker")
+
+
+def test_the_readme_gateway_mode_example_builds_its_gateway(monkeypatch):
+    (example,) = [b for b in _blocks("python", "Usage") if "ThunderMiddleware" in b]
+    monkeypatch.chdir(ROOT)  # it reads config/cluster.yaml, as a checkout's root has it
+    names: dict[str, object] = {}
+    exec(compile(example, "README.md (gateway mode)", "exec"), names)
+    from thunder_mw import ThunderMiddleware
+
+    assert isinstance(names["gateway"], ThunderMiddleware)
+
+
+def test_usage_md_opens_with_the_readme_usage_examples():
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    first_two = re.findall(r"```(?:python|bash)\n(.*?)```", usage, re.S)[:2]
+    assert first_two == [_blocks("python", "Usage")[0], _blocks("bash", "Usage")[0]]

@@ -25,7 +25,12 @@ SUBCOMMANDS = (
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", required=True, help="YAML config file")
+    p.add_argument(
+        "--config",
+        "-c",
+        help="YAML config file (without it: the built-in demo, config/demo.yaml, on two "
+        "simulated engines)",
+    )
     p.add_argument("--host", help="override server.host")
     p.add_argument("--port", type=int, help="override server.port")
     p.add_argument(
@@ -41,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"thunder-mw {__version__}")
     sub = parser.add_subparsers(dest="command")
-    _serve_arguments(sub.add_parser("serve", help="run the gateway (the default command)"))
+    _serve_arguments(
+        sub.add_parser("serve", help="run the gateway (the default command; no --config: the demo)")
+    )
     check = sub.add_parser("check-config", help="validate a config file and print it normalised")
     check.add_argument("path")
     sub.add_parser("config-reference", help="print the config reference as a markdown table")
@@ -73,11 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    # `thunder-mw --config X` is `thunder-mw serve --config X`.
-    if (
-        args_list
-        and args_list[0] not in SUBCOMMANDS
-        and args_list[0] not in ("-h", "--help", "--version")
+    # `thunder-mw --config X` is `thunder-mw serve --config X`; `thunder-mw` is `thunder-mw serve`.
+    if not args_list or (
+        args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help", "--version")
     ):
         args_list.insert(0, "serve")
     parser = build_parser()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import os
+import tempfile
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
@@ -157,6 +159,15 @@ class ServerSettings(_Section):
         False,
         description="Forward the client's Authorization header to engines (a backend's "
         "`api_key` wins when set).",
+    )
+    shutdown_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="On SIGTERM or Ctrl-C the process exits within this many seconds, whatever "
+        "its calls or embedded engines are doing. Calls still running get all of it but the "
+        "last 5 s (half of it under 10 s) to finish, then are answered 503 `shutting_down` (a "
+        "stream already started is cut off); the gateway's own stop (tools, engine clients, "
+        "embedded engines) gets the rest. A second signal exits at once.",
     )
 
     @model_validator(mode="after")
@@ -423,6 +434,23 @@ class SandboxTemplate(_Section):
     )
 
 
+DEFAULT_JOURNAL_PATH = "~/.local/state/thunder-mw/tool-journal.sqlite3"
+
+
+def per_user_state_path(path: str) -> str:
+    """`path` with `~` expanded; the default journal goes under `$XDG_STATE_HOME` when that is
+    set (an absolute path, as the XDG spec asks), and under the temporary directory when there
+    is no home to expand `~` to: runtime state never lands in the working directory."""
+    if path != DEFAULT_JOURNAL_PATH:
+        return os.path.expanduser(path)
+    state = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state):
+        state = os.path.expanduser("~/.local/state")
+    if not os.path.isabs(state):  # no home directory
+        state = os.path.join(tempfile.gettempdir(), f"thunder-mw-{os.getuid()}")
+    return os.path.join(state, "thunder-mw", "tool-journal.sqlite3")
+
+
 class DockerToolSettings(_Section):
     """The Docker tool manager: adopts programs' containers and reclaims them when they end."""
 
@@ -464,8 +492,12 @@ class DockerToolSettings(_Section):
         "before the program's first request) are reclaimed after this long.",
     )
     journal_path: str = Field(
-        ".thunder-mw/tool-journal.sqlite3",
-        description="SQLite (WAL) journal of ownership and pending reclaims; survives restarts.",
+        DEFAULT_JOURNAL_PATH,
+        validate_default=True,
+        description="SQLite (WAL) journal of ownership and pending reclaims; survives restarts. "
+        "The default is per user, under `$XDG_STATE_HOME` when it is set (else "
+        "`~/.local/state`), never the working directory; two gateways on one host need "
+        "different paths.",
     )
     max_concurrent_calls: int = Field(
         8, gt=0, le=64, description="Docker API calls running at once (worker threads)."
@@ -480,6 +512,11 @@ class DockerToolSettings(_Section):
     templates: list[SandboxTemplate] = Field(
         default_factory=list, description="Sandbox templates for `POST /programs/{id}/sandboxes`."
     )
+
+    @field_validator("journal_path")
+    @classmethod
+    def _per_user_state(cls, v: str) -> str:
+        return per_user_state_path(v)
 
     @field_validator("selector_label")
     @classmethod

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from thunder_mw.policies.goodput_controller import ControllerBounds, GoodputController
 from thunder_mw.policies.overflow_cost import (
     EngineCosts,
     OverflowView,
@@ -115,23 +114,12 @@ class AdmissionParams(StageParams):
     buffer_tokens_per_program: int = Field(
         128, ge=0, description="Tokens reserved per program on top of its context (growth)."
     )
-    overflow: Literal["hold", "cost_aware", "adaptive"] = Field(
+    overflow: Literal["hold", "cost_aware"] = Field(
         "hold",
         description="A program that does not fit: `hold` it until room appears, or "
         "`cost_aware`: admit it past capacity when the engine's learned cost of recomputing "
         "(or reloading from its host KV tier) what then no longer fits is below the batch "
-        "width a hold loses, or `adaptive`: the limit itself moves with the engine's measured "
-        "goodput, between `adaptive_min` and `adaptive_max` x capacity (docs/scheduling.md).",
-    )
-    adaptive_min: float = Field(
-        0.5, gt=0, le=1, description="adaptive: the lowest limit, as a multiple of capacity."
-    )
-    adaptive_max: float = Field(
-        3.0,
-        ge=1,
-        le=10,
-        description="adaptive: the highest limit, as a multiple of capacity (there an engine "
-        "is in effect never held back).",
+        "width a hold loses (docs/scheduling.md).",
     )
     resident_floor: float | None = Field(
         None,
@@ -177,12 +165,6 @@ class Admission(Stage):
         core.dedupe_prefixes = self.params.shared_prefix
         self.costs: dict[str, EngineCosts] = {}
         self._seen: dict[str, object] = {}
-        self.controllers: dict[str, GoodputController] = {}
-        self._bounds = ControllerBounds(
-            initial=self.params.high_watermark,
-            min_limit=min(self.params.adaptive_min, self.params.high_watermark),
-            max_limit=max(self.params.adaptive_max, self.params.high_watermark),
-        )
 
     def admits(
         self, core: SchedulerCore, program: Program, backend: BackendState, tokens: int, now: float
@@ -204,8 +186,6 @@ class Admission(Stage):
             return True
         if backend.congested:
             return False
-        if self.params.overflow == "adaptive":
-            return reserved + tokens <= high + extra
         if reserved + tokens <= high:
             return True
         if self.params.overflow != "cost_aware":
@@ -255,13 +235,7 @@ class Admission(Stage):
     def on_finished(
         self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
     ) -> None:
-        if usage is None or program.backend is None:
-            return
-        if self.params.overflow == "adaptive":
-            if ok:
-                self._controller(program.backend, now).observe(usage.completion_tokens)
-            return
-        if self.params.overflow != "cost_aware":
+        if usage is None or program.backend is None or self.params.overflow != "cost_aware":
             return
         self._costs(core, core.backends[program.backend]).observe_call(
             usage.prompt_tokens,
@@ -312,25 +286,7 @@ class Admission(Stage):
             costs, self._view(core, backend, high), typical, self._budget_s(core, backend, None)
         )
 
-    def _controller(self, label: str, now: float) -> GoodputController:
-        controller = self.controllers.get(label)
-        if controller is None:
-            controller = self.controllers[label] = GoodputController(now, self._bounds)
-        return controller
-
-    def _adapt(self, core: SchedulerCore, now: float) -> None:
-        """Each engine's limit from its goodput (policies/goodput_controller.py), applied as
-        the tokens past (or short of) the high watermark that admission and pausing allow."""
-        binding = core.queued > 0
-        for backend in core.backends.values():
-            controller = self._controller(backend.label, now)
-            controller.tick(now, binding)
-            extra = backend.limit(controller.limit - self.params.high_watermark)
-            backend.overflow_tokens = int(extra) if extra is not None else 0
-
     def on_tick(self, core: SchedulerCore, now: float) -> None:
-        if self.params.overflow == "adaptive":
-            self._adapt(core, now)
         if self.params.overflow == "cost_aware":
             for backend in core.backends.values():
                 self.on_backend_change(core, backend, now)

@@ -10,7 +10,6 @@ config.json and the replica's memory (the pure arithmetic is policies/capacity_p
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from thunder_mw.engines.exposition import Exposition, read_exposition
 from thunder_mw.policies.capacity_plan import (
     GiB,
     KvShape,
@@ -32,11 +32,6 @@ from thunder_mw.policies.capacity_plan import (
 from thunder_mw.schemas.config import CapacityPlanSettings
 
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
-_CACHE_CONFIG = re.compile(rb"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
-_SGLANG_TOKENS = re.compile(
-    rb"^sglang:max_total_num_tokens(?:\{[^}]*\})? ([0-9.eE+]+)", re.MULTILINE
-)
-_LABEL = re.compile(rb'(\w+)="([^"]*)"')
 
 
 @dataclass
@@ -54,18 +49,24 @@ class EngineCapacity:
 # ---------------------------------------------------------------------- from the engine
 def capacity_from_metrics(text: bytes, result: EngineCapacity) -> bool:
     """Fills `result` from a Prometheus page (vLLM's cache_config_info, SGLang's gauge)."""
-    match = _CACHE_CONFIG.search(text)
-    if match:
-        labels = dict(_LABEL.findall(match.group(1)))
-        blocks, size = labels.get(b"num_gpu_blocks"), labels.get(b"block_size")
-        if blocks and size and blocks.isdigit() and size.isdigit():
+    try:
+        page = read_exposition(text)
+    except ValueError:
+        return False
+    return capacity_from_exposition(page, result)
+
+
+def capacity_from_exposition(page: Exposition, result: EngineCapacity) -> bool:
+    for labels in page.info.get("vllm:cache_config_info", ()):
+        blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+        if blocks.isdigit() and size.isdigit():
             result.flavor = "vllm"
             result.num_blocks, result.block_size = int(blocks), int(size)
             result.tokens = int(blocks) * int(size)
             return True
-    gauge = _SGLANG_TOKENS.search(text)
-    if gauge and float(gauge.group(1)) > 0:
-        result.flavor, result.tokens = "sglang", int(float(gauge.group(1)))
+    tokens = page.totals.get("sglang:max_total_num_tokens")
+    if tokens is not None and tokens > 0:
+        result.flavor, result.tokens = "sglang", int(tokens)
         return True
     return False
 
@@ -114,6 +115,12 @@ def metrics_capacity(content: bytes) -> int | None:
     """An engine's capacity from its /metrics page (None where it reports none)."""
     result = EngineCapacity()
     return result.tokens if capacity_from_metrics(content, result) else None
+
+
+def exposition_capacity(page: Exposition) -> int | None:
+    """The same, from a page already read."""
+    result = EngineCapacity()
+    return result.tokens if capacity_from_exposition(page, result) else None
 
 
 def read_engine_capacity(url: str, timeout_s: float = 10.0) -> EngineCapacity:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,12 +21,13 @@ import msgspec
 from httpx_aiohttp import AiohttpTransport
 
 from thunder_mw.engines.capacity import (
-    metrics_capacity,
+    exposition_capacity,
     models_max_len,
     planned_capacity,
     server_info_capacity,
 )
 from thunder_mw.engines.client import EngineClient
+from thunder_mw.engines.exposition import Exposition, read_exposition
 from thunder_mw.policies.core import BackendMetrics
 from thunder_mw.schemas.config import BackendSettings, ServerSettings
 from thunder_mw.schemas.views import BackendView
@@ -35,50 +35,47 @@ from thunder_mw.schemas.views import BackendView
 log = logging.getLogger("thunder_mw.backends")
 
 # The live signals the scheduler reads, by engine flavour: (field, metric names in preference).
-_SIGNALS: dict[str, dict[str, tuple[bytes, ...]]] = {
+_SIGNALS: dict[str, dict[str, tuple[str, ...]]] = {
     "vllm": {
-        "kv_usage": (b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc"),
-        "running": (b"vllm:num_requests_running",),
-        "waiting": (b"vllm:num_requests_waiting",),
-        "preemptions_total": (b"vllm:num_preemptions_total",),
-        "prefix_hits_total": (b"vllm:prefix_cache_hits_total", b"vllm:gpu_prefix_cache_hits_total"),
+        "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        "running": ("vllm:num_requests_running",),
+        "waiting": ("vllm:num_requests_waiting",),
+        "preemptions_total": ("vllm:num_preemptions_total",),
+        "prefix_hits_total": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
         "prefix_queries_total": (
-            b"vllm:prefix_cache_queries_total",
-            b"vllm:gpu_prefix_cache_queries_total",
+            "vllm:prefix_cache_queries_total",
+            "vllm:gpu_prefix_cache_queries_total",
         ),
         # What a prefill token and a decode step cost (policies/overflow_cost.py).
-        "prefill_seconds_total": (b"vllm:request_prefill_time_seconds_sum",),
-        "prefill_tokens_total": (b"vllm:request_prefill_kv_computed_tokens_sum",),
-        "decode_seconds_total": (b"vllm:request_decode_time_seconds_sum",),
-        "decode_tokens_total": (b"vllm:generation_tokens_total",),
+        "prefill_seconds_total": ("vllm:request_prefill_time_seconds_sum",),
+        "prefill_tokens_total": ("vllm:request_prefill_kv_computed_tokens_sum",),
+        "decode_seconds_total": ("vllm:request_decode_time_seconds_sum",),
+        "decode_tokens_total": ("vllm:generation_tokens_total",),
     },
     "sglang": {
-        "kv_usage": (b"sglang:token_usage",),
-        "running": (b"sglang:num_running_reqs",),
-        "waiting": (b"sglang:num_queue_reqs",),
-        "preemptions_total": (b"sglang:num_retracted_requests_total",),
-        "prefix_hits_total": (b"sglang:cached_tokens_total",),
-        "prefix_queries_total": (b"sglang:prompt_tokens_total",),
+        "kv_usage": ("sglang:token_usage",),
+        "running": ("sglang:num_running_reqs",),
+        "waiting": ("sglang:num_queue_reqs",),
+        "preemptions_total": ("sglang:num_retracted_requests_total",),
+        "prefix_hits_total": ("sglang:cached_tokens_total",),
+        "prefix_queries_total": ("sglang:prompt_tokens_total",),
         # HiCache's host pool: a KV tier below the GPU's, counted in the scheduler's pool.
-        "host_kv_tokens": (b"sglang:hicache_host_total_tokens",),
+        "host_kv_tokens": ("sglang:hicache_host_total_tokens",),
     },
 }
-_SAMPLE = re.compile(rb"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? ([-+0-9.eEinfNa]+)", re.MULTILINE)
 
 
 def parse_signals(flavor: str, text: bytes) -> BackendMetrics:
     """The scheduler's live signals from a Prometheus text page (summed over label sets)."""
-    totals: dict[bytes, float] = {}
-    for name, value in _SAMPLE.findall(text):
-        try:
-            totals[name] = totals.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
+    return signals(flavor, read_exposition(text))
+
+
+def signals(flavor: str, page: Exposition) -> BackendMetrics:
     found: dict[str, Any] = {}
     for field, names in _SIGNALS["sglang" if flavor == "sglang" else "vllm"].items():
         for name in names:
-            if name in totals:
-                value = totals[name]
+            if name in page.totals:
+                value = page.totals[name]
                 found[field] = int(value) if field in ("running", "waiting") else value
                 break
     return BackendMetrics(**found)
@@ -446,6 +443,8 @@ class BackendPool:
         r = await backend.client.get("/metrics", timeout=timeout)
         if r.status_code != 200:
             return None
+        # vLLM's page is a few hundred lines of histograms: parsed off the event loop.
+        page = await asyncio.to_thread(read_exposition, r.content)
         if backend.flavor != "sglang":
-            backend.discovered_capacity = metrics_capacity(r.content)
-        return parse_signals(backend.flavor, r.content)
+            backend.discovered_capacity = exposition_capacity(page)
+        return signals(backend.flavor, page)

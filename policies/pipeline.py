@@ -32,6 +32,11 @@ class PipelineError(ValueError):
         super().__init__("; ".join(problems))
         self.problems = problems
 
+    def __reduce__(self) -> tuple[type[PipelineError], tuple[list[str]]]:
+        # Raised in a `bench --jobs N` worker process, it crosses back pickled: rebuilt from
+        # the problems, not from the joined message (which would be split into letters).
+        return (PipelineError, (self.problems,))
+
 
 def expand(entries: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """`None` means the default pipeline; a preset name used as a stage expands in place."""

@@ -403,3 +403,13 @@ def test_programs_do_not_yield_when_yielding_is_off():
     run_step(core, "idle", 600, 31)
     decision, _ = core.on_request(ctx("new"), info(500), 33)
     assert isinstance(decision, Hold)
+
+
+def test_a_pipeline_error_survives_pickling_as_its_problems():
+    """`bench --jobs N` runs pipelines in worker processes: the error crosses back pickled."""
+    import pickle
+
+    with pytest.raises(PipelineError) as raised:
+        build_pipeline([{"admission": {"overflow": "maybe"}}])
+    again = pickle.loads(pickle.dumps(raised.value))
+    assert again.problems == raised.value.problems and str(again) == str(raised.value)

@@ -292,6 +292,9 @@ class ContextParser:
         if self._dynamo_body and "agent_context" in nvext:
             raw = nvext.pop("agent_context")
             changed = True
+        else:
+            raw = None
+        if raw is not None:  # null is the same as leaving it out (docs/usage.md)
             ctx = _convert(raw, DynamoAgentContext, "nvext.agent_context")
             for name in ("session_type_id", "session_id", "trajectory_id"):
                 value = getattr(ctx, name)
@@ -308,7 +311,9 @@ class ContextParser:
             found.final |= ctx.trajectory_final
         if "agent_hints" in nvext:
             changed = True
-            self._agent_hints(nvext.pop("agent_hints"), found)
+            hints = nvext.pop("agent_hints")
+            if hints is not None:
+                self._agent_hints(hints, found)
         if changed and not nvext:
             del body["nvext"]
         return changed
@@ -337,6 +342,10 @@ class ContextParser:
         if not isinstance(xargs, dict) or "agentic_context" not in xargs:
             return False
         raw = xargs.pop("agentic_context")
+        if raw is None:  # the same as leaving it out
+            if not xargs:
+                del body["vllm_xargs"]
+            return True
         ctx = _convert(raw, VllmAgenticContext, "vllm_xargs.agentic_context")
         base = "vllm_xargs.agentic_context"
         if ctx.program_id is not None:
@@ -380,7 +389,7 @@ class ContextParser:
         wanted = self.context_headers
         for name, value in headers:
             if name in wanted:
-                got[name] = value.decode("latin-1")
+                got[name] = _header_text(name, value)
         if not got:
             return
         # Every present header is validated even when the body names the program: a bad
@@ -450,6 +459,20 @@ def _convert(raw: object, kind: type[Any], param: str) -> Any:
         if named:
             path = f"{path}.{named.group(1)}"
         raise ContextError(f"{path}: {message}", path) from None
+
+
+def _header_text(name: bytes, value: bytes) -> str:
+    """A header's value as the text its client meant: UTF-8, as HTTP clients send non-ASCII
+    ids (ASGI servers hand over the raw bytes; Latin-1 would turn `café` into `cafÃ©`)."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        label = name.decode("latin-1")
+        raise ContextError(
+            f"header {label} is not valid UTF-8 (byte 0x{value[exc.start]:02x} at offset "
+            f"{exc.start}); send ids as UTF-8 text",
+            label,
+        ) from None
 
 
 def _type_name(value: object) -> str:

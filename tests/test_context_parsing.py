@@ -205,6 +205,20 @@ def test_dynamo_session_header_names_the_program():
     assert ctx.source is Convention.DYNAMO_HEADERS
 
 
+def test_a_header_id_is_read_as_utf8():
+    ctx, _ = parse({}, {"X-Dynamo-Session-ID": "café-ü-程序"})
+    assert ctx.program_id == "café-ü-程序"
+
+
+@pytest.mark.parametrize("name", ["x-dynamo-session-id", "x-litellm-session-id"])
+def test_a_header_that_is_not_utf8_is_an_error_naming_it(name):
+    parser = ContextParser(AgentContextSettings())
+    with pytest.raises(ContextError) as info:
+        parser.parse({}, [(name.encode(), b"\xff\xfe")])
+    assert info.value.param == name and info.value.status == 400
+    assert "UTF-8" in info.value.message and "0xff" in info.value.message
+
+
 def test_session_final_header_ends_the_program():
     ctx, _ = parse({}, {"X-Dynamo-Session-ID": "s1", "X-Dynamo-Session-Final": "true"})
     assert ctx.final

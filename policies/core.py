@@ -386,6 +386,10 @@ class SchedulerCore:
                     self._unplace(program, now)
                 elif program.pause_pending and program.in_flight == 0:
                     self._pause_now(program, now, "after_reasoning")
+                elif program.steps == 0 and program.in_flight == 0:
+                    # No call of it ever succeeded: the engine holds no context of it worth
+                    # keeping room for, so the failed call's reservation goes whole.
+                    self._reserve(program, 0)
                 else:
                     self._reserve(program, self._footprint(program))
             self._reindex(program)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from thunder_mw.policies.failed_expiry import FailedExpiry
 from thunder_mw.policies.overflow_cost import (
     EngineCosts,
     OverflowView,
@@ -512,6 +513,13 @@ class GcParams(StageParams):
     idle_ttl_s: float = Field(
         1800.0, gt=0, description="A program idle this long (no request in flight) is ended."
     )
+    failed_ttl_s: float = Field(
+        60.0,
+        gt=0,
+        description="A program none of whose calls has succeeded is ended this long after "
+        "its last request or failed call (a client that gave up, or whose every request "
+        "the engine refused), instead of staying listed until `idle_ttl_s`.",
+    )
     reclaim: list[str] = Field(
         default_factory=lambda: ["stop", "remove"],
         description="What ending a program does to its containers, in order: stop, remove, "
@@ -526,7 +534,21 @@ class GcHooks(Stage):
     Params = GcParams
     params: GcParams
 
+    def __init__(self, params: StageParams | None = None) -> None:
+        super().__init__(params)
+        self.unanswered = FailedExpiry(self.params.failed_ttl_s)
+
+    def on_request(self, core: SchedulerCore, program: Program, now: float) -> None:
+        self.unanswered.seen(program)
+
+    def on_finished(
+        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
+    ) -> None:
+        self.unanswered.seen(program)
+
     def on_tick(self, core: SchedulerCore, now: float) -> None:
+        for program in self.unanswered.due(now, len(core.table)):
+            core.release(program, "failed", now)
         ttl = self.params.idle_ttl_s
         while True:
             top = core.idle.peek()

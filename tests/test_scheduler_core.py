@@ -258,6 +258,50 @@ def test_a_failed_call_returns_the_program_to_acting_and_frees_its_request_token
     assert core.backends["b0"].reserved == 310  # back to its last known context
 
 
+def test_a_failed_first_call_leaves_its_program_holding_nothing():
+    core = make(policies=[{"admission": {"buffer_tokens_per_program": 64}}, {"gc_hooks": {}}])
+    core.on_request(ctx("a"), info(300, 200), 0)
+    assert core.backends["b0"].reserved == 564
+    core.on_finished("a", None, False, 1)
+    program = core.table.get("a")
+    assert program.failures == 1 and program.reserved_tokens == 0
+    assert core.backends["b0"].reserved == 0  # not even the per-program buffer
+
+
+def test_a_program_whose_calls_all_failed_expires_after_failed_ttl_not_idle_ttl():
+    core = make(gc={"idle_ttl_s": 1800, "failed_ttl_s": 30})
+    core.on_request(ctx("doomed", docker_ids=("box-1",)), info(100), 0)
+    core.on_finished("doomed", None, False, 1)
+    core.on_request(ctx("doomed"), info(100), 10)  # the client retries: the clock restarts
+    core.on_finished("doomed", None, False, 11)
+    run_step(core, "fine", 100, 0)
+    assert not of(core.on_tick(40), Released)
+    actions = core.on_tick(41)
+    assert of(actions, Released) == [Released("doomed", "failed", ("box-1",))]
+    assert of(actions, ReclaimTools)[0].container_ids == ("box-1",)
+    assert core.table.get("doomed") is None and core.table.get("fine") is not None
+
+
+def test_one_successful_call_takes_a_program_off_the_failed_expiry():
+    core = make(gc={"idle_ttl_s": 1800, "failed_ttl_s": 30})
+    core.on_request(ctx("a"), info(100), 0)
+    core.on_finished("a", None, False, 1)
+    run_step(core, "a", 100, 2)
+    assert not of(core.on_tick(100), Released) and core.table.get("a") is not None
+
+
+def test_a_never_answered_program_with_a_call_in_flight_or_held_does_not_expire():
+    core = make(gc={"failed_ttl_s": 5})
+    core.on_request(ctx("slow"), info(100), 0)  # in flight for longer than the TTL
+    core.on_request(ctx("hog"), info(880), 0)
+    decision, _ = core.on_request(ctx("held"), info(500), 1)
+    assert isinstance(decision, Hold)
+    assert not of(core.on_tick(100), Released)
+    core.on_finished("slow", None, False, 101)
+    assert not of(core.on_tick(105), Released)
+    assert [r.program_id for r in of(core.on_tick(106.5), Released)] == ["slow"]
+
+
 def test_release_while_held_answers_the_held_request_with_409():
     core = make()
     core.on_request(ctx("hog"), info(990), 0)

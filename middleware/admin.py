@@ -24,7 +24,7 @@ from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.errors import error_body, send_error
 from thunder_mw.middleware.openapi import OPERATIONS, admin_openapi_json
 from thunder_mw.middleware.request_body import BodyError, ClientLeft, decode_object, read_body
-from thunder_mw.middleware.scheduling import Scheduler
+from thunder_mw.middleware.scheduling import Rejected, Scheduler
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 from thunder_mw.observability.metrics import GatewayMetrics
 from thunder_mw.policies.program_table import Program
@@ -215,6 +215,9 @@ class AdminRoutes:
             middleware=middleware,
             exception_handlers={
                 HTTPException: self._no_route,
+                # A failing endpoint's 500 keeps the error shape too (Starlette still
+                # re-raises it afterwards, so the server logs it).
+                Exception: _server_error,
                 # Starlette sends nothing when a handler returns None; its type says otherwise.
                 ClientDisconnect: _client_gone,  # type: ignore[dict-item]
             },
@@ -278,6 +281,15 @@ class AdminRoutes:
     async def program(self, request: Request) -> Response:
         program_id = request.path_params["program_id"]
         program = self.scheduler.program(program_id)
+        holder = self.scheduler.replica_id
+        if program is None:
+            # With replicas: another one may hold it; its shared record answers here too.
+            try:
+                shared = await self.scheduler.shared_program(program_id)
+            except Rejected as exc:
+                return _error(exc.status, exc.message, None, exc.code, dict(_text(exc.headers)))
+            if shared is not None:
+                program, holder = shared
         containers = self.tools.containers_of(program_id) if self.tools else []
         if program is None and not containers:
             return _error(404, f"no live program {program_id!r}", "program_id", "program_not_found")
@@ -286,15 +298,29 @@ class AdminRoutes:
             return _json(PendingProgram(program_id=program_id, containers=containers))
         fields = _public_fields(program, self.clock())
         return _json(
-            ProgramDetail(**fields, containers=UNSET if self.tools is None else containers)
+            ProgramDetail(
+                **fields,
+                containers=UNSET if self.tools is None else containers,
+                holder=UNSET if holder is None else holder,
+            )
         )
 
     async def release(self, request: Request) -> Response:
         data = await _json_object(request)
         if isinstance(data, Response):
             return data
+        if data.get("program_id") is None:
+            # null is the same as leaving the field out, here as on inference calls
+            # (docs/usage.md); a release must name what it ends.
+            return _error(
+                400,
+                "program_id is required: name the program to release (null is the same as "
+                "leaving it out)",
+                "program_id",
+                "invalid_agent_context",
+            )
         try:
-            program_id = self.parser.check_id(data.get("program_id"), "program_id")
+            program_id = self.parser.check_id(data["program_id"], "program_id")
         except ContextError as exc:
             return _error(400, exc.message, exc.param, exc.code)
         refused = self._not_owner(program_id, request)
@@ -382,6 +408,10 @@ async def _json_object(request: Request) -> dict[str, Any] | Response:
         raise ClientDisconnect() from None
 
 
+def _text(headers: list[tuple[bytes, bytes]] | None) -> list[tuple[str, str]]:
+    return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers or ()]
+
+
 def _profiles_off() -> Response:
     return _error(
         404, "profiles are off (observability.profiles.enabled)", None, "profiles_disabled"
@@ -390,6 +420,11 @@ def _profiles_off() -> Response:
 
 async def _rollout_off(request: Request) -> Response:
     return _error(404, "run-time engine control is not mounted here", None, "route_not_found")
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    message = "the admin route failed (the gateway's log has the error)"
+    return _error(500, message, None, "internal_error")
 
 
 async def _client_gone(request: Request, exc: Exception) -> None:

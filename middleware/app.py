@@ -194,6 +194,19 @@ class _Core:
 
         try:
             await self.pipeline(scope, receive, watching_send)
+        except Exception:
+            if call.status:
+                raise  # the answer is under way: the server closes the connection
+            # A bug (ours, or a wrapped app's) is still answered in the error shape clients
+            # parse, not with the server's plain-text 500.
+            log.exception("unhandled error answering %s %s", scope["method"], path)
+            await send_error(
+                watching_send,
+                500,
+                "the gateway failed to answer this request (its log has the error)",
+                None,
+                "internal_error",
+            )
         finally:
             self.metrics.count_request(path, call.status)
 

@@ -55,6 +55,10 @@ _WATCH_AFTER_S = 0.05
 _ENGINE_ERROR_EVENT = b'data: {"error"'
 
 
+# The routes the gateway itself serves, by the one method each takes.
+_OWN_ROUTES = {path: "POST" for path in CONTEXT_PATHS} | {"/v1/models": "GET"}
+
+
 class _Details(msgspec.Struct):
     cached_tokens: int | None = None
 
@@ -108,7 +112,19 @@ class Forwarder:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
-        if method == "POST" and path in CONTEXT_PATHS:
+        allowed = _OWN_ROUTES.get(path)
+        if allowed is not None and method not in (allowed, "OPTIONS"):
+            # The gateway answers these routes itself, so it says which method they take
+            # (CORS preflights still reach the engine, which may answer them).
+            await send_error(
+                send,
+                405,
+                f"{method} {path} is not supported; use {allowed}",
+                None,
+                "method_not_allowed",
+                [(b"allow", allowed.encode())],
+            )
+        elif method == "POST" and path in CONTEXT_PATHS:
             await self._inference(scope, receive, send)
         elif path == "/v1/models" and method == "GET":
             await self._models(send)

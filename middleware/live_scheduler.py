@@ -308,6 +308,12 @@ class LiveScheduler:
     def program(self, program_id: str) -> Program | None:
         return self.core.table.get(program_id)
 
+    # One gateway: no other replica holds programs (middleware/shared_scheduler.py has them).
+    replica_id: str | None = None
+
+    async def shared_program(self, program_id: str) -> tuple[Program, str] | None:
+        return None
+
     # ------------------------------------------------------------------ the fleet at run time
     def add_backend(self, backend: Backend) -> None:
         """A backend the pool has just opened and probed joins the scheduler."""

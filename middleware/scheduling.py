@@ -68,6 +68,12 @@ class Scheduler(Protocol):
 
     def program(self, program_id: str) -> Program | None: ...
 
+    # With replicas sharing a Redis: this replica's id, and a program another one holds,
+    # read from its shared record with that replica's id (None: no such record).
+    replica_id: str | None
+
+    async def shared_program(self, program_id: str) -> tuple[Program, str] | None: ...
+
 
 class SchedulingMiddleware:
     def __init__(

@@ -34,7 +34,7 @@ from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import ClientGone, Rejected
 from thunder_mw.middleware.types import Receive
 from thunder_mw.policies.core import Action, ReclaimTools, Released
-from thunder_mw.policies.program_table import Program, ProgramState
+from thunder_mw.policies.program_table import Phase, Program, ProgramState
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.state.redis_store import (
     RETRY_AFTER_DOWN_S,
@@ -51,6 +51,8 @@ FLUSH_DELAY_S = 0.005
 
 
 class SharedScheduler(LiveScheduler):
+    replica_id: str
+
     def __init__(
         self,
         pool: BackendPool,
@@ -289,9 +291,10 @@ class SharedScheduler(LiveScheduler):
         )
 
     def _record(self, program: Program) -> ProgramRecord:
+        wall = time.time() - self.clock()  # this clock's reading -> wall-clock seconds
         waiting_since = None
         if program.queued_at is not None and program.state is not ProgramState.ACTIVE:
-            waiting_since = time.time() - (self.clock() - program.queued_at)
+            waiting_since = wall + program.queued_at
         return ProgramRecord(
             program_id=program.program_id,
             holder=self.replica_id,
@@ -315,7 +318,33 @@ class SharedScheduler(LiveScheduler):
             expected_output_tokens=program.expected_output_tokens,
             owner=self._owner_hex(program.program_id),
             waiting_since=waiting_since,
+            created_at=wall + program.created_at,
+            last_active_at=wall + program.last_active_at,
+            in_flight=program.in_flight,
+            waiting=program.waiting,
+            ephemeral=program.ephemeral,
+            priority=program.priority,
+            final_requested=program.final_requested,
+            paused_total_s=program.paused_total_s,
+            docker_ids=list(program.docker_ids),
         )
+
+    async def shared_program(self, program_id: str) -> tuple[Program, str] | None:
+        """A program this replica does not know, as its shared record describes it (not
+        taken into this replica's table), and the replica holding it."""
+        try:
+            record = await self.store.load(program_id)
+        except StoreUnavailable:
+            raise Rejected(
+                503,
+                "the shared state store (redis) is unavailable: the program's shared record "
+                "cannot be read",
+                "state_unavailable",
+                [(b"retry-after", b"1")],
+            ) from None
+        if record is None:
+            return None
+        return _program_of(record, self.clock()), record.holder
 
     def _owner_hex(self, program_id: str) -> str | None:
         if self.ownership is None:
@@ -480,6 +509,43 @@ class SharedScheduler(LiveScheduler):
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _program_of(record: ProgramRecord, now: float) -> Program:
+    """A read-only Program from a shared record, its wall-clock stamps on this clock."""
+    offset = now - time.time()  # wall-clock seconds -> this clock's reading
+    created = now if record.created_at is None else record.created_at + offset
+    active = created if record.last_active_at is None else record.last_active_at + offset
+    return Program(
+        program_id=record.program_id,
+        source=record.source,
+        parent_program_id=record.parent_program_id,
+        session_id=record.session_id,
+        session_type=record.session_type,
+        ephemeral=record.ephemeral,
+        priority=record.priority,
+        state=ProgramState(record.state),
+        phase=Phase(record.phase),
+        backend=record.backend,
+        context_tokens=record.context_tokens,
+        reserved_tokens=record.reserved_tokens,
+        steps=record.steps,
+        in_flight=record.in_flight,
+        waiting=record.waiting,
+        failures=record.failures,
+        final_requested=record.final_requested,
+        created_at=created,
+        last_active_at=active,
+        paused_total_s=record.paused_total_s,
+        pauses=record.pauses,
+        migrations=record.migrations,
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
+        cached_tokens=record.cached_tokens,
+        expected_output_tokens=record.expected_output_tokens,
+        tool_time_ema_s=record.tool_time_ema_s,
+        docker_ids=list(record.docker_ids),
+    )
 
 
 def _unavailable() -> Rejected:

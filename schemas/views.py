@@ -115,9 +115,12 @@ class ProgramView(Struct, kw_only=True):
 
 
 class ProgramDetail(ProgramView, kw_only=True):
-    """A live program; `containers` is present when the Docker tool manager is configured."""
+    """A live program; `containers` is present when the Docker tool manager is configured,
+    `holder` with replicas sharing a Redis (`state.backend: redis`): the id of the replica
+    that holds the program, which may be another than the one answering."""
 
     containers: list[ContainerView] | UnsetType = UNSET
+    holder: str | UnsetType = UNSET
 
 
 class PendingProgram(Struct, kw_only=True):

@@ -9,10 +9,12 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -256,6 +258,16 @@ def _agentic_context(body: dict[str, Any]) -> dict[str, Any]:
 def _error(status: int, message: str, err_type: str, param: str | None = None) -> Response:
     body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
     return Response(_json_encode(body), status, media_type="application/json")
+
+
+async def _route_error(request: Request, exc: Exception) -> Response:
+    """An unknown route or method, answered as vLLM's server answers it: its error object
+    with the status's phrase as `type` (Starlette's default is a plain-text body)."""
+    assert isinstance(exc, HTTPException)
+    answer = _error(exc.status_code, exc.detail, HTTPStatus(exc.status_code).phrase)
+    if exc.headers:
+        answer.headers.update(exc.headers)
+    return answer
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -578,7 +590,11 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
         finally:
             await svc.stop()
 
-    app = Starlette(routes=routes, lifespan=asynccontextmanager(lifespan))
+    app = Starlette(
+        routes=routes,
+        lifespan=asynccontextmanager(lifespan),
+        exception_handlers={HTTPException: _route_error},
+    )
     app.state.sim = svc
     return app
 

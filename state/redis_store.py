@@ -66,6 +66,16 @@ class ProgramRecord(msgspec.Struct, kw_only=True):
     expected_output_tokens: int | None = None
     owner: str | None = None  # hex HMAC digest of the owner key (program_owner: header)
     waiting_since: float | None = None  # wall clock: it has requests waiting for room
+    # What GET /programs/{id} shows on a replica that does not hold it (docs/replicas.md).
+    created_at: float | None = None  # wall clock
+    last_active_at: float | None = None  # wall clock
+    in_flight: int = 0
+    waiting: int = 0
+    ephemeral: bool = False
+    priority: int = 0
+    final_requested: bool = False
+    paused_total_s: float = 0.0
+    docker_ids: list[str] = msgspec.field(default_factory=list)
 
 
 class SyncItem(msgspec.Struct, frozen=True):

@@ -222,7 +222,14 @@ def test_redis_down_fails_open_or_closed_as_configured(
     closed = replica(stack, engine, redis_server, on_unavailable="fail_closed")
     for url in (open_.url, closed.url):
         assert step(url, "before", 20).status_code == 200
+    assert step(open_.url, "open-only", 20).status_code == 200
     redis_server.kill()
+    # A program a replica holds is still shown from its own table; one it would have to read
+    # from Redis is a 503 that says so, not a 404 that says there is no such program.
+    assert view(open_.url, "open-only")["steps"] == 1
+    unknown = httpx.get(f"{open_.url}/programs/elsewhere", timeout=10)
+    assert unknown.status_code == 503 and unknown.json()["error"]["code"] == "state_unavailable"
+    assert unknown.headers["retry-after"] == "1"
     assert step(open_.url, "during-open", 20).status_code == 200
     assert step(open_.url, "before", 20).status_code == 200
     refused = step(closed.url, "during-closed", 20)
@@ -276,3 +283,57 @@ def test_a_program_bound_to_a_key_on_one_replica_is_refused_to_another_key_on_th
     assert as_key(b.url, "key-1").status_code == 200
     assert as_key(a.url, "key-2").status_code == 403
     assert view(b.url, "owned")["steps"] == 2
+
+
+# ------------------------------------------------------------------ program views
+def test_every_replica_answers_for_a_program_another_one_holds(
+    stack: ExitStack, redis_server: RedisServer, engine: str
+) -> None:
+    a = replica(stack, engine, redis_server)
+    b = replica(stack, engine, redis_server)
+    client = redis_server.client()
+    for _ in range(2):
+        assert step(a.url, "seen", 20).status_code == 200
+    deadline = time.monotonic() + 10
+    while record_steps(client, "seen") != 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    on_a, on_b = view(a.url, "seen"), view(b.url, "seen")
+    # The same view on both, from a's table on a and from the shared record on b, naming a
+    # as the replica that holds it.
+    assert set(on_b) == set(on_a)
+    assert on_b["holder"] == on_a["holder"] and on_a["holder"] in holders(client)
+    for name in (
+        "state",
+        "phase",
+        "backend",
+        "steps",
+        "failures",
+        "context_tokens",
+        "reserved_tokens",
+        "prompt_tokens",
+        "completion_tokens",
+        "in_flight",
+        "waiting",
+        "source",
+    ):
+        assert on_b[name] == on_a[name], name
+    assert on_a["steps"] == 2 and on_a["reserved_tokens"] > 0
+    assert abs(on_b["age_s"] - on_a["age_s"]) < 5 and on_b["idle_s"] >= 0
+    # b only read the record: it did not take the program over, nor list it as its own.
+    listed = httpx.get(f"{b.url}/programs", timeout=10).json()["programs"]
+    assert "seen" not in {p["program_id"] for p in listed}
+    assert view(a.url, "seen")["holder"] == on_a["holder"]
+    # A program b holds names b; one no replica has is a 404 on every replica.
+    assert step(b.url, "mine", 20).status_code == 200
+    assert view(b.url, "mine")["holder"] != on_a["holder"]
+    for url in (a.url, b.url):
+        missing = httpx.get(f"{url}/programs/nobody", timeout=10)
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "program_not_found"
+    # Released on a: its record goes, and b answers 404 too.
+    released = httpx.post(f"{a.url}/programs/release", json={"program_id": "seen"}, timeout=10)
+    assert released.json()["released"] is True
+    deadline = time.monotonic() + 10
+    while client.get("thunder-mw:prog:seen") is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert httpx.get(f"{b.url}/programs/seen", timeout=10).status_code == 404

@@ -1,0 +1,172 @@
+"""Every error the gateway writes is the OpenAI error object the real OpenAI client parses: its
+own 404/405/500, header ids that are not UTF-8, `program_id: null` on release; and a program
+none of whose calls succeeded holds nothing and expires soon (live, over loopback sockets)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from asgi_servers import serving
+
+from thunder_mw.middleware.app import ThunderMiddleware, create_app
+from thunder_mw.schemas.config import ThunderConfig
+
+FAILED_TTL_S = 0.5
+SIM = {"name": "sim", "type": "sim", "sim": {"num_blocks": 512, "time_scale": 100.0}}
+POLICIES: list[dict[str, Any]] = [
+    {"admission": {}},
+    {"state_aware_pause": {}},
+    {"migration": {}},
+    {"gc_hooks": {"failed_ttl_s": FAILED_TTL_S}},
+]
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[str]:
+    """The standalone gateway in front of a simulated vLLM engine it runs itself."""
+    config = ThunderConfig(backends=[SIM], policies=POLICIES, server={"tick_interval_s": 0.05})
+    with serving(create_app(config)) as gw:
+        yield gw.url
+
+
+@pytest.fixture
+def client(gateway: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{gateway}/v1", api_key="sk-test", max_retries=0) as c:
+        yield c
+
+
+def chat(client: openai.OpenAI, **kw: Any) -> Any:
+    return client.chat.completions.create(
+        model=kw.pop("model", "sim-model"),
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        **kw,
+    )
+
+
+# ------------------------------------------------------------------ 404 / 405 / 500
+def test_a_wrong_method_on_an_inference_route_is_an_openai_405_naming_the_method(client):
+    with pytest.raises(openai.APIStatusError) as info:
+        client.get("/chat/completions", cast_to=object)
+    error = info.value
+    assert error.status_code == 405 and error.response.headers["allow"] == "POST"
+    assert error.body["code"] == "method_not_allowed"
+    assert error.body["type"] == "invalid_request_error"
+    assert "GET /v1/chat/completions" in error.body["message"]
+
+
+def test_post_to_the_models_route_is_a_405_allowing_get(client):
+    with pytest.raises(openai.APIStatusError) as info:
+        client.post("/models", cast_to=object, body={})
+    assert info.value.status_code == 405 and info.value.response.headers["allow"] == "GET"
+    assert info.value.body["code"] == "method_not_allowed"
+
+
+def test_an_unknown_v1_route_is_the_engines_404_in_its_error_object(client):
+    # The path goes to the engine (other /v1 routes are engine routes); the simulator answers
+    # its 404 as vLLM does, so the client raises NotFoundError with the parsed object.
+    with pytest.raises(openai.NotFoundError) as info:
+        client.get("/no-such-route", cast_to=object)
+    assert info.value.response.headers["content-type"] == "application/json"
+    assert info.value.body == {
+        "message": "Not Found",
+        "type": "Not Found",
+        "param": None,
+        "code": 404,
+    }
+
+
+async def _raises(scope: Any, receive: Any, send: Any) -> None:
+    """A wrapped ASGI app with a bug: it raises before answering (a framework such as
+    FastAPI would answer its own 500 first; that answer is the app's, passed on)."""
+    if scope["type"] == "http":
+        raise RuntimeError("the wrapped gateway has a bug")
+    while scope["type"] == "lifespan":  # it starts and stops (and so the gateway) as apps do
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def test_a_request_nobody_answered_gets_an_openai_500_not_a_plain_text_page(engine, caplog):
+    config = ThunderConfig(backends=[{"name": "e", "url": engine.url}])
+    middleware = ThunderMiddleware(_raises, config)
+    with (
+        serving(middleware) as gw,
+        openai.OpenAI(base_url=f"{gw.url}/v1", api_key="sk", max_retries=0) as c,
+    ):
+        with pytest.raises(openai.InternalServerError) as info:
+            chat(c, extra_body={"program_id": "p500"})
+        assert info.value.body["code"] == "internal_error"
+        assert info.value.body["type"] == "server_error"
+        program = httpx.get(f"{gw.url}/programs/p500").json()
+    # The call ended as failed: the program is not left REASONING with a call counted.
+    assert program["in_flight"] == 0 and program["failures"] == 1
+    assert "the wrapped gateway has a bug" in caplog.text  # the operator still sees why
+
+
+# ------------------------------------------------------------------ header ids
+def test_a_utf8_header_id_names_the_program_as_sent(client, gateway):
+    chat(client, extra_headers={"X-Dynamo-Session-ID": "café-程序".encode()})  # type: ignore[dict-item]
+    listed = {p["program_id"] for p in httpx.get(f"{gateway}/programs").json()["programs"]}
+    assert "café-程序" in listed and "cafÃ©-ç¨åº" not in listed
+
+
+def test_a_header_id_that_is_not_utf8_is_a_400_naming_the_header(client, gateway):
+    before = httpx.get(f"{gateway}/programs").json()["count"]
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, extra_headers={"X-Dynamo-Session-ID": b"\xff\xfe"})  # type: ignore[dict-item]
+    assert info.value.body["param"] == "x-dynamo-session-id"
+    assert "UTF-8" in info.value.body["message"]
+    assert httpx.get(f"{gateway}/programs").json()["count"] == before  # no `ÿþ` program
+
+
+# ------------------------------------------------------------------ program_id: null
+def test_a_null_program_id_on_a_chat_call_is_no_program_id(client, gateway):
+    answer = chat(client, extra_body={"program_id": None})
+    assert answer.choices[0].message.content
+    ids = [p["program_id"] for p in httpx.get(f"{gateway}/programs").json()["programs"]]
+    assert None not in ids and "None" not in ids and "null" not in ids
+
+
+@pytest.mark.parametrize("body", [{"program_id": None}, {}])
+def test_release_without_a_program_id_null_or_missing_is_the_same_400(gateway, body):
+    answer = httpx.post(f"{gateway}/programs/release", json=body)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == "program_id" and "program_id is required" in error["message"]
+
+
+# ------------------------------------------------------------------ failed programs
+def test_a_program_whose_only_call_failed_holds_nothing_and_expires_soon(client, gateway):
+    with pytest.raises(openai.NotFoundError) as info:
+        chat(client, model="no-such-model", extra_body={"program_id": "doomed"})
+    assert info.value.body["param"] == "model"  # the engine's own 404, relayed
+    seen = httpx.get(f"{gateway}/programs/doomed").json()
+    assert seen["failures"] == 1 and seen["steps"] == 0
+    assert seen["reserved_tokens"] == 0 and seen["in_flight"] == 0
+    # gc_hooks.failed_ttl_s after the failure (not idle_ttl_s, 30 minutes) it is gone.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        answer = httpx.get(f"{gateway}/programs/doomed")
+        if answer.status_code == 404:
+            break
+        time.sleep(0.05)
+    assert answer.status_code == 404
+    assert answer.json()["error"]["code"] == "program_not_found"
+
+
+def test_a_program_with_a_successful_call_outlives_the_failed_ttl(client, gateway):
+    chat(client, extra_body={"program_id": "proven"})
+    with pytest.raises(openai.NotFoundError):
+        chat(client, model="no-such-model", extra_body={"program_id": "proven"})
+    time.sleep(FAILED_TTL_S * 3)
+    seen = httpx.get(f"{gateway}/programs/proven")
+    assert seen.status_code == 200 and seen.json()["failures"] == 1

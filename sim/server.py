@@ -9,7 +9,6 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from http import HTTPStatus
 from typing import Any
 
 import msgspec
@@ -261,13 +260,17 @@ def _error(status: int, message: str, err_type: str, param: str | None = None) -
 
 
 async def _route_error(request: Request, exc: Exception) -> Response:
-    """An unknown route or method, answered as vLLM's server answers it: its error object
-    with the status's phrase as `type` (Starlette's default is a plain-text body)."""
+    """An unknown route or method, answered as vLLM's server answers it (FastAPI's default:
+    `{"detail": "Not Found"}` JSON, a 405 with `Allow`), not Starlette's plain text; vLLM's
+    own error-object handler is registered for FastAPI's HTTPException subclass, which the
+    router does not raise."""
     assert isinstance(exc, HTTPException)
-    answer = _error(exc.status_code, exc.detail, HTTPStatus(exc.status_code).phrase)
-    if exc.headers:
-        answer.headers.update(exc.headers)
-    return answer
+    return Response(
+        _json_encode({"detail": exc.detail}),
+        exc.status_code,
+        headers=exc.headers,
+        media_type="application/json",
+    )
 
 
 def _json(data: Any, status: int = 200) -> Response:

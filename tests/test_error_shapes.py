@@ -67,18 +67,14 @@ def test_post_to_the_models_route_is_a_405_allowing_get(client):
     assert info.value.body["code"] == "method_not_allowed"
 
 
-def test_an_unknown_v1_route_is_the_engines_404_in_its_error_object(client):
+def test_an_unknown_v1_route_is_the_engines_own_404_relayed(client):
     # The path goes to the engine (other /v1 routes are engine routes); the simulator answers
-    # its 404 as vLLM does, so the client raises NotFoundError with the parsed object.
+    # its 404 as vLLM does (JSON, test_real_vllm_errors.py compares them), so the client
+    # raises NotFoundError with the parsed body.
     with pytest.raises(openai.NotFoundError) as info:
         client.get("/no-such-route", cast_to=object)
     assert info.value.response.headers["content-type"] == "application/json"
-    assert info.value.body == {
-        "message": "Not Found",
-        "type": "Not Found",
-        "param": None,
-        "code": 404,
-    }
+    assert info.value.body == {"detail": "Not Found"}
 
 
 async def _raises(scope: Any, receive: Any, send: Any) -> None:
@@ -170,3 +166,35 @@ def test_a_program_with_a_successful_call_outlives_the_failed_ttl(client, gatewa
     time.sleep(FAILED_TTL_S * 3)
     seen = httpx.get(f"{gateway}/programs/proven")
     assert seen.status_code == 200 and seen.json()["failures"] == 1
+
+
+def test_a_first_call_abandoned_mid_stream_frees_its_reservation_at_once_then_expires(engine):
+    engine.chunks, engine.chunk_delay_s = 50, 0.05
+    policies = [*POLICIES[:-1], {"gc_hooks": {"failed_ttl_s": 1.0}}]
+    config = ThunderConfig(
+        backends=[{"name": "e", "url": engine.url}],
+        policies=policies,
+        server={"tick_interval_s": 0.05},
+    )
+    body = {"model": "m", "messages": [], "stream": True, "max_tokens": 500, "program_id": "left"}
+    with serving(create_app(config)) as gw:
+        with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body) as answer:
+            chunks = answer.iter_raw()  # kept: a dropped iterator closes the stream
+            next(chunks)
+            during = httpx.get(f"{gw.url}/programs/left").json()
+            assert during["in_flight"] == 1 and during["reserved_tokens"] > 500
+        deadline = time.monotonic() + 5
+        seen = during
+        while seen["in_flight"] and time.monotonic() < deadline:
+            seen = httpx.get(f"{gw.url}/programs/left").json()
+        # The client went away: the call ended as failed and its reservation went with it.
+        assert seen["in_flight"] == 0 and seen["failures"] == 1
+        assert seen["reserved_tokens"] == 0
+        assert httpx.get(f"{gw.url}/health").json()["programs"] == 1
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            gone = httpx.get(f"{gw.url}/programs/left")
+            if gone.status_code == 404:
+                break
+            time.sleep(0.05)
+        assert gone.status_code == 404

@@ -1,4 +1,5 @@
-"""uvicorn's httptools protocol with a memory bound on the request head.
+"""uvicorn's httptools protocol with a memory bound on the request head, answering what it
+refuses in the gateway's error object.
 
 httptools buffers a request line and headers of any size before the app sees them (a client
 can make the server hold megabytes per connection). The app's own check answers the
@@ -50,16 +51,26 @@ def bounded_httptools(max_head_bytes: int) -> type[asyncio.Protocol]:
             super().on_message_complete()
 
         def _refuse_head(self) -> None:
-            body = error_body(
+            self._answer_and_close(
                 431,
-                "request headers exceed the server.max_header_bytes limit",
-                "headers",
-                "headers_too_large",
+                error_body(
+                    431,
+                    "request headers exceed the server.max_header_bytes limit",
+                    "headers",
+                    "headers_too_large",
+                ),
             )
+
+        def send_400_response(self, msg: str) -> None:
+            # A request httptools cannot parse: uvicorn's own answer is plain text; this one
+            # is the error object every other answer of the gateway's is.
+            self._answer_and_close(400, error_body(400, msg, None, "invalid_http_request"))
+
+        def _answer_and_close(self, status: int, body: bytes) -> None:
             self.transport.write(
                 b"".join(
                     [
-                        STATUS_LINE[431],
+                        STATUS_LINE[status],
                         b"content-type: application/json\r\n",
                         b"content-length: " + str(len(body)).encode() + b"\r\n",
                         b"connection: close\r\n\r\n",

@@ -160,6 +160,30 @@ def test_an_unfinished_head_past_the_guard_is_answered_431_and_closed():
     assert json.loads(body)["error"]["code"] == "headers_too_large"
 
 
+def test_a_request_that_is_not_http_is_a_400_in_the_error_object_not_plain_text():
+    async def feed() -> _Transport:
+        protocol_class = bounded_httptools(1000)
+        config = uvicorn.Config(_unused_app, http=protocol_class, lifespan="off")
+        config.load()
+        protocol = protocol_class(
+            config=config,
+            server_state=ServerState(),
+            app_state={},
+            _loop=asyncio.get_running_loop(),
+        )
+        transport = _Transport()
+        protocol.connection_made(transport)
+        protocol.data_received(b"\x16\x03\x01 not an HTTP request\r\n\r\n")  # TLS to http://
+        return transport
+
+    transport = asyncio.run(feed())
+    head, _, body = b"".join(transport.written).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_http_request" and error["type"] == "invalid_request_error"
+    assert transport.closed
+
+
 @contextlib.contextmanager
 def guarded(app, max_head_bytes: int) -> Iterator[str]:
     port = free_port()

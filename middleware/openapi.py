@@ -147,9 +147,10 @@ OPERATIONS: tuple[Operation, ...] = (
         "GET",
         "program",
         "getProgram",
-        "One live program (or one holding sandboxes before its first request).",
+        "One live program (or one holding sandboxes before its first request); with "
+        "replicas, also one another replica holds (`holder` names it).",
         (ProgramDetail, PendingProgram),
-        errors=(404,),
+        errors=(404, 503),
     ),
     Operation(
         "/profiles",
@@ -441,7 +442,11 @@ _ERRORS: dict[int, tuple[str, str]] = {
     ),
     409: ("Conflict", "A backend with that name or URL is already in the pool."),
     413: ("TooLarge", "The body is over 64 KiB."),
-    503: ("EngineDown", "The Docker engine is down: the sandbox could not be started."),
+    503: (
+        "EngineDown",
+        "A store or engine the answer needs is down: the Docker engine (the sandbox could not "
+        "be started), or with replicas Redis (`state_unavailable`; retry after `Retry-After`).",
+    ),
     504: (
         "PauseTimeout",
         "Calls were still in flight after `timeout_s`: generation continues as before.",

@@ -4,6 +4,7 @@ none of whose calls succeeded holds nothing and expires soon (live, over loopbac
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -198,3 +199,25 @@ def test_a_first_call_abandoned_mid_stream_frees_its_reservation_at_once_then_ex
                 break
             time.sleep(0.05)
         assert gone.status_code == 404
+
+
+def test_a_failing_admin_route_is_a_500_in_the_error_object(engine, monkeypatch):
+    app = create_app(ThunderConfig(backends=[{"name": "e", "url": engine.url}]))
+
+    def broken() -> list[Any]:
+        raise RuntimeError("the program table is broken")
+
+    monkeypatch.setattr(app.core.scheduler, "programs", broken)
+
+    async def ask() -> httpx.Response:
+        transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+                return await http.get("/programs")
+        finally:
+            await app.core.shutdown()
+
+    answer = asyncio.run(ask())
+    assert answer.status_code == 500
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.json()["error"]["code"] == "internal_error"

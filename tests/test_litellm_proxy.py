@@ -134,10 +134,15 @@ def proxy(tmp_path_factory) -> Iterator[tuple[str, str]]:
 
 
 async def _program(client: openai.AsyncOpenAI, index: int) -> list[tuple[str, dict]]:
-    """One agent program: STEPS calls whose prompt grows by the answer and a tool result;
-    half name the program with thunder-mw's `program_id`, half with LiteLLM's own field."""
+    """One agent program: STEPS calls whose prompt grows by the answer and a tool result,
+    named by thunder-mw's `program_id` or by one of LiteLLM's own session fields."""
     name = f"prog-{index}"
-    identity = {"program_id": name} if index % 2 else {"litellm_session_id": name}
+    identity, headers = [
+        ({"program_id": name}, {}),
+        ({"litellm_session_id": name}, {}),
+        ({}, {"x-litellm-session-id": name}),
+        ({"metadata": {"session_id": name}}, {}),
+    ][index % 4]
     messages = [
         {"role": "system", "content": "You are a coding agent. " * 20},
         {"role": "user", "content": f"task {index}: " + "fix the failing test " * 40},
@@ -145,7 +150,11 @@ async def _program(client: openai.AsyncOpenAI, index: int) -> list[tuple[str, di
     seen = []
     for _ in range(STEPS):
         raw = await client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=messages, max_tokens=16, extra_body=identity
+            model=MODEL,
+            messages=messages,
+            max_tokens=16,
+            extra_body=identity,
+            extra_headers=headers,
         )
         answer = raw.parse()
         seen.append((raw.headers["x-litellm-model-id"], answer.usage.model_dump()))
@@ -202,3 +211,29 @@ def test_bad_agent_context_is_refused_by_the_proxy_with_the_field_named(proxy) -
     r = httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth, timeout=30)
     assert r.status_code == 400, r.text
     assert "program_id" in r.text
+
+
+def test_a_streamed_call_ends_with_its_usage_counted(proxy) -> None:
+    url, admin = proxy
+
+    async def stream() -> dict:
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=MASTER_KEY) as client:
+            chunks = await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "stream please " * 10}],
+                max_tokens=8,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"program_id": "prog-stream"},
+            )
+            usage = None
+            async for chunk in chunks:
+                usage = chunk.usage or usage
+            assert usage is not None
+            return usage.model_dump()
+
+    usage = asyncio.run(stream())
+    program = httpx.get(f"{admin}/programs/prog-stream", timeout=10).json()
+    assert program["steps"] == 1 and program["in_flight"] == 0
+    assert program["completion_tokens"] == usage["completion_tokens"] == 8
+    httpx.post(f"{admin}/programs/release", json={"program_id": "prog-stream"}, timeout=10)

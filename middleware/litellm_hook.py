@@ -134,11 +134,31 @@ class ThunderScheduling(CustomLogger):
         except Rejected as exc:
             raise _http_error(exc.status, exc.message, "program_id", exc.code) from None
         call.admission = self.core.scheduler
+        if not _is_deployment(call.backend):
+            call.end()
+            raise _http_error(
+                503,
+                f"thunder-mw backend {call.backend!r} is not the id of a LiteLLM deployment: "
+                "give each deployment `model_info: {id: <backend name>}`",
+                "model",
+                "backend_not_a_deployment",
+            )
         call.forwarded_at = time.perf_counter()
-        call_id = data.setdefault("litellm_call_id", f"thunder-mw-{id(call):x}")
-        self._calls[str(call_id)] = call
+        key = str(data.setdefault("litellm_call_id", f"thunder-mw-{id(call):x}"))
+        self._calls[key] = call
+        task = asyncio.current_task()
+        if task is not None:
+            # A client that leaves cancels the request's task and LiteLLM calls no post-call
+            # hook: the call still ends, so its program does not stay REASONING.
+            task.add_done_callback(lambda _: self._abandoned(key))
         data["model"] = call.backend  # the deployment whose id is the engine's label
         return data
+
+    def _abandoned(self, key: str) -> None:
+        call = self._calls.pop(key, None)
+        if call is not None:
+            call.outcome = "client_disconnected"
+            call.end()
 
     async def async_post_call_success_hook(
         self, data: dict[str, Any], user_api_key_dict: Any, response: Any
@@ -211,6 +231,15 @@ class _EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def _is_deployment(label: str | None) -> bool:
+    """Whether LiteLLM's router (when this runs inside its proxy) serves `label` as a
+    deployment id; True outside the proxy, where there is no router to ask."""
+    from litellm.proxy import proxy_server
+
+    router = getattr(proxy_server, "llm_router", None)
+    return router is None or (label is not None and bool(router.has_model_id(label)))
 
 
 def _headers(data: dict[str, Any]) -> list[tuple[bytes, bytes]]:

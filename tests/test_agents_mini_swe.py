@@ -97,6 +97,10 @@ def test_mini_swe_agent_runs_through_the_gateway_and_its_containers_are_reclaime
             for run in runs:
                 closing = 1 if run.end == "final" else 0  # the call that carried the flag
                 assert ours[run.program_id]["steps_total"] == run.steps + closing
+                # The gateway's own record of each step's prefix hit is the engine's.
+                steps = httpx.get(f"{gw.url}/profiles/{run.program_id}", timeout=10).json()
+                cached = [step["cached_tokens"] for step in steps["steps"]][: run.steps]
+                assert cached == run.cached_tokens
 
             # Every container is gone, reclaimed by the gateway for the reason its run gave.
             want = {"release": 2.0, "final": 1.0, "expired": 1.0}

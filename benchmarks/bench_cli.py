@@ -4,6 +4,7 @@
                      [--output PATH] [--results-dir DIR] [--seed N]
     thunder-mw bench --scenario vllm-cpu-real [--repeats N] [--engine-url URL]
     thunder-mw bench --scenario idle-gaps [--output PATH]   (python -m ...idle_gaps for options)
+    thunder-mw bench --scenario mini-swe-agent [--programs 32] [--seeds 3]   (needs Docker)
 
 A scenario on the real vLLM CPU engine (vllm-cpu-real) ignores --mode: it is always real.
 
@@ -39,6 +40,7 @@ PROXY_OVERHEAD = "proxy-overhead"
 IDLE_GAPS = "idle-gaps"
 ROLLOUT = "rollout"  # benchmarks/rollout.py: RL rollout waves through the live gateway
 LIVE_PEERS = "live-peers"  # benchmarks/peers.py: the real peer routers live, or their stand-ins
+MINI_SWE_AGENT = "mini-swe-agent"  # benchmarks/mini_swe_agent.py: real agents, Docker sandboxes
 
 
 class _Without:
@@ -59,7 +61,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scenario",
         required=True,
-        choices=[*SCENARIOS, PROXY_OVERHEAD, IDLE_GAPS, ROLLOUT, LIVE_PEERS],
+        choices=[*SCENARIOS, PROXY_OVERHEAD, IDLE_GAPS, ROLLOUT, LIVE_PEERS, MINI_SWE_AGENT],
         help="Which scenario to run.",
     )
     parser.add_argument(
@@ -141,6 +143,15 @@ def run_bench(args: argparse.Namespace) -> int:
         from thunder_mw.benchmarks import peers
 
         return peers.run_bench(args)
+    if args.scenario == MINI_SWE_AGENT:
+        from thunder_mw.benchmarks import mini_swe_agent
+
+        # --programs: concurrent runs; its engines run in real time (python -m ... --help).
+        argv = ["--seed", str(args.seed)]
+        argv += ["--runs", str(args.programs)] if args.programs else []
+        argv += ["--seeds", str(args.seeds)] if args.seeds else []
+        argv += ["--output", str(args.output)] if args.output else []
+        return mini_swe_agent.main(argv + (["--no-plots"] if args.no_plots else []))
     scenario = _with_overrides(SCENARIOS[args.scenario], args)
     policies = args.policies.split(",") if args.policies else list(scenario.policies)
     unknown = [p for p in policies if p not in POLICIES]

@@ -307,6 +307,12 @@ class SimEngineSettings(_Section):
     disk_kv_load_tokens_per_s: float | None = Field(
         None, gt=0, description="Load speed of the disk tier, tokens/s (required with it)."
     )
+    scripted_agent: bool = Field(
+        False,
+        description="Answer chat completions with the `bash` tool calls of a small script "
+        "per task (a few shell steps, then mini-SWE-agent's submit command; chosen by the "
+        "task text and `seed`), so an agent framework runs end to end on the simulator.",
+    )
 
 
 class CapacityPlanSettings(_Section):

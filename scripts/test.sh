@@ -27,7 +27,7 @@ want="$(python3 --version 2>&1) $(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! python3 -c \
   'import os, sys, thunder_mw; sys.exit(os.path.dirname(thunder_mw.__file__) != os.getcwd())' \
   2>/dev/null; then
-  python3 -m pip install --quiet --disable-pip-version-check -e '.[test,peers]'
+  python3 -m pip install --quiet --disable-pip-version-check -e '.[test,peers,agents]'
   mkdir -p .cache && echo "$want" >"$stamp"
 fi
 

@@ -19,7 +19,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from thunder_mw.schemas.config import SimEngineSettings
-from thunder_mw.sim import metrics, responses_api
+from thunder_mw.sim import metrics, responses_api, scripted_agent
 from thunder_mw.sim.cost_model import get_profile
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
 from thunder_mw.sim.native_routes import native_routes
@@ -345,10 +345,19 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
                     "prompt",
                 )
         params = sampling(body, chat)
+        stream = bool(body.get("stream", False))
+        scripted: scripted_agent.ScriptedCall | None = None
+        if chat and engine_settings.scripted_agent:
+            answer = _scripted_call(body["messages"], stream, engine_settings.seed)
+            if isinstance(answer, Response):
+                return answer
+            scripted = answer
+            # The engine generates as many tokens as the tool call's text takes.
+            n = len(tokenizer.encode(scripted.arguments))
+            params = SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True)
         problem = engine.validate(prompt_ids, params)
         if problem:
             return _error(400, problem, "BadRequestError")
-        stream = bool(body.get("stream", False))
         program = _agentic_context(body).get("program_id")
         pending = svc.submit(
             prompt_ids, params, stream, program if isinstance(program, str) else None
@@ -364,8 +373,17 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
         seq = pending.seq
         await _finished(engine, pending)
         text = tokenizer.decode(engine.output_ids(seq))
-        if chat:
+        if scripted is not None:
             choice: dict[str, Any] = {
+                "index": 0,
+                "message": scripted_agent.message(scripted),
+                "logprobs": None,
+                "finish_reason": "tool_calls",
+                "stop_reason": None,
+            }
+            obj = "chat.completion"
+        elif chat:
+            choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text, "tool_calls": []},
                 "logprobs": None,
@@ -752,6 +770,11 @@ def add_sim_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--disk-kv-load-tokens-per-s", type=float, default=d.disk_kv_load_tokens_per_s
     )
+    parser.add_argument(
+        "--scripted-agent",
+        action="store_true",
+        help="answer chats with a scripted agent's bash tool calls (sim/scripted_agent.py)",
+    )
     parser.add_argument("--log-level", default="warning")
 
 
@@ -772,6 +795,7 @@ def settings_from_args(args: argparse.Namespace) -> SimEngineSettings:
         host_kv_load_tokens_per_s=args.host_kv_load_tokens_per_s,
         disk_kv_tokens=args.disk_kv_tokens,
         disk_kv_load_tokens_per_s=args.disk_kv_load_tokens_per_s,
+        scripted_agent=args.scripted_agent,
     )
 
 
@@ -783,6 +807,20 @@ def run_sim_engine(args: argparse.Namespace) -> int:
     app = create_sim_app(settings_from_args(args))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
+
+
+def _scripted_call(
+    messages: list[Any], stream: bool, seed: int
+) -> scripted_agent.ScriptedCall | Response:
+    """Scripted agent mode's answer (sim/scripted_agent.py), or the 400 saying why not."""
+    if stream:
+        return _error(
+            400, "scripted agent mode answers without streaming", "BadRequestError", "stream"
+        )
+    try:
+        return scripted_agent.next_call(messages, seed)
+    except scripted_agent.ScriptError as exc:
+        return _error(400, str(exc), "BadRequestError", "messages")
 
 
 async def _finished(engine: Engine, pending: _Pending) -> None:

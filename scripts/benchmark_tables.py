@@ -305,7 +305,7 @@ def figure_table(name: str, report: dict) -> str:
         f"#### `{name}` ({c.get('split', 'tuning')} set) — {c['description']}",
         "",
         f"{c['engines']} engines, {point['concurrency']} programs in flight, seeds "
-        f"{report['seeds']}; the long window held {done.get('min', '-')}+ completions "
+        f"{report['seeds']}; the long window held {int(done['min']) if done else '-'}+ completions "
         f"(at least {point['min_window_completions']} asked: "
         f"{'met' if point['window_ok'] else '**not met**'}); wall {report['wall_s']} s.",
         "",

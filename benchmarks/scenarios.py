@@ -581,10 +581,10 @@ TEST_SCENARIOS: dict[str, Scenario] = {
     "test-mixed-fleet": Scenario(
         name="test-mixed-fleet",
         description="one 8B model on a mixed fleet: an H100 engine (467 k KV tokens) beside "
-        "an RTX 5090 engine (98 k), 64 mini-SWE-agent programs per engine",
+        "an RTX 5090 engine (98 k), 48 mini-SWE-agent programs per engine",
         workload="swe-agent",
         engines=2,
-        programs_per_engine=64,
+        programs_per_engine=48,
         engine_profiles=("h100-8b", "rtx5090-qwen3-8b"),
         total_factor=STEADY_FACTOR,
         kv_tokens=None,

@@ -434,6 +434,10 @@ class Engine:
         alloc_events = self._alloc_events
         special = alloc_events.pop(s, None) or []
         if self._prefilling:
+            # An event of a decoder preempted since is stale; once readmitted it prefills
+            # again and comes from `_prefilling`: without this filter it would be scheduled
+            # twice in one step (and its prefill entry deleted twice).
+            special = [q for q in special if q.decoding]
             special.extend(self._prefilling.values())
         # Order matters only when blocks may run out (who preempts whom).
         if len(special) > 1 and (self._prefilling or pool.num_free < len(special)):

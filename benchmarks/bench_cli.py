@@ -24,16 +24,29 @@ from pathlib import Path
 from typing import Any
 
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, simulate
+from thunder_mw.benchmarks.figures import capped_rows, choose_caps, figures, format_figures
 from thunder_mw.benchmarks.reproduction import (
-    HOST_TIER_RATIO,
     format_reproduction,
     host_tier_options,
+    host_tier_tokens,
     summarise_runs,
 )
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
-from thunder_mw.benchmarks.scenarios import POLICIES, POLICY_ENGINE_OPTIONS, SCENARIOS, Scenario
+from thunder_mw.benchmarks.scenarios import (
+    POLICIES,
+    POLICY_ENGINE_OPTIONS,
+    SCENARIOS,
+    VLLM_CAPPED,
+    Scenario,
+)
+from thunder_mw.benchmarks.workloads import (
+    MIX_PREFIX,
+    ProgramSpec,
+    generate,
+    generate_mix,
+    load_trace,
+)
 from thunder_mw.benchmarks.workloads import PRESETS as WORKLOADS
-from thunder_mw.benchmarks.workloads import ProgramSpec, generate, load_trace
 from thunder_mw.sim.cost_model import get_profile
 
 PROXY_OVERHEAD = "proxy-overhead"
@@ -178,6 +191,9 @@ def run_bench(args: argparse.Namespace) -> int:
     reproduction = format_reproduction(report)
     if reproduction:
         print(reproduction)
+    headline = format_figures(report)
+    if headline:
+        print(headline)
     print(f"\nwall {report['wall_s']} s; written to {output}")
     if not args.no_plots:
         written = write_plots(report, output.with_suffix(""))
@@ -349,7 +365,9 @@ class Job:
     programs: int
     main: bool  # the scenario's main point (full records: JCT samples, time series)
     seed: int = 0
-    wave: bool = False  # the one-wave (RL batch) run: concurrency programs, all at t=0
+    # The fixed batch (RL batch): concurrency programs, all at t=0, every one run to its end.
+    wave: bool = False
+    cap: int | None = None  # vllm_capped: the client runs at most this many programs at once
 
 
 def _workload(
@@ -357,31 +375,54 @@ def _workload(
 ) -> list[ProgramSpec]:
     if trace is not None:
         return load_trace(trace)
+    if scenario.workload.startswith(MIX_PREFIX):
+        return generate_mix(
+            scenario.workload, programs, seed=seed, max_context_tokens=scenario.max_model_len
+        )
     return generate(
         scenario.workload, programs, seed=seed, max_context_tokens=scenario.max_model_len
     )
 
 
-def kv_tokens_of(scenario: Scenario) -> int:
-    """KV tokens per engine: the scenario's, else its cost profile's own capacity."""
-    if scenario.kv_tokens is not None:
-        return scenario.kv_tokens
-    capacity = get_profile(scenario.profile).capacity_tokens
+def _profile_kv(scenario: Scenario, profile: str) -> int:
+    capacity = get_profile(profile).capacity_tokens
     if not capacity:
-        raise ValueError(f"{scenario.name}: profile {scenario.profile!r} has no KV capacity")
+        raise ValueError(f"{scenario.name}: profile {profile!r} has no KV capacity")
     return int(capacity * scenario.kv_scale)
 
 
-def engine_options(scenario: Scenario, policy: str) -> tuple[tuple[str, Any], ...]:
-    """EngineConfig fields for `policy`'s engines in `scenario` (the host KV tier)."""
-    host = scenario.host_tier or POLICY_ENGINE_OPTIONS.get(policy, {}).get("host_tier", False)
-    if not host:
+def kv_tokens_of(scenario: Scenario) -> int:
+    """KV tokens per engine: the scenario's, else its cost profile's own capacity (a mixed
+    fleet: its first engine's; `engine_kv_tokens` has each)."""
+    if scenario.kv_tokens is not None:
+        return scenario.kv_tokens
+    return _profile_kv(scenario, (scenario.engine_profiles or (scenario.profile,))[0])
+
+
+def engine_kv_tokens(scenario: Scenario) -> tuple[int, ...]:
+    """A mixed fleet's KV tokens per engine (empty for a uniform fleet)."""
+    if not scenario.engine_profiles:
         return ()
-    tokens = scenario.host_kv_tokens or HOST_TIER_RATIO * kv_tokens_of(scenario)
-    return host_tier_options(int(tokens))
+    return tuple(scenario.kv_tokens or _profile_kv(scenario, p) for p in scenario.engine_profiles)
+
+
+def engine_options(scenario: Scenario, policy: str) -> tuple[tuple[str, Any], ...]:
+    """EngineConfig fields for `policy`'s engines in `scenario`: the host KV tier (sized to
+    the node's host RAM, reproduction.host_tier_tokens), Continuum's program-level FCFS."""
+    own = POLICY_ENGINE_OPTIONS.get(policy, {})
+    options: tuple[tuple[str, Any], ...] = ()
+    if scenario.host_tier or own.get("host_tier", False):
+        tokens = scenario.host_kv_tokens or host_tier_tokens(scenario.profile)
+        options += host_tier_options(int(tokens))
+    if own.get("program_fcfs", False):
+        options += (("program_fcfs", True),)
+    return options
 
 
 def cluster_for(scenario: Scenario, policy: str, engines: int, seed: int) -> ClusterConfig:
+    profiles = scenario.engine_profiles
+    if profiles and len(profiles) != engines:
+        raise ValueError(f"{scenario.name}: {len(profiles)} engine profiles for {engines} engines")
     return ClusterConfig(
         engines=engines,
         kv_tokens=kv_tokens_of(scenario),
@@ -389,6 +430,8 @@ def cluster_for(scenario: Scenario, policy: str, engines: int, seed: int) -> Clu
         profile=scenario.profile,
         seed=seed,
         engine_options=engine_options(scenario, policy),
+        engine_profiles=profiles,
+        engine_kv_tokens=engine_kv_tokens(scenario),
     )
 
 
@@ -397,15 +440,17 @@ def _run_job(
 ) -> tuple[Job, dict[str, Any]]:
     programs = _workload(scenario, job.programs, job.seed, trace)
     cluster = cluster_for(scenario, job.policy, job.engines, job.seed)
-    concurrency = job.engines * job.per_engine
+    concurrency = job.cap or job.engines * job.per_engine
     if job.wave:
-        arrivals = Arrivals("batch")
+        # A client-side cap runs the batch as a closed loop of `cap` programs at a time.
+        arrivals = Arrivals("closed", job.cap) if job.cap else Arrivals("batch")
     else:
         closed = scenario.arrival == "closed"
         arrivals = Arrivals(
             scenario.arrival,
             concurrency if closed else None,
             stop_at_window_end=closed and scenario.stop_at_window_end,
+            burst=min(scenario.burst, concurrency) if closed else 1,
         )
     started = time.perf_counter()
     result = simulate(programs, POLICIES[job.policy], cluster, arrivals, job.policy)
@@ -430,8 +475,11 @@ def plan_jobs(
     seeds: int | None = None,
 ) -> list[Job]:
     """Every run a scenario needs: the main point per policy and seed, the sweep points
-    (every seed when `sweep_seeds`), and the one-wave run per policy when `wave`."""
+    (every seed when `sweep_seeds`), the fixed batch per policy and seed when `wave`, and
+    vllm_capped's cap sweep (both figures at each cap, every seed)."""
     n_seeds = seeds or scenario.seeds
+    capped = VLLM_CAPPED in policies
+    policies = [p for p in policies if p != VLLM_CAPPED]
 
     def programs_for(engines: int, per_engine: int, factor: float) -> int:
         return max(1, round(engines * per_engine * factor))
@@ -452,15 +500,29 @@ def plan_jobs(
             for k in sweep_seeds
             for p in policies
         ]
+    wave_n = scenario.engines * scenario.programs_per_engine
     if scenario.wave:
-        wave_n = scenario.engines * scenario.programs_per_engine
         work += [
-            Job(p, scenario.engines, scenario.programs_per_engine, wave_n, True, seed, True)
+            Job(p, scenario.engines, scenario.programs_per_engine, wave_n, True, seed + k, True)
+            for k in range(n_seeds)
             for p in policies
         ]
+    if capped:
+        for cap in cap_values(scenario):
+            for k in range(n_seeds):
+                point = (scenario.engines, scenario.programs_per_engine)
+                work.append(Job(VLLM_CAPPED, *point, main_n, True, seed + k, cap=cap))
+                if scenario.wave:
+                    work.append(Job(VLLM_CAPPED, *point, wave_n, True, seed + k, True, cap))
     # Largest first, so the pool's last straggler is a small run.
     work.sort(key=lambda j: -j.programs * j.engines)
     return work
+
+
+def cap_values(scenario: Scenario) -> list[int]:
+    """vllm_capped's caps: the scenario's fractions of its concurrency, whole programs."""
+    concurrency = scenario.concurrency
+    return sorted({max(1, round(f * concurrency)) for f in scenario.caps if f < 1})
 
 
 def run_scenario(
@@ -485,9 +547,7 @@ def run_scenario(
     else:
         done = [_run_job(scenario, j, trace, seed) for j in work]
 
-    main = {job.policy: out for job, out in done if job.main and job.seed == seed and not job.wave}
-    results = [{"policy": p, **main[p]["metrics"]} for p in policies]
-    sweep_rows = [
+    all_rows = [
         {
             "policy": job.policy,
             "engines": job.engines,
@@ -497,19 +557,40 @@ def run_scenario(
             "main": job.main,
             "seed": job.seed,
             "wave": job.wave,
+            "cap": job.cap,
             **out["metrics"],
         }
         for job, out in done
     ]
-    sweep_rows.sort(
+    all_rows.sort(
         key=lambda r: (
             r["engines"],
             r["concurrency"],
             r["wave"],
             r["seed"],
             policies.index(r["policy"]),
+            r["cap"] or 0,
         )
     )
+    # vllm_capped: the cap that was best per figure stands for it (the sweep is kept).
+    caps = choose_caps(scenario, policies, all_rows)
+    sweep_rows = [r for r in all_rows if r["policy"] != VLLM_CAPPED]
+    if caps is not None:
+        sweep_rows += capped_rows(scenario, caps, all_rows)
+    main: dict[str, dict[str, Any]] = {}
+    for job, out in done:
+        if not job.main or job.seed != seed or job.wave:
+            continue
+        if job.policy == VLLM_CAPPED:
+            if caps is None or job.cap != caps["window_cap"]:
+                continue
+        main[job.policy] = out
+    if caps is not None and VLLM_CAPPED not in main and caps["uncapped"] in main:
+        main[VLLM_CAPPED] = main[caps["uncapped"]]  # no cap was best: the uncapped engine
+    policies = [p for p in policies if p in main]
+    results = [{"policy": p, **main[p]["metrics"]} for p in policies]
+    if caps is not None and VLLM_CAPPED in policies:
+        results[policies.index(VLLM_CAPPED)]["cap"] = caps["window_cap"]
     by_policy = {r["policy"]: r for r in results}
     targets = [
         dict(zip(("value", "met"), t.check(by_policy), strict=True), target=t.name, goal=t.goal)
@@ -526,6 +607,11 @@ def run_scenario(
         "arrival": scenario.arrival,
         "total_factor": scenario.total_factor,
         "seeds": sorted({j.seed for j in work}),
+        "split": scenario.split,
+        "steady_factor": scenario.total_factor,
+        "burst": scenario.burst,
+        "engine_profiles": list(scenario.engine_profiles),
+        "engine_kv_tokens": list(engine_kv_tokens(scenario)),
         "kv_tokens_per_engine": kv_tokens_of(scenario),
         "host_tier": {
             p: dict(engine_options(scenario, p)) for p in policies if engine_options(scenario, p)
@@ -541,6 +627,7 @@ def run_scenario(
         "scenario": scenario.name,
         "mode": "des",
         "seed": seed,
+        "seeds": config["seeds"],
         "config": config,
         "results": results,
         "targets": targets,
@@ -550,6 +637,11 @@ def run_scenario(
         "run_wall_s": {p: main[p]["wall_s"] for p in policies},
     }
     report.update(summarise_runs(scenario, policies, sweep_rows))
+    report["figures"] = figures(scenario, policies, sweep_rows)
+    if caps is not None:
+        keys = ("cap", "seed", "wave", "makespan_s", "steps_per_min_steady", "steady_programs_done")
+        caps["runs"] = [{k: r.get(k) for k in keys} for r in all_rows if r["policy"] == VLLM_CAPPED]
+        report["vllm_capped"] = caps
     report["wall_s"] = round(time.perf_counter() - started, 1)
     report["machine"] = (
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"

@@ -71,15 +71,19 @@ class ClusterConfig:
     # Further EngineConfig fields for every engine (e.g. the simulator's host KV tier),
     # as (name, value) pairs so the config stays hashable and picklable.
     engine_options: tuple[tuple[str, Any], ...] = ()
+    # A mixed fleet: engine i's cost profile and KV tokens (empty: `profile`, `kv_tokens`).
+    engine_profiles: tuple[str, ...] = ()
+    engine_kv_tokens: tuple[int, ...] = ()
 
     def engine_config(self, i: int) -> EngineConfig:
+        kv = self.engine_kv_tokens[i] if self.engine_kv_tokens else self.kv_tokens
         return EngineConfig(
-            num_blocks=self.kv_tokens // self.block_size + 1,  # block 0 is the null block
+            num_blocks=kv // self.block_size + 1,  # block 0 is the null block
             block_size=self.block_size,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
-            profile=self.profile,
+            profile=self.engine_profiles[i] if self.engine_profiles else self.profile,
             seed=self.seed + i,
             **dict(self.engine_options),
         )
@@ -95,18 +99,27 @@ class Arrivals:
     finished (default: half the concurrency, so the synchronised first wave has mixed) and
     closes when the last program starts (from then on concurrency only falls).
     `stop_at_window_end` ends the run there: the drain after it measures nothing steady (JCT
-    figures then cover the programs finished by then, and the rest count as unfinished)."""
+    figures then cover the programs finished by then, and the rest count as unfinished).
+    Calls in flight at the window's open and close count pro rata (output tokens produced
+    over the call's output length), so a cut never drops or doubles the work in flight.
+
+    `burst` > 1 (closed loop): finished programs' places are refilled only once `burst` of
+    them are free, all at the same instant: arrivals in bursts, like a rollout driver that
+    launches a group of programs at once."""
 
     mode: str = "batch"
     concurrency: int | None = None
     warmup_programs: int | None = None
     stop_at_window_end: bool = False
+    burst: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in ("batch", "staggered", "closed"):
             raise ValueError(f"unknown arrival mode {self.mode!r}")
         if self.mode == "closed" and not self.concurrency:
             raise ValueError("closed arrivals need a concurrency")
+        if self.burst < 1 or (self.concurrency and self.burst > self.concurrency):
+            raise ValueError(f"burst {self.burst} must be within 1 and the concurrency")
 
 
 @dataclass
@@ -148,6 +161,7 @@ class _Program:
         "held_since",
         "prompt",
         "sent_at",
+        "seq",
         "spec",
         "subs_pending",
         "tool_pending",
@@ -163,6 +177,7 @@ class _Program:
         )
         self.call = 0
         self.prompt: list[int] = []
+        self.seq: Sequence | None = None  # the call in an engine now
         self.arrived_at = 0.0
         self.sent_at = 0.0
         self.first_token_at: float | None = None
@@ -248,8 +263,11 @@ class Simulation:
         self._last_start = 0.0
         self._output_at_last_start = 0
         self._top_finished = 0
-        self._warm: tuple[float, int, int, int] | None = None  # t, steps, output, finished
+        # t, steps, output, finished (at the window's open), steps and output in flight then
+        self._warm: tuple[float, int, int, int, float, int] | None = None
         self._top_finished_at_last_start = 0
+        self._in_flight_at_last_start: tuple[float, int] = (0.0, 0)
+        self._free_places = 0  # closed loop with bursts: places freed, not yet refilled
         self._imbalance_n = 0
         self._series_t: list[float] = []
         self._series_kv: dict[str, list[float]] = {label: [] for label in self.backends}
@@ -308,7 +326,19 @@ class Simulation:
                 self._steps_at_last_start = self.steps_done
                 self._output_at_last_start = self.output_tokens
                 self._top_finished_at_last_start = self._top_finished
+                self._in_flight_at_last_start = self._in_flight()
                 self._last_start = t
+
+    def _in_flight(self) -> tuple[float, int]:
+        """Calls in engines now, pro rata: Σ output produced / output length, Σ output."""
+        steps = 0.0
+        output = 0
+        for run in self._open_runs:
+            seq = run.seq
+            if seq is not None and seq.num_output:
+                steps += seq.num_output / max(1, run.spec.calls[run.call].output_tokens)
+                output += seq.num_output
+        return steps, output
 
     def _start(self, spec: ProgramSpec, t: float) -> None:
         run = _Program(spec)
@@ -389,6 +419,7 @@ class Simulation:
             program_id=spec.program_id,
         )
         seq.user_data = run
+        run.seq = seq
         if not backend.busy and not backend.kick_pending:
             backend.kick_pending = True
             self._at(self.now, _KICK, backend)
@@ -413,9 +444,22 @@ class Simulation:
             self._top_finished += 1
             warmup = self.arrivals.warmup_programs or (self.arrivals.concurrency or 0) // 2
             if self._warm is None and self._top_finished >= warmup:
-                self._warm = (self.now, self.steps_done, self.output_tokens, self._top_finished)
+                steps, output = self._in_flight()
+                self._warm = (
+                    self.now,
+                    self.steps_done,
+                    self.output_tokens,
+                    self._top_finished,
+                    steps,
+                    output,
+                )
             if self.arrivals.mode == "closed":
-                self._start_next(self.now)
+                self._free_places += 1
+                left = len(self.top) - self._next_top
+                if self._free_places >= min(self.arrivals.burst, max(1, left)):
+                    for _ in range(self._free_places):
+                        self._start_next(self.now)
+                    self._free_places = 0
         else:
             parent = self.runs.get(spec.parent_id)
             if parent is not None and parent.done_at is None:
@@ -522,6 +566,7 @@ class Simulation:
     def _call_done_on(self, run: _Program, seq: Sequence, backend: _Backend) -> None:
         spec = run.spec
         call = spec.calls[run.call]
+        run.seq = None
         self.steps_done += 1
         self.output_tokens += seq.num_output
         if run.first_token_at is None:
@@ -679,9 +724,12 @@ class Simulation:
                 "warmup_s": round(warm[0], 1) if warm else None,
             }
         span = end - warm[0]
+        steps_end, output_end = self._in_flight_at_last_start
+        steps = self._steps_at_last_start + steps_end - warm[1] - warm[4]
+        output = self._output_at_last_start + output_end - warm[2] - warm[5]
         return {
-            "steps_per_min_steady": round(60 * (self._steps_at_last_start - warm[1]) / span, 2),
-            "output_tokens_per_s_steady": round((self._output_at_last_start - warm[2]) / span, 1),
+            "steps_per_min_steady": round(60 * steps / span, 2),
+            "output_tokens_per_s_steady": round(output / span, 1),
             "steady_window_s": round(span, 1),
             "steady_programs_done": self._top_finished_at_last_start - warm[3],
             "warmup_s": round(warm[0], 1),

@@ -33,6 +33,30 @@ SPREAD_METRICS = (
 )
 
 
+# The host RAM a node gives the KV tier, per engine of a cost profile: an 8xH100 node
+# (NVIDIA DGX H100: 2 TB of system memory) gives half of it to KV, the rest to the OS, the
+# engine and the agents' tools; a TP4 replica gets half the node's share, a one-GPU 8B
+# engine an eighth. The RTX 5090 box is a workstation: 128 GB of RAM assumed (not a cited
+# figure), half of it for KV. Tokens = bytes / the profile's KV bytes per token.
+HOST_KV_BYTES = {
+    "h100x8-glm46-fp8": 1.0e12,
+    "h100x8-qwen3-235b-fp8": 1.0e12,
+    "h100x4-minimax-m2-fp8": 0.5e12,
+    "h100-8b": 0.125e12,
+    "rtx5090-qwen3-8b": 64e9,
+}
+
+
+def host_tier_tokens(profile: str) -> int:
+    """KV tokens a host tier of `profile`'s node holds (HOST_KV_BYTES)."""
+    from thunder_mw.sim.cost_model import get_profile
+
+    cost = get_profile(profile)
+    if profile not in HOST_KV_BYTES or not cost.kv_bytes_per_token:
+        raise ValueError(f"no host RAM size known for profile {profile!r}")
+    return int(HOST_KV_BYTES[profile] // cost.kv_bytes_per_token)
+
+
 def host_tier_options(host_tokens: int) -> tuple[tuple[str, Any], ...]:
     """EngineConfig fields that give an engine a host KV tier of `host_tokens` tokens (its
     load speed: the cost profile's host link over its KV bytes per token)."""

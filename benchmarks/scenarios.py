@@ -23,6 +23,10 @@ from thunder_mw.policies.pipeline import PRESETS as PIPELINE_PRESETS
 from thunder_mw.policies.stages import DEFAULT_PIPELINE
 
 DEFAULT_POLICIES = ("round_robin", "sticky", "thunderagent", "thunder-mw")
+VLLM_CAPPED = "vllm_capped"
+# The caps vllm_capped is swept over, as fractions of the scenario's concurrency; the
+# uncapped engine (the scenario's `vllm` or `session_affinity` run) is the sweep's 1.0.
+CAP_FRACTIONS = (0.25, 0.5, 0.75)
 
 
 def _thunder_mw(**overrides: dict[str, Any]) -> list[dict[str, Any]]:
@@ -51,6 +55,13 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # POLICY_ENGINE_OPTIONS): vLLM's offloading connector / LMCache / SGLang HiCache
     # behind a consistent-hashing router.
     "offload": [{"session_affinity": {}}],
+    # Continuum: its TTL pins plus program-level FCFS in the engine's waiting queue (an
+    # engine option, POLICY_ENGINE_OPTIONS), behind consistent hashing.
+    "continuum": [{"session_affinity": {}}, {"continuum_ttl": {}}],
+    # Plain vLLM behind a client-side concurrency cap (a semaphore, `n_concurrent`): the
+    # engines see at most `cap` programs at once, the cap the best of a sweep per scenario
+    # (bench_cli.py); consistent hashing places programs when there are several engines.
+    VLLM_CAPPED: [{"session_affinity": {}}],
     # Diagnostic variants of the default pipeline: one rule changed each.
     "thunder-mw/acting-0.5": _thunder_mw(**{"state-aware-pause": {"acting_token_weight": 0.5}}),
     "thunder-mw/acting-0": _thunder_mw(**{"state-aware-pause": {"acting_token_weight": 0.0}}),
@@ -96,7 +107,10 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
 
 # Engine options a policy brings with it (merged over the scenario's): `host_tier` gives
 # every engine the host KV tier the scenario sizes (`host_kv_tokens`).
-POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {"offload": {"host_tier": True}}
+POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
+    "offload": {"host_tier": True},
+    "continuum": {"program_fcfs": True},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +214,13 @@ class Scenario:
     # their JCT figures cover the programs finished by then, the wave run has the whole tail.
     stop_at_window_end: bool = False
     published: tuple[Published, ...] = ()
+    # "tuning": thunder-mw's defaults were chosen on it; "test": no default was (reported
+    # apart, docs/benchmarks.md).
+    split: str = "tuning"
+    burst: int = 1  # closed loop refilled in bursts of this many programs (des.Arrivals)
+    # A mixed fleet: one cost profile per engine (each with its own KV capacity).
+    engine_profiles: tuple[str, ...] = ()
+    caps: tuple[float, ...] = CAP_FRACTIONS  # vllm_capped's sweep (fractions of concurrency)
 
     @property
     def concurrency(self) -> int:
@@ -316,17 +337,29 @@ TABLE2 = "ThunderAgent, arXiv 2602.13692, §5 Table 2 (RL rollout, 144 programs,
 LAUNCH = "ThunderAgent launch post (Together AI)"
 DYNAMO = "Dynamo's port of the ThunderAgent scheduler, 2x TP4 MiniMax-M2 on one 8xH100 node"
 
-# Closed loop: each run starts concurrency x STEADY_FACTOR programs, measured from the first
-# wave's turnover (warm-up: a concurrency's worth of programs finished) to the last start,
-# a window in which about a concurrency's worth of programs finish (96-576 here: no single
-# program decides it). The paper's axis is the same: a fixed number of programs in flight,
-# each replaced when it ends. 2.0 keeps the largest scenario under 5 minutes on 2 cores.
-STEADY_FACTOR = 2.0
-SINGLE_ENGINE_POLICIES = ("vllm", "continuum", "vllm_router_program", "thunderagent", "thunder-mw")
+# Closed loop: each run starts concurrency x STEADY_FACTOR programs; the window opens when
+# half the concurrency has finished and closes at the last start, with exactly
+# (STEADY_FACTOR - 1.5) x concurrency completions inside it: 4x, the long window (in-flight
+# calls count pro rata at both cuts, des.Arrivals). The paper's axis is the same: a fixed
+# number of programs in flight, each replaced when it ends.
+STEADY_FACTOR = 5.5
+WINDOW_COMPLETIONS = 4.0  # completions inside the window, x the concurrency (at least)
+SEEDS = 5
+SINGLE_ENGINE_POLICIES = (
+    "vllm",
+    VLLM_CAPPED,
+    "continuum",
+    "offload",
+    "vllm_router_program",
+    "thunderagent",
+    "thunder-mw",
+)
 FLEET_POLICIES = (
-    "round_robin",
     "session_affinity",
     "kv_aware",
+    VLLM_CAPPED,
+    "continuum",
+    "offload",
     "vllm_router_program",
     "thunderagent",
     "thunder-mw",
@@ -355,7 +388,7 @@ def _paper(name: str, description: str, workload: str, profile: str, **kw: Any) 
         profile=profile,
         max_model_len=131_072,
         policies=SINGLE_ENGINE_POLICIES,
-        seeds=3,
+        seeds=SEEDS,
         wave=True,
         stop_at_window_end=True,
     )
@@ -398,7 +431,7 @@ PUBLISHED_SCENARIOS: dict[str, Scenario] = {
         profile="h100x8-glm46-fp8",
         max_model_len=131_072,
         policies=FLEET_POLICIES,
-        seeds=3,
+        seeds=SEEDS,
         wave=True,
         stop_at_window_end=True,
         published=(
@@ -424,7 +457,7 @@ PUBLISHED_SCENARIOS: dict[str, Scenario] = {
         profile="h100x8-glm46-fp8",
         max_model_len=131_072,
         policies=FLEET_POLICIES,
-        seeds=3,
+        seeds=SEEDS,
         wave=True,
         stop_at_window_end=True,
         published=(
@@ -452,7 +485,7 @@ PUBLISHED_SCENARIOS: dict[str, Scenario] = {
         profile="h100x4-minimax-m2-fp8",
         max_model_len=131_072,
         policies=FLEET_POLICIES,
-        seeds=3,
+        seeds=SEEDS,
         wave=True,
         stop_at_window_end=True,
         published=(
@@ -467,20 +500,18 @@ PUBLISHED_SCENARIOS: dict[str, Scenario] = {
     "cluster-scaling": Scenario(
         name="cluster-scaling",
         description="mini-SWE-agent on 2, 4 and 8 GLM-4.6 8xH100 engines (16-64 GPUs), "
-        "72 programs per engine as Table 2, against a KV-aware gateway; scaled by 1/2 for "
-        "wall time (36 programs per engine on half the KV: the same overflow)",
+        "72 programs per engine as Table 2, at full size, against every strong baseline",
         workload="mini-swe-agent-glm46",
         engines=2,
-        programs_per_engine=36,
-        kv_scale=0.5,
-        sweep=((4, 36), (8, 36)),
+        programs_per_engine=72,
+        sweep=((4, 72), (8, 72)),
         total_factor=STEADY_FACTOR,
         sweep_factor=STEADY_FACTOR,
         kv_tokens=None,
         profile="h100x8-glm46-fp8",
         max_model_len=131_072,
-        policies=("kv_aware", "thunderagent", "thunder-mw"),
-        seeds=3,
+        policies=FLEET_POLICIES,
+        seeds=SEEDS,
         sweep_seeds=True,
         stop_at_window_end=True,
         published=(
@@ -516,8 +547,15 @@ PUBLISHED_SCENARIOS: dict[str, Scenario] = {
         profile="h100x8-glm46-fp8",
         max_model_len=131_072,
         host_tier=True,
-        policies=("offload", "vllm_router_program", "thunderagent", "thunder-mw"),
-        seeds=3,
+        policies=(
+            "offload",
+            VLLM_CAPPED,
+            "continuum",
+            "vllm_router_program",
+            "thunderagent",
+            "thunder-mw",
+        ),
+        seeds=SEEDS,
         wave=True,
         stop_at_window_end=True,
         published=(
@@ -534,3 +572,64 @@ PUBLISHED_SCENARIOS: dict[str, Scenario] = {
     ),
 }
 SCENARIOS.update(PUBLISHED_SCENARIOS)
+
+
+# ------------------------------------------------------------------ test regimes
+# No default of thunder-mw was chosen on these (docs/benchmarks.md, "Tuning and test sets"):
+# they were added after the defaults were fixed, with sizes chosen before any run.
+TEST_SCENARIOS: dict[str, Scenario] = {
+    "test-mixed-fleet": Scenario(
+        name="test-mixed-fleet",
+        description="one 8B model on a mixed fleet: an H100 engine (467 k KV tokens) beside "
+        "an RTX 5090 engine (98 k), 48 mini-SWE-agent programs per engine",
+        workload="swe-agent",
+        engines=2,
+        programs_per_engine=48,
+        engine_profiles=("h100-8b", "rtx5090-qwen3-8b"),
+        total_factor=STEADY_FACTOR,
+        kv_tokens=None,
+        profile="h100-8b",
+        max_model_len=40_960,
+        policies=(
+            "session_affinity",
+            "kv_aware",
+            VLLM_CAPPED,
+            "continuum",
+            "vllm_router_program",
+            "thunderagent",
+            "thunder-mw",
+        ),
+        seeds=SEEDS,
+        wave=True,
+        stop_at_window_end=True,
+        split="test",
+    ),
+    "test-swe-orchestra-mix": Scenario(
+        name="test-swe-orchestra-mix",
+        description="SWE-agent and tool-orchestration programs mixed in one run (alternate "
+        "programs), 48 per engine on two H100 8B engines of 131 k KV tokens",
+        workload="mix:swe-agent+tool-orchestra",
+        engines=2,
+        programs_per_engine=48,
+        total_factor=STEADY_FACTOR,
+        kv_tokens=131_072,
+        profile="h100-8b",
+        max_model_len=65_536,
+        policies=FLEET_POLICIES,
+        seeds=SEEDS,
+        wave=True,
+        stop_at_window_end=True,
+        split="test",
+    ),
+    "test-bursty-swe-glm46": _paper(
+        "test-bursty-swe-glm46",
+        "paper-swe-glm46's engine and programs, the closed loop refilled in bursts of 24 "
+        "(a quarter of the concurrency started at one instant)",
+        "mini-swe-agent-glm46",
+        "h100x8-glm46-fp8",
+        sweep=(),
+        burst=24,
+        split="test",
+    ),
+}
+SCENARIOS.update(TEST_SCENARIOS)

@@ -302,6 +302,30 @@ def generate(
     return out
 
 
+MIX_PREFIX = "mix:"
+
+
+def generate_mix(
+    name: str, programs: int, seed: int = 0, max_context_tokens: int | None = None
+) -> list[ProgramSpec]:
+    """`mix:a+b`: programs of presets a and b alternating (a first), each drawn as `generate`
+    draws its preset, so the first k programs are the same for any `programs` >= k."""
+    if not name.startswith(MIX_PREFIX):
+        raise ValueError(f"{name!r} is not a mix (mix:PRESET+PRESET)")
+    parts = name[len(MIX_PREFIX) :].split("+")
+    unknown = [p for p in parts if p not in PRESETS]
+    if len(parts) < 2 or unknown:
+        raise ValueError(f"{name!r}: a mix names two or more of {sorted(PRESETS)}")
+    k = len(parts)
+    drawn = [
+        generate(
+            part, -(-programs // k), seed, prefix=f"m{j}-", max_context_tokens=max_context_tokens
+        )
+        for j, part in enumerate(parts)
+    ]
+    return [drawn[i % k][i // k] for i in range(programs)]
+
+
 def _draw(
     spec: WorkloadPreset,
     program_id: str,

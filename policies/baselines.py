@@ -30,7 +30,7 @@ from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usag
 from thunder_mw.policies.stages import Stage, StageParams
 
 if TYPE_CHECKING:
-    from thunder_mw.policies.core import SchedulerCore
+    from thunder_mw.policies.core import BackendState, SchedulerCore
 
 
 # ---------------------------------------------------------------------------- kv_aware
@@ -245,6 +245,12 @@ class ProgressTtlParams(StageParams):
         description="A program served this many calls since it was admitted yields its place "
         "when others are queued (null: never).",
     )
+    immature_ttl_s: float | None = Field(
+        None,
+        ge=0,
+        description="The TTL armed before `min_samples` returns are observed (null: the cap; "
+        "the vLLM router documents 0 until its statistics window is full).",
+    )
 
 
 class ProgressTtl(Stage):
@@ -275,7 +281,8 @@ class ProgressTtl(Stage):
         cap = self.params.max_acting_ttl_s
         samples = self._sorted.get(session_type or "")
         if not samples or len(samples) < self.params.min_samples:
-            return cap
+            immature = self.params.immature_ttl_s
+            return cap if immature is None else min(cap, immature)
         k = min(len(samples) - 1, int(self.params.return_quantile * len(samples)))
         return min(cap, samples[k])
 
@@ -389,18 +396,148 @@ class BatchGain(Stage):
         return False
 
 
+# ---------------------------------------------------------------------------- program_gate
+class ProgramGateParams(StageParams):
+    max_active_programs_per_target: int | None = Field(
+        64, ge=1, description="At most this many ACTIVE programs per engine (null: no cap)."
+    )
+    waiting_request_threshold: int = Field(
+        1,
+        ge=0,
+        description="No admission or resume to an engine whose last scraped waiting-request "
+        "count reached this (0: no gate).",
+    )
+
+
+class ProgramGate(Stage):
+    """The vLLM router's count guard (`max_active_programs_per_target`) and waiting gate
+    (`admission_waiting_request_threshold`): vetoes on admission and resume, besides the
+    token watermarks of the admission stage (docs/program_scheduling.md of vllm-project/router)."""
+
+    name = "program_gate"
+    Params = ProgramGateParams
+    params: ProgramGateParams
+
+    def admits(
+        self, core: SchedulerCore, program: Program, backend: BackendState, tokens: int, now: float
+    ) -> bool:
+        cap = self.params.max_active_programs_per_target
+        if cap is not None and core.table.programs_on(backend.label) >= cap:
+            return False
+        threshold = self.params.waiting_request_threshold
+        waiting = backend.metrics.waiting
+        return not (threshold and waiting is not None and waiting >= threshold)
+
+
+# ---------------------------------------------------------------------------- program_binding
+class ProgramBindingParams(StageParams):
+    cross_rank_headroom_ratio: float | None = Field(
+        1.2,
+        ge=0,
+        description="global_queue: a program may resume on another engine when that engine's "
+        "room is at least its bound engine's plus this x the program's footprint (null: never "
+        "leave the bound engine, `global_queue: false`).",
+    )
+
+
+class ProgramBinding(Stage):
+    """The vLLM router's `binding_strategy: consistent_hash` with `global_queue`: a new
+    program is bound to the engine its id hashes to (rendezvous hashing: the same property
+    as its virtual-node ring, losing an engine moves only its programs); admission and
+    resume try the bound (previous) engine first, then another engine that passes the
+    cross-rank headroom check; otherwise the program waits."""
+
+    name = "program_binding"
+    Params = ProgramBindingParams
+    params: ProgramBindingParams
+
+    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+        healthy = core.healthy_backends()
+        labels = sorted(b.label for b in healthy)
+        bound = program.backend or SessionAffinity.pick(program.program_id, labels)
+        home = core.backends.get(bound) if bound else None
+        if home is not None and home.healthy and core.admits(program, home, now):
+            return home.label
+        ratio = self.params.cross_rank_headroom_ratio
+        if ratio is None:
+            return ""
+        need = ratio * core.footprint_for_resume(program)
+        base = core.room(home) if home is not None and home.healthy else 0.0
+        fitting = [
+            b
+            for b in healthy
+            if b is not home and core.room(b) >= base + need and core.admits(program, b, now)
+        ]
+        return max(fitting, key=core.room).label if fitting else ""
+
+
 BASELINE_STAGES: dict[str, type[Stage]] = {
     cls.name: cls
-    for cls in (KvAware, SessionAffinity, Direct, ContinuumTtl, ProgressTtl, BatchGain)
+    for cls in (
+        KvAware,
+        SessionAffinity,
+        Direct,
+        ContinuumTtl,
+        ProgressTtl,
+        BatchGain,
+        ProgramGate,
+        ProgramBinding,
+    )
 }
 
-# The vLLM router's program scheduler (`--enable-program-scheduling`), as documented by its
-# package description and the config keys and decision reasons its binary names:
-# RequestPool admission under high/low watermarks with a decode buffer per program, a
-# Progress-TTL per ACTING program, capacity repair (pausing on overflow), segment yielding,
-# batch-gain admission, one global queue resumed in arrival order with a queue timeout.
-# Defaults it does not document are ours (benchmarks/README.md lists them).
+# The vLLM router's program scheduler at the defaults of vllm-project/router's
+# docs/program_scheduling.md (configuration reference): watermarks 1.0 / 1.0, decode buffer
+# 100 tokens, `max_acting_ttl_seconds` 10 (0 until `stats_window_size` 100 returns are
+# seen), `max_segment_rounds` 14, `max_active_programs_per_target` 64,
+# `admission_waiting_request_threshold` 1, MRU resume, `force_resume_timeout_seconds` 300,
+# consistent-hash binding and the recommended `global_queue: true` (cross-rank headroom 1.2).
+# Capacity repair pauses REASONING programs only: "Acting Programs are not reclaimed by
+# admission or resume; their TTL and terminal lifecycle move them out of ACTIVE state".
+# Batch-gain admission "bypasses only the continuous-growth reserve", which is not modelled
+# (no growth reserve here), so it has no stage. What the docs leave open is ours: the TTL is
+# a quantile (0.9) of the session type's return times, capacity repair's victim order the
+# fewest tokens first. benchmarks/README.md lists what is and is not modelled.
 VLLM_ROUTER_PROGRAM_PIPELINE: list[dict[str, Any]] = [
+    {
+        "admission": {
+            "high_watermark": 1.0,
+            "low_watermark": 1.0,
+            "buffer_tokens_per_program": 100,
+            "overflow": "hold",
+        }
+    },
+    {"program_gate": {"max_active_programs_per_target": 64, "waiting_request_threshold": 1}},
+    {
+        "progress_ttl": {
+            "max_acting_ttl_s": 10.0,
+            "max_segment_rounds": 14,
+            "min_samples": 100,
+            "window": 100,
+            "immature_ttl_s": 0.0,
+        }
+    },
+    {
+        "state_aware_pause": {
+            "victim": "shortest_first",
+            "acting_token_weight": 1.0,
+            "yield_idle_after_s": None,
+            "pause_acting": False,
+        }
+    },
+    {"program_binding": {"cross_rank_headroom_ratio": 1.2}},
+    {
+        "migration": {
+            "placement": "mru",
+            "prefer_home_backend": True,
+            "resume_timeout_s": 300,
+            "aging_s": 1e9,
+        }
+    },
+]
+
+# The reading of the router used before its documentation was found (the package's binary
+# only): kept as an ablation of the stand-in (`vllm_router_program/binary-reading`).
+VLLM_ROUTER_PROGRAM_BINARY_READING: list[dict[str, Any]] = [
     {"admission": {"high_watermark": 0.9, "low_watermark": 0.8, "buffer_tokens_per_program": 256}},
     {"progress_ttl": {}},
     {"batch_gain": {}},
@@ -420,4 +557,5 @@ BASELINE_PRESETS: dict[str, list[dict[str, Any]]] = {
     "vllm": [{"direct": {}}],
     "continuum": [{"session_affinity": {}}, {"continuum_ttl": {}}],
     "vllm_router_program": VLLM_ROUTER_PROGRAM_PIPELINE,
+    "vllm_router_program/binary-reading": VLLM_ROUTER_PROGRAM_BINARY_READING,
 }

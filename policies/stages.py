@@ -329,6 +329,11 @@ class PauseParams(StageParams):
         description="Count a REASONING program marked to pause as already freed (false "
         "reproduces the original's over-pausing, for the baseline only).",
     )
+    pause_acting: bool = Field(
+        True,
+        description="On overflow pause ACTING programs first (false: REASONING ones only, "
+        "the vLLM router's rule that acting programs are never reclaimed; baselines only).",
+    )
 
 
 class StateAwarePause(Stage):
@@ -423,7 +428,7 @@ class StateAwarePause(Stage):
         use = backend.projected if self.params.reduce_projection else backend.reserved
         use -= backend.unused  # what the engine says it does not hold
         while use > limit:
-            popped = backend.acting.pop()
+            popped = backend.acting.pop() if self.params.pause_acting else None
             if popped is not None:
                 program = popped[1]
                 freed = program.reserved_tokens
@@ -444,9 +449,10 @@ class StateAwarePause(Stage):
 
 # ---------------------------------------------------------------------------- migration
 class MigrationParams(StageParams):
-    placement: Literal["best_fit_decreasing", "most_room"] = Field(
+    placement: Literal["best_fit_decreasing", "most_room", "mru"] = Field(
         "best_fit_decreasing",
-        description="Queue order within a priority band: largest first (BFD) or arrival.",
+        description="Queue order within a priority band: largest first (BFD), arrival, or "
+        "the most recently queued first (the vLLM router's MRU resume; baselines only).",
     )
     prefer_home_backend: bool = Field(
         True, description="Resume on the previous backend when it has room (KV may be cached)."
@@ -477,6 +483,8 @@ class Migration(Stage):
         band = math.floor(program.queued_at / self.params.aging_s - program.priority)
         if self.params.placement == "best_fit_decreasing":
             return (band, -program.request_tokens, program.queued_at)
+        if self.params.placement == "mru":
+            return (band, -program.queued_at)
         return (band, program.queued_at)
 
     def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:

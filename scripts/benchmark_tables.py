@@ -216,7 +216,8 @@ def targets(names: list[str]) -> str:
             continue
         plain = [p for p in main if p in NOT_PROGRAM_AWARE]
         best = max(plain, key=lambda p: main[p]["steps_per_min_steady"]["median"], default=None)
-        others = [p for p in main if p != "thunder-mw"]
+        # vllm_capped's JCT starts when its cap lets a program in, not when it was offered.
+        others = [p for p in main if p not in ("thunder-mw", "vllm_capped")]
         jct = main["thunder-mw"]["jct_mean_s"]["median"] / min(
             main[p]["jct_mean_s"]["median"] for p in others
         )
@@ -248,7 +249,151 @@ def targets(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ------------------------------------------------------------------ headline figures
+# The two headline figures over seeds (benchmarks/figures.py): the fixed batch's makespan
+# and the long window's steady steps/min, each policy's mean [ci95] and thunder-mw's ratio
+# over it [ci95] with the verdict. Scenarios whose file predates them are skipped.
+TUNING = [*PUBLISHED]
+TEST = ["test-mixed-fleet", "test-swe-orchestra-mix", "test-bursty-swe-glm46"]
+DOCS = RESULTS.parents[1] / "docs" / "benchmarks.md"
+README = RESULTS.parents[1] / "README.md"
+FIGURE_COLUMNS = (  # (metric, label, what thunder-mw's ratio over the policy is)
+    ("makespan_s", "fixed batch: makespan s", "its makespan / thunder-mw's"),
+    ("steps_per_min_steady", "long window: steps/min", "thunder-mw / it"),
+)
+
+
+def _main_point(report: dict) -> dict | None:
+    c = report["config"]
+    for point in report.get("figures", {}).get("points", []):
+        if (point["engines"], point["programs_per_engine"]) == (
+            c["engines"],
+            c["programs_per_engine"],
+        ):
+            return point
+    return None
+
+
+def _ci(s: dict | None, digits: int = 1) -> str:
+    if not s:
+        return "-"
+    low, high = s["ci95"]
+    return f"{s['mean']:,.{digits}f} [{low:,.{digits}f}, {high:,.{digits}f}]"
+
+
+def _ratio_cell(r: dict | None) -> str:
+    if not r:
+        return "-"
+    low, high = r["ci95"]
+    return f"{r['ratio']:.3f} [{low:.3f}, {high:.3f}] **{r['verdict']}**"
+
+
+def _cap(record: dict) -> str:
+    cap = record.get("cap")
+    if not cap:
+        return ""
+    return f"cap {cap['batch']} / {cap['window']}"
+
+
+def figure_table(name: str, report: dict) -> str:
+    """One scenario: every policy's fixed-batch makespan and long-window steps/min (mean
+    [ci95] over seeds) and thunder-mw's ratio over it [ci95] with the verdict."""
+    point = _main_point(report)
+    assert point is not None
+    c = report["config"]
+    done = point["policies"].get("thunder-mw", {}).get("steady_programs_done", {})
+    lines = [
+        f"#### `{name}` ({c.get('split', 'tuning')} set) — {c['description']}",
+        "",
+        f"{c['engines']} engines, {point['concurrency']} programs in flight, seeds "
+        f"{report['seeds']}; the long window held {int(done['min']) if done else '-'}+ completions "
+        f"(at least {point['min_window_completions']} asked: "
+        f"{'met' if point['window_ok'] else '**not met**'}); wall {report['wall_s']} s.",
+        "",
+        "| policy | "
+        + " | ".join(f"{label} | {ratio}" for _, label, ratio in FIGURE_COLUMNS)
+        + " | notes |",
+        "|---" * (2 + 2 * len(FIGURE_COLUMNS)) + "|",
+    ]
+    for policy, record in point["policies"].items():
+        ratios = point["ratios"].get(policy, {})
+        cells = []
+        for metric, _, _ in FIGURE_COLUMNS:
+            cells.append(_ci(record.get(metric)))
+            cells.append("-" if policy == "thunder-mw" else _ratio_cell(ratios.get(metric)))
+        strongest = [
+            m
+            for m, p in point["strongest"].items()
+            if p == policy and m in {c[0] for c in FIGURE_COLUMNS}
+        ]
+        notes = ", ".join(
+            [*([_cap(record)] if _cap(record) else []), *(f"strongest on {m}" for m in strongest)]
+        )
+        lines.append(f"| {policy} | " + " | ".join(cells) + f" | {notes} |")
+    return "\n".join(lines) + "\n"
+
+
+def figure_tables(names: list[str]) -> str:
+    return "\n".join(figure_table(n, r) for n, r in _reports(names) if _main_point(r))
+
+
+def summary_table(names: list[str]) -> str:
+    """One row per scenario: thunder-mw against the strongest baseline on each figure."""
+    lines = [
+        "| scenario | set | fixed batch: strongest | its makespan / thunder-mw's | "
+        "long window: strongest | thunder-mw / it |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, report in _reports(names):
+        point = _main_point(report)
+        if point is None:
+            continue
+        cells = []
+        for metric, _, _ in FIGURE_COLUMNS:
+            rival = point["strongest"].get(metric)
+            record = point["policies"].get(rival, {}) if rival else {}
+            cap = (
+                f" (cap {record['cap']['batch' if metric == 'makespan_s' else 'window']})"
+                if record.get("cap")
+                else ""
+            )
+            cells += [
+                f"{rival}{cap}" if rival else "-",
+                _ratio_cell(point["ratios"].get(rival, {}).get(metric)),
+            ]
+        split = report["config"].get("split", "tuning")
+        link = f"[`{name}`](benchmarks/results/{name}.json)"
+        lines.append(f"| {link} | {split} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _replace_block(path: Path, marker: str, body: str) -> None:
+    text = path.read_text()
+    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
+    if start not in text or end not in text:
+        raise SystemExit(f"{path} has no {start} ... {end} block")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{start}\n{body}{end}{tail}")
+
+
+def update_docs() -> None:
+    """Rewrites the figures blocks of docs/benchmarks.md and the README's summary table."""
+    _replace_block(DOCS, "tuning-figures", figure_tables(TUNING))
+    _replace_block(DOCS, "test-figures", figure_tables(TEST))
+    _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--update-docs"]:
+        update_docs()
+        sys.exit()
+    if sys.argv[1:2] == ["--figures"]:
+        print(figure_tables(sys.argv[2:] or [*TUNING, *TEST]))
+        sys.exit()
+    if sys.argv[1:2] == ["--summary"]:
+        print(summary_table(sys.argv[2:] or [*TUNING, *TEST]))
+        sys.exit()
     if sys.argv[1:2] == ["--targets"]:
         print(targets(sys.argv[2:] or PUBLISHED))
         sys.exit()

@@ -80,6 +80,10 @@ class EngineConfig:
     disk_load_tokens_per_s: float | None = None
     # KV bytes per token, for the byte counters of the offload metrics (None: the profile's).
     kv_bytes_per_token: int | None = None
+    # Continuum's program-level FCFS (arXiv 2511.02230): the waiting queue is ordered by when
+    # each request's program first reached this engine, not by the request's own arrival, so
+    # a returning old program goes ahead of newer ones (False: vLLM's request FCFS).
+    program_fcfs: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +273,7 @@ class Engine:
         # Output tokens are filler[j % m]; a block wholly inside the output is one of these.
         self._filler_blocks = [tuple(reps[o : o + bs]) for o in range(m)]
         self._waiting: deque[Sequence] = deque()
+        self._program_order: dict[str | None, int] = {}  # program_fcfs: first-seen order
         self._running: dict[int, Sequence] = {}  # run_no -> seq, in running order
         self._prefilling: dict[int, Sequence] = {}  # running, prompt not fully computed
         self._streams: dict[int, Sequence] = {}  # running decoders whose listener wants tokens
@@ -355,9 +360,22 @@ class Engine:
             self.stats.pins_released += 1
         if program_id is not None:
             self._reuse_hashes(seq, program_id)
-        self._waiting.append(seq)
+        if self.config.program_fcfs:
+            self._enqueue_by_program(seq, program_id)
+        else:
+            self._waiting.append(seq)
         self._by_id[request_id] = seq
         return seq
+
+    def _enqueue_by_program(self, seq: Sequence, program_id: str | None) -> None:
+        """Behind every waiting request of an older (or the same) program, ahead of newer."""
+        order = self._program_order
+        mine = order.setdefault(program_id, len(order))
+        waiting = self._waiting
+        at = len(waiting)
+        while at > 0 and order.get(waiting[at - 1].program_id, -1) > mine:
+            at -= 1
+        waiting.insert(at, seq)
 
     def abort(self, request_id: str) -> bool:
         """Drop a request (client went away); its blocks are freed like a finished one's."""
@@ -416,6 +434,10 @@ class Engine:
         alloc_events = self._alloc_events
         special = alloc_events.pop(s, None) or []
         if self._prefilling:
+            # An event of a decoder preempted since is stale; once readmitted it prefills
+            # again and comes from `_prefilling`: without this filter it would be scheduled
+            # twice in one step (and its prefill entry deleted twice).
+            special = [q for q in special if q.decoding]
             special.extend(self._prefilling.values())
         # Order matters only when blocks may run out (who preempts whom).
         if len(special) > 1 and (self._prefilling or pool.num_free < len(special)):

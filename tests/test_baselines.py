@@ -256,10 +256,88 @@ def test_batch_gain_keeps_an_acting_program_whose_ttl_is_about_to_free_the_room(
     assert [r.program_id for r in resumed] == ["b"]
 
 
-def test_the_vllm_router_program_preset_builds():
+def test_the_vllm_router_program_preset_builds_at_the_documented_defaults():
     core = make([{"vllm_router_program": {}}])
     names = [s.name for s in core.stages]
-    assert names == ["admission", "progress_ttl", "batch_gain", "state_aware_pause", "migration"]
+    assert names == [
+        "admission",
+        "program_gate",
+        "progress_ttl",
+        "state_aware_pause",
+        "program_binding",
+        "migration",
+    ]
+    stages = {s.name: s.params for s in core.stages}
+    assert (stages["admission"].high_watermark, stages["admission"].low_watermark) == (1.0, 1.0)
+    assert stages["admission"].buffer_tokens_per_program == 100
+    assert stages["program_gate"].max_active_programs_per_target == 64
+    assert stages["program_gate"].waiting_request_threshold == 1
+    ttl = stages["progress_ttl"]
+    assert (ttl.max_acting_ttl_s, ttl.max_segment_rounds, ttl.min_samples) == (10.0, 14, 100)
+    assert stages["migration"].placement == "mru"
+    assert not stages["state_aware_pause"].pause_acting
+    old = make([{"vllm_router_program/binary-reading": {}}])
+    assert "batch_gain" in [s.name for s in old.stages]
+
+
+def router(capacities=(100_000, 100_000), **gate):
+    return make(
+        [
+            {"admission": {"high_watermark": 1.0, "low_watermark": 1.0, "overflow": "hold"}},
+            {"program_gate": gate},
+            {"progress_ttl": {"max_acting_ttl_s": 10.0}},
+            {"state_aware_pause": {"victim": "shortest_first", "pause_acting": False,
+                                   "yield_idle_after_s": None}},
+            {"program_binding": {}},
+            {"migration": {"placement": "mru", "aging_s": 1e9}},
+        ],
+        capacities,
+    )  # fmt: skip
+
+
+def test_the_router_holds_a_program_past_the_count_cap_per_engine():
+    core = router(capacities=(100_000,), max_active_programs_per_target=2)
+    send(core, "a", 100, 0)
+    send(core, "b", 100, 0)
+    decision, _ = core.on_request(ctx("c"), info(100), 0)
+    assert isinstance(decision, Hold)
+
+
+def test_the_router_holds_new_programs_while_the_engine_has_waiting_requests():
+    from thunder_mw.policies.core import BackendMetrics
+
+    core = router(capacities=(100_000,))
+    core.on_backend("b0", metrics=BackendMetrics(waiting=1), now=0)
+    decision, _ = core.on_request(ctx("a"), info(100), 0.5)
+    assert isinstance(decision, Hold)
+    resumed = of(core.on_backend("b0", metrics=BackendMetrics(waiting=0), now=1), Resumed)
+    assert [r.program_id for r in resumed] == ["a"]
+
+
+def test_the_router_binds_a_new_program_by_consistent_hash():
+    core = router()
+    for pid in ("p1", "p2", "p3", "p4", "p5", "p6"):
+        decision, _ = send(core, pid, 100, 0)
+        assert decision.backend == SessionAffinity.pick(pid, ["b0", "b1"])
+
+
+def test_the_routers_capacity_repair_never_pauses_an_acting_program():
+    core = router(capacities=(10_000,))
+    send(core, "a", 4000, 0)
+    answer(core, "a", 4000, 1)  # a is ACTING (in its tool), its TTL armed
+    send(core, "b", 4000, 1)
+    answer(core, "b", 4000, 2)
+    # b's next call overflows the engine: REASONING b is marked, a keeps its place (with
+    # pause_acting, the default pipeline's rule, a would be paused at once instead).
+    decision, actions = core.on_request(ctx("b"), info(7000), 2.5)
+    assert isinstance(decision, Forward)
+    assert [(p.program_id, p.pending) for p in of(actions, Paused)] == [("b", True)]
+
+
+def test_the_routers_ttl_is_zero_before_its_statistics_window_is_full():
+    stage = ProgressTtl(ProgressTtl.Params(max_acting_ttl_s=10.0, immature_ttl_s=0.0))
+    assert stage.predicted_ttl("swe") == 0.0
+    assert ProgressTtl(ProgressTtl.Params(max_acting_ttl_s=10.0)).predicted_ttl("swe") == 10.0
 
 
 def of(actions, kind):

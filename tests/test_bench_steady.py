@@ -7,7 +7,14 @@ import argparse
 import dataclasses
 import json
 
-from thunder_mw.benchmarks.bench_cli import add_bench_arguments, engine_options, run_bench
+import pytest
+
+from thunder_mw.benchmarks.bench_cli import (
+    add_bench_arguments,
+    cluster_for,
+    engine_options,
+    run_bench,
+)
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, simulate
 from thunder_mw.benchmarks.reproduction import best_baseline, summarise_runs
 from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS, Published
@@ -145,6 +152,7 @@ def test_the_strongest_baseline_excludes_thunder_mw_and_the_originals_rules():
     assert best_baseline(report) == "continuum"
 
 
+@pytest.mark.slow
 def test_a_published_scenario_writes_the_figures_beside_the_measured_ones(tmp_path):
     out = tmp_path / "r.json"
     parser = argparse.ArgumentParser()
@@ -153,7 +161,7 @@ def test_a_published_scenario_writes_the_figures_beside_the_measured_ones(tmp_pa
         [
             "--scenario", "paper-swe-glm46", "--workload", "swe-agent",
             "--programs-per-engine", "3", "--kv-tokens", "16384", "--seeds", "2",
-            "--policies", "vllm,thunderagent", "--no-sweep", "--no-plots",
+            "--policies", "vllm,thunderagent,thunder-mw", "--no-sweep", "--no-plots",
             "--jobs", "1", "--output", str(out),
         ]
     )  # fmt: skip
@@ -162,9 +170,17 @@ def test_a_published_scenario_writes_the_figures_beside_the_measured_ones(tmp_pa
     assert report["config"]["seeds"] == [0, 1]
     (entry,) = [r for r in report["reproduction"] if r["policy"] == "thunderagent"]
     assert entry["published_ratio"] == 2.65 and entry["measured_ratio"] is not None
-    assert {w["policy"] for w in report["wave"]} == {"vllm", "thunderagent"}
+    assert {w["policy"] for w in report["wave"]} == {"vllm", "thunderagent", "thunder-mw"}
     steady = {r["policy"]: r for r in report["steady"]}
     assert steady["vllm"]["steps_per_min_steady"]["n"] == 2
+    # The headline figures: both, over the seeds, with intervals and a verdict per ratio.
+    assert report["seeds"] == [0, 1]
+    (point,) = report["figures"]["points"]
+    ratio = point["ratios"]["vllm"]
+    for metric in ("makespan_s", "steps_per_min_steady"):
+        assert ratio[metric]["verdict"] in ("win", "tie", "loss")
+        assert ratio[metric]["seeds"] == [0, 1] and len(ratio[metric]["ci95"]) == 2
+        assert point["policies"]["thunderagent"][metric]["n"] == 2
 
 
 def test_a_run_stopped_when_the_window_closes_counts_open_programs_as_unfinished():
@@ -174,3 +190,136 @@ def test_a_run_stopped_when_the_window_closes_counts_open_programs_as_unfinished
     assert m["steps_per_min_steady"] == full["steps_per_min_steady"]
     assert m["programs_unfinished"] > 0 and m["programs_failed"] == 0
     assert m["makespan_s"] < full["makespan_s"]
+
+
+def test_calls_in_flight_at_the_windows_cuts_count_pro_rata():
+    arrivals = Arrivals("closed", 8, stop_at_window_end=True)
+    sim = Simulation(swe(40), POLICIES["sticky"], SMALL, arrivals)
+    m = sim.run().metrics
+    warm = sim._warm
+    assert warm is not None
+    end_steps, end_output = sim._in_flight_at_last_start
+    # Some call was part-way at each cut, and no more than one per program in flight.
+    assert 0 < end_steps < 8 and 0 <= warm[4] < 8 and end_output > 0
+    steps = sim._steps_at_last_start + end_steps - warm[1] - warm[4]
+    span = sim._last_start - warm[0]
+    assert m["steps_per_min_steady"] == round(60 * steps / span, 2)
+    assert m["steps_per_min_steady"] != round(60 * (sim._steps_at_last_start - warm[1]) / span, 2)
+
+
+def test_a_closed_loop_with_bursts_starts_programs_in_groups():
+    sim = Simulation(swe(40), POLICIES["sticky"], SMALL, Arrivals("closed", 8, burst=4))
+    sim.run()
+    starts: dict[float, int] = {}
+    for run in sim.runs.values():
+        if run.spec.parent_id is None and run.arrived_at > 0:
+            starts[run.arrived_at] = starts.get(run.arrived_at, 0) + 1
+    assert sum(starts.values()) == 32
+    assert all(n % 4 == 0 for n in starts.values())
+    plain = Simulation(swe(40), POLICIES["sticky"], SMALL, Arrivals("closed", 8))
+    plain.run()
+    assert len({r.arrived_at for r in plain.runs.values() if r.arrived_at > 0}) > len(starts)
+
+
+def test_a_burst_larger_than_the_concurrency_is_refused():
+    with pytest.raises(ValueError, match="burst"):
+        Arrivals("closed", 8, burst=9)
+
+
+def test_a_mixed_fleet_gives_each_engine_its_profile_and_capacity():
+    scenario = SCENARIOS["test-mixed-fleet"]
+    cluster = cluster_for(scenario, "kv_aware", scenario.engines, 0)
+    sim = Simulation(swe(2), POLICIES["kv_aware"], cluster, Arrivals("batch"))
+    capacities = [b.engine.capacity_tokens for b in sim.backends.values()]
+    assert capacities[0] > 4 * capacities[1]  # an H100 beside an RTX 5090
+    profiles = [b.engine.config.profile for b in sim.backends.values()]
+    assert profiles == ["h100-8b", "rtx5090-qwen3-8b"]
+
+
+def test_a_mixed_workload_alternates_its_presets_and_keeps_its_prefix():
+    from thunder_mw.benchmarks.workloads import generate_mix
+
+    mixed = generate_mix("mix:swe-agent+tool-orchestra", 10, seed=3)
+    types = [p.session_type for p in mixed]
+    assert types[0] != types[1] and types[::2] == [types[0]] * 5 and types[1::2] == [types[1]] * 5
+    assert len({p.program_id for p in mixed}) == 10
+    assert generate_mix("mix:swe-agent+tool-orchestra", 6, seed=3) == mixed[:6]
+    with pytest.raises(ValueError, match="mix"):
+        generate_mix("mix:swe-agent+nope", 4)
+
+
+def test_continuum_engines_order_their_queue_by_program_arrival():
+    from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams
+
+    engine = Engine(EngineConfig(num_blocks=64, program_fcfs=True), [0])
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    engine.add_request("old#0", [1] * 32, params, program_id="old")
+    engine.add_request("new#0", [2] * 32, params, program_id="new")
+    engine.add_request("newer#0", [3] * 32, params, program_id="newer")
+    engine.add_request("old#1", [1] * 40, params, program_id="old")  # the old program returns
+    order = [s.request_id for s in engine._waiting]
+    assert order == ["old#0", "old#1", "new#0", "newer#0"]
+    fcfs = Engine(EngineConfig(num_blocks=64), [0])
+    for rid, pid in (("old#0", "old"), ("new#0", "new"), ("old#1", "old")):
+        fcfs.add_request(rid, [1] * 32, params, program_id=pid)
+    assert [s.request_id for s in fcfs._waiting] == ["old#0", "new#0", "old#1"]
+
+
+def test_only_continuum_brings_program_fcfs_and_host_tiers_are_sized_to_node_ram():
+    scenario = SCENARIOS["paper-swe-glm46"]
+    assert dict(engine_options(scenario, "continuum")) == {"program_fcfs": True}
+    host = dict(engine_options(scenario, "offload"))["host_kv_tokens"]
+    # Half of an 8xH100 node's 2 TB at GLM-4.6's KV bytes per token: ~2.65 M tokens.
+    assert 2_600_000 < host < 2_700_000
+
+
+def _fig_row(policy, seed, wave, value, cap=None, per=8):
+    metric = "makespan_s" if wave else "steps_per_min_steady"
+    return {
+        "policy": policy, "seed": seed, "wave": wave, "cap": cap, "engines": 1,
+        "programs_per_engine": per, metric: value, "steady_programs_done": 40,
+    }  # fmt: skip
+
+
+def test_vllm_capped_takes_the_best_cap_per_figure_and_records_it():
+    from thunder_mw.benchmarks.figures import capped_rows, choose_caps
+
+    scenario = dataclasses.replace(SCENARIOS["paper-swe-glm46"], programs_per_engine=8)
+    rows = []
+    for seed in range(5):
+        rows += [
+            _fig_row("vllm", seed, False, 20.0), _fig_row("vllm", seed, True, 400.0),
+            _fig_row("vllm_capped", seed, False, 25.0 + seed, cap=4),
+            _fig_row("vllm_capped", seed, True, 420.0, cap=4),
+            _fig_row("vllm_capped", seed, False, 22.0, cap=2),
+            _fig_row("vllm_capped", seed, True, 390.0, cap=2),
+        ]  # fmt: skip
+    caps = choose_caps(scenario, ["vllm", "vllm_capped"], rows)
+    assert caps is not None
+    assert (caps["window_cap"], caps["batch_cap"], caps["uncapped"]) == (4, 2, "vllm")
+    assert [s["cap"] for s in caps["sweep"]] == [2, 4, 8]  # 8: the uncapped engine
+    chosen = capped_rows(scenario, caps, rows)
+    assert {(r["wave"], r["cap"]) for r in chosen} == {(False, 4), (True, 2)}
+    assert len(chosen) == 10
+
+
+def test_the_figures_carry_intervals_verdicts_and_the_seeds():
+    from thunder_mw.benchmarks.figures import figures
+
+    scenario = dataclasses.replace(SCENARIOS["paper-swe-glm46"], programs_per_engine=8)
+    rows = []
+    for seed in range(5):
+        rows += [
+            _fig_row("vllm", seed, False, 20.0 + seed), _fig_row("vllm", seed, True, 400.0),
+            _fig_row("thunder-mw", seed, False, 1.1 * (20.0 + seed)),
+            _fig_row("thunder-mw", seed, True, 400.0 + (seed - 2) * 10),
+        ]  # fmt: skip
+    (point,) = figures(scenario, ["vllm", "thunder-mw"], rows)["points"]
+    steady = point["ratios"]["vllm"]["steps_per_min_steady"]
+    assert steady["ratio"] == 1.1 and steady["verdict"] == "win"
+    assert steady["seeds"] == [0, 1, 2, 3, 4]
+    makespan = point["ratios"]["vllm"]["makespan_s"]
+    assert makespan["verdict"] == "tie" and makespan["ci95"][0] < 1 < makespan["ci95"][1]
+    assert point["policies"]["vllm"]["steps_per_min_steady"]["ci95"][0] < 22.0
+    assert point["strongest"] == {"makespan_s": "vllm", "steps_per_min_steady": "vllm"}
+    assert point["window_ok"]  # 40 completions >= 4 x 8

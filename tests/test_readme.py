@@ -18,10 +18,10 @@ from thunder_mw.sim.ports import free_port
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DEMO = ROOT / "config" / "demo.yaml"
-MAX_LINES = 250
+MAX_LINES = 170  # a front door (~150 lines); results and diagnoses live in docs/benchmarks.md
 
 
-def test_readme_stays_under_250_lines():
+def test_readme_stays_a_front_door():
     lines = README.read_text().count("\n")
     assert lines < MAX_LINES, f"README.md has {lines} lines; move detail into docs/"
 

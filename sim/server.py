@@ -23,6 +23,14 @@ from thunder_mw.sim import metrics, responses_api, scripted_agent
 from thunder_mw.sim.cost_model import get_profile
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
 from thunder_mw.sim.native_routes import native_routes
+from thunder_mw.sim.request_validation import (
+    Accepted,
+    BodyProblem,
+    validate_chat,
+    validate_completion,
+    validate_messages,
+    validate_responses,
+)
 from thunder_mw.sim.tokenizer import Tokenizer, load_tokenizer
 
 _json_encode = msgspec.json.Encoder().encode
@@ -223,12 +231,20 @@ class SimService:
         for m in messages:
             content = m.get("content")
             if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                content = "".join(_part_text(p) for p in content)
             parts.append(f"<|{m.get('role', 'user')}|>\n{content or ''}\n")
             for call in m.get("tool_calls") or ():
                 parts.append(_json_encode(call).decode() + "\n")
         parts.append("<|assistant|>\n")
         return "".join(parts)
+
+
+def _part_text(part: Any) -> str:
+    """The text of one content part (a bare string, or a text part); other parts add none."""
+    if isinstance(part, str):
+        return part
+    text = part.get("text") if isinstance(part, dict) else None
+    return text if isinstance(text, str) else ""
 
 
 class _Pending:
@@ -273,6 +289,10 @@ async def _route_error(request: Request, exc: Exception) -> Response:
     )
 
 
+def _refusal(problem: BodyProblem) -> Response:
+    return _error(400, str(problem), problem.err_type, problem.param)
+
+
 def _json(data: Any, status: int = 200) -> Response:
     return Response(_json_encode(data), status, media_type="application/json")
 
@@ -290,22 +310,24 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             return _error(400, f"Invalid JSON: {exc}", "BadRequestError")
         if not isinstance(body, dict):
             return _error(400, "The request body must be a JSON object", "BadRequestError")
+        return body
+
+    def _wrong_model(body: dict[str, Any]) -> Response | None:
+        """vLLM's 404 for a model it does not serve (after the body's types are checked)."""
         model = body.get("model")
         if model is not None and model != svc.model_name:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        return body
+        return None
 
-    def sampling(body: dict[str, Any], chat: bool) -> SamplingParams:
-        max_tokens = body.get("max_completion_tokens") if chat else None
-        if max_tokens is None:
-            max_tokens = body.get("max_tokens")
+    def sampling(body: dict[str, Any], accepted: Accepted, chat: bool) -> SamplingParams:
+        max_tokens = accepted.max_tokens
         if max_tokens is None and not chat and svc.flavor == "vllm":
             max_tokens = 16  # vLLM's /v1/completions default
         ttl = _agentic_context(body).get("kv_retention_ttl_seconds")
         return SamplingParams(
             max_tokens=max_tokens,
-            min_tokens=int(body.get("min_tokens") or 0),
-            ignore_eos=bool(body.get("ignore_eos", False)),
+            min_tokens=accepted.min_tokens,
+            ignore_eos=accepted.ignore_eos,
             kv_ttl_s=float(ttl) if isinstance(ttl, int | float) and ttl > 0 else None,
         )
 
@@ -322,15 +344,16 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
         if isinstance(body, Response):
             return body
         svc.record_unknown(body, _CHAT_FIELDS if chat else _COMPLETION_FIELDS)
+        try:
+            accepted = validate_chat(body) if chat else validate_completion(body)
+        except BodyProblem as exc:
+            return _refusal(exc)
+        if (model := _wrong_model(body)) is not None:
+            return model
         if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                return _error(
-                    400, "`messages` must be a non-empty list", "BadRequestError", "messages"
-                )
-            prompt_ids = tokenizer.encode(svc.chat_prompt(messages))
+            prompt_ids = tokenizer.encode(svc.chat_prompt(body["messages"]))
         else:
-            prompt = body.get("prompt")
+            prompt = body["prompt"]
             if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
                 prompt = prompt[0]
             if isinstance(prompt, str):
@@ -344,8 +367,8 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
                     "BadRequestError",
                     "prompt",
                 )
-        params = sampling(body, chat)
-        stream = bool(body.get("stream", False))
+        params = sampling(body, accepted, chat)
+        stream = accepted.stream
         scripted: scripted_agent.ScriptedCall | None = None
         if chat and engine_settings.scripted_agent:
             answer = _scripted_call(body["messages"], stream, engine_settings.seed)
@@ -365,9 +388,8 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
         rid = ("chatcmpl-" if chat else "cmpl-") + pending.seq.request_id
         created = int(time.time())
         if stream:
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(
-                _stream(svc, pending, rid, created, chat, include_usage, usage),
+                _stream(svc, pending, rid, created, chat, accepted.include_usage, usage),
                 media_type="text/event-stream",
             )
         seq = pending.seq
@@ -422,20 +444,24 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             return body
         svc.record_unknown(body, responses_api.RESPONSES_FIELDS)
         try:
+            accepted = validate_responses(body)
             messages = responses_api.input_messages(body)
+        except BodyProblem as exc:
+            return _refusal(exc)
         except responses_api.BadInput as exc:
             return _error(400, str(exc), "BadRequestError", exc.param)
+        if (model := _wrong_model(body)) is not None:
+            return model
         prompt_ids = tokenizer.encode(svc.chat_prompt(messages))
-        limit = body.get("max_output_tokens")
         params = SamplingParams(
-            max_tokens=limit if isinstance(limit, int) else None,
-            min_tokens=int(body.get("min_tokens") or 0),
-            ignore_eos=bool(body.get("ignore_eos", False)),
+            max_tokens=accepted.max_tokens,
+            min_tokens=accepted.min_tokens,
+            ignore_eos=accepted.ignore_eos,
         )
         problem = engine.validate(prompt_ids, params)
         if problem:
             return _error(400, problem, "BadRequestError")
-        stream = bool(body.get("stream", False))
+        stream = accepted.stream
         pending = svc.submit(prompt_ids, params, stream)
         seq = pending.seq
         given_id = body.get("request_id")
@@ -475,8 +501,14 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
         body = await read_body(request)
         if isinstance(body, Response):
             return body
+        if (model := _wrong_model(body)) is not None:
+            return model
         if "messages" in body:
-            tokens = tokenizer.encode(svc.chat_prompt(body["messages"]))
+            try:
+                messages = validate_messages(body["messages"])
+            except BodyProblem as exc:
+                return _refusal(exc)
+            tokens = tokenizer.encode(svc.chat_prompt(messages))
         else:
             tokens = tokenizer.encode(str(body.get("prompt", "")))
         return _json(

@@ -90,6 +90,8 @@ async def _object(request: Request, optional: bool = True) -> dict[str, Any] | R
         body = _decode(raw)
     except msgspec.DecodeError as exc:
         return _error(400, f"Invalid JSON: {exc}")
+    except RecursionError:  # nested past the decoder's depth
+        return _error(400, "Invalid JSON: nested too deeply")
     if not isinstance(body, dict):
         return _error(400, "The request body must be a JSON object")
     return body

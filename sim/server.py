@@ -304,10 +304,19 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
     tokenizer = svc.tokenizer
 
     async def read_body(request: Request) -> dict[str, Any] | Response:
+        media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media_type != "application/json":  # vLLM's validate_json_request
+            return _error(
+                400,
+                "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
+                "Bad Request",
+            )
         try:
             body = _json_decode(await request.body())
         except msgspec.DecodeError as exc:
             return _error(400, f"Invalid JSON: {exc}", "BadRequestError")
+        except RecursionError:  # nested past the decoder's depth: FastAPI's answer under vLLM
+            return _json({"detail": "There was an error parsing the body"}, 400)
         if not isinstance(body, dict):
             return _error(400, "The request body must be a JSON object", "BadRequestError")
         return body

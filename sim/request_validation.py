@@ -32,6 +32,7 @@ AGENTIC_CONTEXT = "agentic_context"
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 _MAX_N_SEQUENCES = 16384  # vLLM's VLLM_MAX_N_SEQUENCES default
+_MAX_LOGPROBS = 20  # vLLM's --max-logprobs default (-1 asks for the whole vocabulary)
 _MAX_STOP_STRINGS = 4  # vLLM's VLLM_MAX_STOP_STRINGS default
 _MAX_CACHE_SALT_LENGTH = 128
 _CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
@@ -176,17 +177,50 @@ class ResponsesBody(BaseModel):
     repetition_penalty: float | None = None
     seed: Int64 | None = None
     stop: Stop = None
+    stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[str, float] | None = None
     user: str | None = None
     store: bool | None = True
     background: bool | None = False
+    parallel_tool_calls: bool | None = True
+    max_tool_calls: int | None = None
+    previous_response_id: str | None = None
+    truncation: Literal["auto", "disabled"] | None = "disabled"
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] = "auto"
+    prompt_cache_key: str | None = None
     request_id: str | None = None
+    session_id: str | None = None
+    priority: Int64 = 0
     metadata: dict[str, str] | None = None
+    cache_salt: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
 
 
 _MESSAGES = TypeAdapter(list[_Message])
+
+
+def check_prompt_text(text: str) -> None:
+    """A prompt the tokenizer cannot take (a lone surrogate, which vLLM's JSON parser lets
+    through) is vLLM's 400 from its tokenizer."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BodyProblem(
+            "TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]",
+            None,
+        ) from None
+
+
+def check_token_ids(ids: list[int], vocab_size: int | None) -> None:
+    """Token ids past the vocabulary, refused as vLLM refuses them."""
+    if vocab_size is None:
+        return
+    for token in ids:
+        if token >= vocab_size:
+            raise BodyProblem(f"Token id {token} is out of vocabulary", None)
 
 
 def validate_messages(messages: Any) -> list[dict[str, Any]]:
@@ -273,7 +307,9 @@ def validate_chat(body: dict[str, Any]) -> Accepted:
             None,
         )
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    _verify_sampling(req, limit, req.top_logprobs if req.logprobs else None)
+    logprobs = req.top_logprobs if req.logprobs else None
+    _verify_sampling(req, limit, logprobs)
+    _max_logprobs(logprobs, "logprobs")
     return _accepted(req, limit)
 
 
@@ -289,6 +325,7 @@ def validate_completion(body: dict[str, Any]) -> Accepted:
     if req.prompt is None:
         raise BodyProblem("Either prompt or prompt_embeds must be provided and non-empty.", None)
     _verify_sampling(req, req.max_tokens, req.logprobs)
+    _max_logprobs(req.logprobs, "logprobs")
     return _accepted(req, req.max_tokens)
 
 
@@ -306,11 +343,13 @@ def validate_responses(body: dict[str, Any]) -> Accepted:
         min_p=req.min_p,
         repetition_penalty=req.repetition_penalty,
         max_tokens=req.max_output_tokens,
-        min_tokens=req.min_tokens,
+        min_tokens=0,
     )
+    _logit_bias(req.logit_bias)
+    _extra_args(req.vllm_xargs)
     return Accepted(
         max_tokens=req.max_output_tokens,
-        min_tokens=req.min_tokens,
+        min_tokens=0,  # not a field of vLLM's ResponsesRequest: ignored
         ignore_eos=req.ignore_eos,
         stream=bool(req.stream),
         include_usage=False,
@@ -486,6 +525,54 @@ def _verify_sampling(req: Any, max_tokens: int | None, logprobs: int | None) -> 
     temperature = 1.0 if req.temperature is None else req.temperature
     if temperature < 1e-5 and n > 1:
         raise BodyProblem(f"n must be 1 when using greedy sampling, got {n}.", None)
+    _max_logprobs(req.prompt_logprobs, "prompt_logprobs")
+    _logit_bias(req.logit_bias)
+    _extra_args(req.vllm_xargs)
+    if req.truncate_prompt_tokens == 0:  # truncated to nothing
+        raise BodyProblem("The decoder prompt cannot be empty", None)
+
+
+def _max_logprobs(value: int | None, name: str) -> None:
+    """vLLM's serving check: more than --max-logprobs (or -1, the whole vocabulary) is a 400."""
+    if value is not None and (value == -1 or value > _MAX_LOGPROBS):
+        asked = "the whole vocabulary" if value == -1 else value
+        raise BodyProblem(
+            f"Requested sample logprobs of {asked}, which is greater than max allowed: "
+            f"{_MAX_LOGPROBS}",
+            name,
+        )
+
+
+def _logit_bias(bias: dict[str, float] | None) -> None:
+    bad = [k for k in bias or () if not _is_int_text(k)]
+    if bad:
+        raise BodyProblem(
+            f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad}",
+            "logit_bias",
+        )
+
+
+def _is_int_text(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _extra_args(xargs: Any) -> None:
+    """vLLM's `_verify_extra_args`: its transport carries 64-bit integers only."""
+    pending = [xargs]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, int) and not -(2**63) <= value < 2**64:
+            raise BodyProblem(
+                "extra_args integers must be between -2**63 and 2**64 - 1.", "extra_args"
+            )
+        if isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
 
 
 def _verify_ranges(

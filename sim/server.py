@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -26,6 +27,8 @@ from thunder_mw.sim.native_routes import native_routes
 from thunder_mw.sim.request_validation import (
     Accepted,
     BodyProblem,
+    check_prompt_text,
+    check_token_ids,
     validate_chat,
     validate_completion,
     validate_messages,
@@ -126,6 +129,7 @@ class SimService:
         self.model_name = settings.model_name
         self.time_scale = settings.time_scale
         self.tokenizer: Tokenizer = load_tokenizer(settings.tokenizer_file)
+        self.vocab_size: int | None = getattr(self.tokenizer, "vocab_size", None)
         config = EngineConfig(
             num_blocks=settings.num_blocks,
             block_size=settings.block_size,
@@ -217,6 +221,11 @@ class SimService:
         pending.seq = seq
         self._wake.set()
         return pending
+
+    def encode(self, text: str) -> list[int]:
+        """The prompt's token ids, or BodyProblem where vLLM's tokenizer refuses the text."""
+        check_prompt_text(text)
+        return self.tokenizer.encode(text)
 
     def record_unknown(self, body: dict[str, Any], known: frozenset[str]) -> None:
         unknown = [k for k in body if k not in known]
@@ -311,10 +320,16 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
                 "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
                 "Bad Request",
             )
+        raw = await request.body()
         try:
-            body = _json_decode(await request.body())
+            body = _json_decode(raw)
         except msgspec.DecodeError as exc:
-            return _error(400, f"Invalid JSON: {exc}", "BadRequestError")
+            # vLLM parses with Python's json, which also takes what msgspec refuses: lone
+            # surrogates (escaped, or as their UTF-8-like bytes), NaN, a UTF-8 BOM.
+            try:
+                body = json.loads(raw)
+            except (ValueError, RecursionError):
+                return _error(400, f"Invalid JSON: {exc}", "BadRequestError")
         except RecursionError:  # nested past the decoder's depth: FastAPI's answer under vLLM
             return _json({"detail": "There was an error parsing the body"}, 400)
         if not isinstance(body, dict):
@@ -359,23 +374,27 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             return _refusal(exc)
         if (model := _wrong_model(body)) is not None:
             return model
-        if chat:
-            prompt_ids = tokenizer.encode(svc.chat_prompt(body["messages"]))
-        else:
-            prompt = body["prompt"]
-            if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
-                prompt = prompt[0]
-            if isinstance(prompt, str):
-                prompt_ids = tokenizer.encode(prompt)
-            elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-                prompt_ids = list(prompt)
+        try:
+            if chat:
+                prompt_ids = svc.encode(svc.chat_prompt(body["messages"]))
             else:
-                return _error(
-                    400,
-                    "`prompt` must be a string or a list of token ids",
-                    "BadRequestError",
-                    "prompt",
-                )
+                prompt = body["prompt"]
+                if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+                    prompt = prompt[0]
+                if isinstance(prompt, str):
+                    prompt_ids = svc.encode(prompt)
+                elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+                    prompt_ids = list(prompt)
+                    check_token_ids(prompt_ids, svc.vocab_size)
+                else:  # a batch of prompts: vLLM serves it, the simulator does not
+                    return _error(
+                        400,
+                        "`prompt` must be a string or a list of token ids",
+                        "BadRequestError",
+                        "prompt",
+                    )
+        except BodyProblem as exc:
+            return _refusal(exc)
         params = sampling(body, accepted, chat)
         stream = accepted.stream
         scripted: scripted_agent.ScriptedCall | None = None
@@ -461,7 +480,10 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             return _error(400, str(exc), "BadRequestError", exc.param)
         if (model := _wrong_model(body)) is not None:
             return model
-        prompt_ids = tokenizer.encode(svc.chat_prompt(messages))
+        try:
+            prompt_ids = svc.encode(svc.chat_prompt(messages))
+        except BodyProblem as exc:
+            return _refusal(exc)
         params = SamplingParams(
             max_tokens=accepted.max_tokens,
             min_tokens=accepted.min_tokens,
@@ -514,12 +536,14 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             return model
         if "messages" in body:
             try:
-                messages = validate_messages(body["messages"])
+                tokens = svc.encode(svc.chat_prompt(validate_messages(body["messages"])))
             except BodyProblem as exc:
                 return _refusal(exc)
-            tokens = tokenizer.encode(svc.chat_prompt(messages))
         else:
-            tokens = tokenizer.encode(str(body.get("prompt", "")))
+            try:
+                tokens = svc.encode(str(body.get("prompt", "")))
+            except BodyProblem as exc:
+                return _refusal(exc)
         return _json(
             {"count": len(tokens), "max_model_len": engine.config.max_model_len, "tokens": tokens}
         )

@@ -12,6 +12,7 @@ difference, by design: sim/request_validation.py.)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,6 +44,21 @@ def responses(**fields: Any) -> tuple[str, dict[str, Any]]:
 
 # (route and body, the status vLLM answered)
 TABLE: list[tuple[tuple[str, Any], int]] = [
+    # found by the differential fuzzing benchmark (benchmarks/fuzz.py) on the real engine
+    (responses(min_tokens=1e308), 200),  # not a field of vLLM's ResponsesRequest: ignored
+    (responses(min_tokens=""), 200),
+    (responses(skip_special_tokens=1e308), 400),
+    (responses(stop_token_ids=10**30), 400),
+    (responses(logit_bias={"a": 1}), 400),
+    (chat(logit_bias={"a": 1}), 400),
+    (chat(logit_bias={"7": 1}), 200),
+    (chat(logprobs=True, top_logprobs=-1), 400),  # the whole vocabulary: past --max-logprobs
+    (chat(logprobs=True, top_logprobs=21), 400),
+    (completion(logprobs=21), 400),
+    (completion(logprobs=20), 200),
+    (responses(vllm_xargs={"a": 2**70}), 400),
+    (chat(vllm_xargs={"a": 2**63}), 200),
+    (completion(truncate_prompt_tokens=0), 400),
     (chat(), 200),
     (completion(), 200),
     (responses(), 200),
@@ -257,3 +273,43 @@ def test_the_simulator_and_the_real_engine_answer_the_table_in_the_same_class(
             if real // 100 != simulated // 100 or real // 100 != recorded // 100:
                 disagreements.append((route, str(body)[:120], recorded, real, simulated))
     assert disagreements == [], "(route, body, recorded, vLLM, simulator)"
+
+
+def _raw(sim_url: str, route: str, body: dict[str, Any]) -> httpx.Response:
+    """`body` as Python's json writes it: a lone surrogate stays an escape (valid JSON)."""
+    content = json.dumps(_with_model(body)).encode()
+    headers = {"content-type": "application/json"}
+    return httpx.post(sim_url + route, content=content, headers=headers, timeout=BOUND_S)
+
+
+def test_a_lone_surrogate_is_served_where_vllm_parses_it_and_refused_in_a_prompt(
+    sim_url: str,
+) -> None:
+    # vLLM parses bodies with Python's json, which lets a lone surrogate through; only its
+    # tokenizer refuses one, so it matters in the prompt and nowhere else.
+    assert _raw(sim_url, *chat(user="\ud800")).status_code == 200
+    route, body = chat()
+    body["messages"] = [{"role": "user", "content": "hi \ud800"}]
+    assert _raw(sim_url, route, body).status_code == 400
+    assert _raw(sim_url, *completion(prompt="hi \udfff")).status_code == 400
+
+
+def test_a_body_that_is_not_json_by_its_content_type_is_refused_as_vllm_does(
+    sim_url: str,
+) -> None:
+    route, body = chat()
+    content = json.dumps(_with_model(body)).encode()
+    for content_type in ("text/plain", None):
+        headers = {"content-type": content_type} if content_type else {}
+        response = httpx.post(sim_url + route, content=content, headers=headers)
+        assert response.status_code == 400
+        assert "Unsupported Media Type" in response.json()["error"]["message"]
+
+
+def test_a_body_nested_past_the_decoders_depth_is_a_400_not_a_500(sim_url: str) -> None:
+    route, body = chat()
+    content = json.dumps(_with_model(body))[:-1] + ', "metadata": ' + "[" * 5000 + "]" * 5000
+    response = httpx.post(
+        sim_url + route, content=content + "}", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400

@@ -36,7 +36,7 @@ from thunder_mw.sim.request_validation import (
 )
 from thunder_mw.sim.tokenizer import Tokenizer, load_tokenizer
 
-_json_encode = msgspec.json.Encoder().encode
+_json_encode = responses_api.encode_json
 _json_decode = msgspec.json.Decoder().decode
 
 # Request fields the real engines read. Anything else is accepted, ignored and recorded
@@ -339,6 +339,11 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
     def _wrong_model(body: dict[str, Any]) -> Response | None:
         """vLLM's 404 for a model it does not serve (after the body's types are checked)."""
         model = body.get("model")
+        if model is not None:
+            try:
+                model.encode()
+            except UnicodeEncodeError as exc:  # vLLM fails on a name with a lone surrogate so
+                return _error(400, str(exc), "BadRequestError")
         if model is not None and model != svc.model_name:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         return None

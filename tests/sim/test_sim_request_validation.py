@@ -292,6 +292,9 @@ def test_a_lone_surrogate_is_served_where_vllm_parses_it_and_refused_in_a_prompt
     body["messages"] = [{"role": "user", "content": "hi \ud800"}]
     assert _raw(sim_url, route, body).status_code == 400
     assert _raw(sim_url, *completion(prompt="hi \udfff")).status_code == 400
+    assert _raw(sim_url, *chat(model="tiny\ud800")).status_code == 400  # vLLM: 400, not 404
+    echoed = _raw(sim_url, *responses(user="\udfff"))  # the Responses object echoes `user`
+    assert echoed.status_code == 200 and echoed.json()["user"] == "\udfff"
 
 
 def test_a_body_that_is_not_json_by_its_content_type_is_refused_as_vllm_does(

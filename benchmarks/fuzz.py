@@ -168,6 +168,7 @@ class Tally:
     slowest_s: float = 0.0
     health: dict[str, Any] = field(default_factory=dict)  # health_after's answer
     own_params: Counter[str] = field(default_factory=Counter)  # fields the gateway's 4xx name
+    own_where_served: Counter[str] = field(default_factory=Counter)  # ... on a body served direct
     # The simulator's direct answers to the same cases, beside a real engine's (item: the
     # simulator validates like vLLM): classes and the bodies where they differ.
     twin: Counter[str] = field(default_factory=Counter)
@@ -198,7 +199,10 @@ class Tally:
         self.slowest_s = max(self.slowest_s, elapsed_s)
         if judged.startswith("own_4xx"):
             error = gateway.error_object() or {}
-            self.own_params[f"{gateway.status} {error.get('code')} {error.get('param')}"] += 1
+            key = f"{gateway.status} {error.get('code')} {error.get('param')}"
+            self.own_params[key] += 1
+            if direct.klass == "2xx":  # stricter than the engine: each kind, for the report
+                self.own_where_served[key] += 1
         for family in set(case.kinds):
             counts = self.by_family.setdefault(family, Counter())
             counts["cases"] += 1
@@ -234,6 +238,7 @@ class Tally:
             "verdicts": dict(self.verdicts.most_common()),
             "by_family": {f: dict(self.by_family[f]) for f in FAMILIES if f in self.by_family},
             "gateway_own_4xx": dict(self.own_params.most_common()),
+            "gateway_own_4xx_where_the_engine_served": dict(self.own_where_served.most_common()),
             "slowest_case_s": round(self.slowest_s, 2),
             "disagreements_total": len(self.disagreements),
             "disagreements_by_verdict": dict(

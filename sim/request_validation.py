@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NotRequired, Required
 
+import msgspec
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
 
@@ -321,12 +322,34 @@ def validate_completion(body: dict[str, Any]) -> Accepted:
         value = body.get(name)
         if value is not None and not isinstance(value, int | float):
             raise BodyProblem(f"`{name}` must be an integer.", name)
-    req = _convert(CompletionBody, body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > 1 and _token_ids(prompt):
+        # Agent contexts as token ids run to thousands: checked in C, not item by item in
+        # pydantic (100 µs for 2,000 ids); the rest of the body as usual.
+        req = _convert(CompletionBody, {**body, "prompt": [0]})
+    else:
+        req = _convert(CompletionBody, body)
     if req.prompt is None:
         raise BodyProblem("Either prompt or prompt_embeds must be provided and non-empty.", None)
     _verify_sampling(req, req.max_tokens, req.logprobs)
     _max_logprobs(req.logprobs, "logprobs")
     return _accepted(req, req.max_tokens)
+
+
+def _token_ids(prompt: list[Any]) -> bool:
+    """Whether `prompt` is a list of non-negative ints (no bools, which pydantic would take)."""
+    try:
+        ids = _INT_LIST(prompt)
+    except msgspec.ValidationError:
+        return False
+    return min(ids) >= 0
+
+
+def _int_list(value: list[Any]) -> list[int]:
+    return msgspec.convert(value, list[int], strict=True)
+
+
+_INT_LIST = _int_list
 
 
 def validate_responses(body: dict[str, Any]) -> Accepted:

@@ -331,6 +331,8 @@ def validate_completion(body: dict[str, Any]) -> Accepted:
         req = _convert(CompletionBody, body)
     if req.prompt is None:
         raise BodyProblem("Either prompt or prompt_embeds must be provided and non-empty.", None)
+    if req.suffix:  # the simulated model, like the tiny one, has no fill-in-the-middle
+        raise BodyProblem("suffix is only supported for models with FIM completion rendering", None)
     _verify_sampling(req, req.max_tokens, req.logprobs)
     _max_logprobs(req.logprobs, "logprobs")
     return _accepted(req, req.max_tokens)

@@ -5,6 +5,7 @@
     thunder-mw bench --scenario vllm-cpu-real [--repeats N] [--engine-url URL]
     thunder-mw bench --scenario idle-gaps [--output PATH]   (python -m ...idle_gaps for options)
     thunder-mw bench --scenario mini-swe-agent [--programs 32] [--seeds 3]   (needs Docker)
+    thunder-mw bench --scenario fuzz [--seed N] [--output PATH]   (python -m ...fuzz for options)
 
 A scenario on the real vLLM CPU engine (vllm-cpu-real) ignores --mode: it is always real.
 
@@ -54,6 +55,7 @@ IDLE_GAPS = "idle-gaps"
 ROLLOUT = "rollout"  # benchmarks/rollout.py: RL rollout waves through the live gateway
 LIVE_PEERS = "live-peers"  # benchmarks/peers.py: the real peer routers live, or their stand-ins
 MINI_SWE_AGENT = "mini-swe-agent"  # benchmarks/mini_swe_agent.py: real agents, Docker sandboxes
+FUZZ = "fuzz"  # benchmarks/fuzz.py: bad bodies straight to the engines and through the gateway
 
 
 class _Without:
@@ -74,7 +76,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scenario",
         required=True,
-        choices=[*SCENARIOS, PROXY_OVERHEAD, IDLE_GAPS, ROLLOUT, LIVE_PEERS, MINI_SWE_AGENT],
+        choices=[*SCENARIOS, PROXY_OVERHEAD, IDLE_GAPS, ROLLOUT, LIVE_PEERS, MINI_SWE_AGENT, FUZZ],
         help="Which scenario to run.",
     )
     parser.add_argument(
@@ -139,6 +141,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
         output = ["--output", str(args.output)] if args.output else []
         return idle_gaps.main(["--seed", str(args.seed), *output])
+    if args.scenario == FUZZ:
+        from thunder_mw.benchmarks import fuzz
+
+        output = ["--output", str(args.output)] if args.output else []
+        return fuzz.main(["--seed", str(args.seed), *output])
     if args.scenario == ROLLOUT:
         from thunder_mw.benchmarks import rollout
 

@@ -73,6 +73,11 @@ def _error(status: int, message: str, param: str | None = None) -> Response:
     return Response(_encode(body), status, media_type="application/json")
 
 
+def _count(value: Any) -> bool:
+    """A token count: a non-negative int (a bool is not one, nor is 1.5, which never ends)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _json(data: Any, status: int = 200) -> Response:
     return Response(_encode(data), status, media_type="application/json")
 
@@ -85,6 +90,8 @@ async def _object(request: Request, optional: bool = True) -> dict[str, Any] | R
         body = _decode(raw)
     except msgspec.DecodeError as exc:
         return _error(400, f"Invalid JSON: {exc}")
+    except RecursionError:  # nested past the decoder's depth
+        return _error(400, "Invalid JSON: nested too deeply")
     if not isinstance(body, dict):
         return _error(400, "The request body must be a JSON object")
     return body
@@ -155,13 +162,17 @@ def native_routes(svc: Any) -> list[Route]:
         if not isinstance(sampling, dict):
             return _error(400, "sampling_params must be an object", "sampling_params")
         max_new = sampling.get("max_new_tokens", 128)
-        if not isinstance(max_new, int) or max_new < 0:
+        if not _count(max_new):
             return _error(400, "max_new_tokens must be a non-negative integer", "max_new_tokens")
-        params = SamplingParams(
-            max_tokens=max_new,
-            min_tokens=int(sampling.get("min_new_tokens") or 0),
-            ignore_eos=bool(sampling.get("ignore_eos", False)),
-        )
+        min_new = sampling.get("min_new_tokens", 0)
+        if not _count(min_new):
+            return _error(400, "min_new_tokens must be a non-negative integer", "min_new_tokens")
+        ignore_eos = sampling.get("ignore_eos", False)
+        stream = body.get("stream", False)
+        for name, flag in (("ignore_eos", ignore_eos), ("stream", stream)):
+            if not isinstance(flag, bool):
+                return _error(400, f"{name} must be a boolean", name)
+        params = SamplingParams(max_tokens=max_new, min_tokens=min_new, ignore_eos=ignore_eos)
         for prompt in batch:
             problem = engine.validate(prompt, params)
             if problem:
@@ -170,7 +181,6 @@ def native_routes(svc: Any) -> list[Route]:
         rids = rid if isinstance(rid, list) else [rid] * len(batch)
         if len(rids) != len(batch):
             return _error(400, "rid must name one id per prompt", "rid")
-        stream = bool(body.get("stream", False))
         pendings = [svc.submit(p, params, stream) for p in batch]
         names = [
             r if isinstance(r, str) else p.seq.request_id

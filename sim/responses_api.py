@@ -12,11 +12,24 @@ Each event goes out as `event: TYPE` and `data: JSON` lines, as vLLM writes them
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
 
-_encode = msgspec.json.Encoder().encode
+_msgspec_encode = msgspec.json.Encoder().encode
+
+
+def encode_json(data: Any) -> bytes:
+    """JSON bytes of an answer that may echo the request's text back: a lone surrogate (which
+    vLLM's parser lets in) goes out as its escape, as Python's json writes it, not a 500."""
+    try:
+        return _msgspec_encode(data)
+    except UnicodeEncodeError:
+        return json.dumps(data, ensure_ascii=True).encode()
+
+
+_encode = encode_json
 
 # Request fields vLLM's ResponsesRequest reads; anything else is recorded as ignored.
 RESPONSES_FIELDS = frozenset(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -23,9 +24,19 @@ from thunder_mw.sim import metrics, responses_api, scripted_agent
 from thunder_mw.sim.cost_model import get_profile
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
 from thunder_mw.sim.native_routes import native_routes
+from thunder_mw.sim.request_validation import (
+    Accepted,
+    BodyProblem,
+    check_prompt_text,
+    check_token_ids,
+    validate_chat,
+    validate_completion,
+    validate_messages,
+    validate_responses,
+)
 from thunder_mw.sim.tokenizer import Tokenizer, load_tokenizer
 
-_json_encode = msgspec.json.Encoder().encode
+_json_encode = responses_api.encode_json
 _json_decode = msgspec.json.Decoder().decode
 
 # Request fields the real engines read. Anything else is accepted, ignored and recorded
@@ -118,6 +129,7 @@ class SimService:
         self.model_name = settings.model_name
         self.time_scale = settings.time_scale
         self.tokenizer: Tokenizer = load_tokenizer(settings.tokenizer_file)
+        self.vocab_size: int | None = getattr(self.tokenizer, "vocab_size", None)
         config = EngineConfig(
             num_blocks=settings.num_blocks,
             block_size=settings.block_size,
@@ -210,6 +222,11 @@ class SimService:
         self._wake.set()
         return pending
 
+    def encode(self, text: str) -> list[int]:
+        """The prompt's token ids, or BodyProblem where vLLM's tokenizer refuses the text."""
+        check_prompt_text(text)
+        return self.tokenizer.encode(text)
+
     def record_unknown(self, body: dict[str, Any], known: frozenset[str]) -> None:
         unknown = [k for k in body if k not in known]
         if unknown:
@@ -223,12 +240,20 @@ class SimService:
         for m in messages:
             content = m.get("content")
             if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                content = "".join(_part_text(p) for p in content)
             parts.append(f"<|{m.get('role', 'user')}|>\n{content or ''}\n")
             for call in m.get("tool_calls") or ():
                 parts.append(_json_encode(call).decode() + "\n")
         parts.append("<|assistant|>\n")
         return "".join(parts)
+
+
+def _part_text(part: Any) -> str:
+    """The text of one content part (a bare string, or a text part); other parts add none."""
+    if isinstance(part, str):
+        return part
+    text = part.get("text") if isinstance(part, dict) else None
+    return text if isinstance(text, str) else ""
 
 
 class _Pending:
@@ -273,6 +298,10 @@ async def _route_error(request: Request, exc: Exception) -> Response:
     )
 
 
+def _refusal(problem: BodyProblem) -> Response:
+    return _error(400, str(problem), problem.err_type, problem.param)
+
+
 def _json(data: Any, status: int = 200) -> Response:
     return Response(_json_encode(data), status, media_type="application/json")
 
@@ -284,28 +313,50 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
     tokenizer = svc.tokenizer
 
     async def read_body(request: Request) -> dict[str, Any] | Response:
+        media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media_type != "application/json":  # vLLM's validate_json_request
+            return _error(
+                400,
+                "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
+                "Bad Request",
+            )
+        raw = await request.body()
         try:
-            body = _json_decode(await request.body())
+            body = _json_decode(raw)
         except msgspec.DecodeError as exc:
-            return _error(400, f"Invalid JSON: {exc}", "BadRequestError")
+            # vLLM parses with Python's json, which also takes what msgspec refuses: lone
+            # surrogates (escaped, or as their UTF-8-like bytes), NaN, a UTF-8 BOM.
+            try:
+                body = json.loads(raw)
+            except (ValueError, RecursionError):
+                return _error(400, f"Invalid JSON: {exc}", "BadRequestError")
+        except RecursionError:  # nested past the decoder's depth: FastAPI's answer under vLLM
+            return _json({"detail": "There was an error parsing the body"}, 400)
         if not isinstance(body, dict):
             return _error(400, "The request body must be a JSON object", "BadRequestError")
-        model = body.get("model")
-        if model is not None and model != svc.model_name:
-            return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         return body
 
-    def sampling(body: dict[str, Any], chat: bool) -> SamplingParams:
-        max_tokens = body.get("max_completion_tokens") if chat else None
-        if max_tokens is None:
-            max_tokens = body.get("max_tokens")
+    def _wrong_model(body: dict[str, Any]) -> Response | None:
+        """vLLM's 404 for a model it does not serve (after the body's types are checked)."""
+        model = body.get("model")
+        if model is not None:
+            try:
+                model.encode()
+            except UnicodeEncodeError as exc:  # vLLM fails on a name with a lone surrogate so
+                return _error(400, str(exc), "BadRequestError")
+        if model is not None and model != svc.model_name:
+            return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        return None
+
+    def sampling(body: dict[str, Any], accepted: Accepted, chat: bool) -> SamplingParams:
+        max_tokens = accepted.max_tokens
         if max_tokens is None and not chat and svc.flavor == "vllm":
             max_tokens = 16  # vLLM's /v1/completions default
         ttl = _agentic_context(body).get("kv_retention_ttl_seconds")
         return SamplingParams(
             max_tokens=max_tokens,
-            min_tokens=int(body.get("min_tokens") or 0),
-            ignore_eos=bool(body.get("ignore_eos", False)),
+            min_tokens=accepted.min_tokens,
+            ignore_eos=accepted.ignore_eos,
             kv_ttl_s=float(ttl) if isinstance(ttl, int | float) and ttl > 0 else None,
         )
 
@@ -322,30 +373,35 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
         if isinstance(body, Response):
             return body
         svc.record_unknown(body, _CHAT_FIELDS if chat else _COMPLETION_FIELDS)
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                return _error(
-                    400, "`messages` must be a non-empty list", "BadRequestError", "messages"
-                )
-            prompt_ids = tokenizer.encode(svc.chat_prompt(messages))
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
-                prompt = prompt[0]
-            if isinstance(prompt, str):
-                prompt_ids = tokenizer.encode(prompt)
-            elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-                prompt_ids = list(prompt)
+        try:
+            accepted = validate_chat(body) if chat else validate_completion(body)
+        except BodyProblem as exc:
+            return _refusal(exc)
+        if (model := _wrong_model(body)) is not None:
+            return model
+        try:
+            if chat:
+                prompt_ids = svc.encode(svc.chat_prompt(body["messages"]))
             else:
-                return _error(
-                    400,
-                    "`prompt` must be a string or a list of token ids",
-                    "BadRequestError",
-                    "prompt",
-                )
-        params = sampling(body, chat)
-        stream = bool(body.get("stream", False))
+                prompt = body["prompt"]
+                if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+                    prompt = prompt[0]
+                if isinstance(prompt, str):
+                    prompt_ids = svc.encode(prompt)
+                elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+                    prompt_ids = list(prompt)
+                    check_token_ids(prompt_ids, svc.vocab_size)
+                else:  # a batch of prompts: vLLM serves it, the simulator does not
+                    return _error(
+                        400,
+                        "`prompt` must be a string or a list of token ids",
+                        "BadRequestError",
+                        "prompt",
+                    )
+        except BodyProblem as exc:
+            return _refusal(exc)
+        params = sampling(body, accepted, chat)
+        stream = accepted.stream
         scripted: scripted_agent.ScriptedCall | None = None
         if chat and engine_settings.scripted_agent:
             answer = _scripted_call(body["messages"], stream, engine_settings.seed)
@@ -365,9 +421,8 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
         rid = ("chatcmpl-" if chat else "cmpl-") + pending.seq.request_id
         created = int(time.time())
         if stream:
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(
-                _stream(svc, pending, rid, created, chat, include_usage, usage),
+                _stream(svc, pending, rid, created, chat, accepted.include_usage, usage),
                 media_type="text/event-stream",
             )
         seq = pending.seq
@@ -422,20 +477,27 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             return body
         svc.record_unknown(body, responses_api.RESPONSES_FIELDS)
         try:
+            accepted = validate_responses(body)
             messages = responses_api.input_messages(body)
+        except BodyProblem as exc:
+            return _refusal(exc)
         except responses_api.BadInput as exc:
             return _error(400, str(exc), "BadRequestError", exc.param)
-        prompt_ids = tokenizer.encode(svc.chat_prompt(messages))
-        limit = body.get("max_output_tokens")
+        if (model := _wrong_model(body)) is not None:
+            return model
+        try:
+            prompt_ids = svc.encode(svc.chat_prompt(messages))
+        except BodyProblem as exc:
+            return _refusal(exc)
         params = SamplingParams(
-            max_tokens=limit if isinstance(limit, int) else None,
-            min_tokens=int(body.get("min_tokens") or 0),
-            ignore_eos=bool(body.get("ignore_eos", False)),
+            max_tokens=accepted.max_tokens,
+            min_tokens=accepted.min_tokens,
+            ignore_eos=accepted.ignore_eos,
         )
         problem = engine.validate(prompt_ids, params)
         if problem:
             return _error(400, problem, "BadRequestError")
-        stream = bool(body.get("stream", False))
+        stream = accepted.stream
         pending = svc.submit(prompt_ids, params, stream)
         seq = pending.seq
         given_id = body.get("request_id")
@@ -475,10 +537,18 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
         body = await read_body(request)
         if isinstance(body, Response):
             return body
+        if (model := _wrong_model(body)) is not None:
+            return model
         if "messages" in body:
-            tokens = tokenizer.encode(svc.chat_prompt(body["messages"]))
+            try:
+                tokens = svc.encode(svc.chat_prompt(validate_messages(body["messages"])))
+            except BodyProblem as exc:
+                return _refusal(exc)
         else:
-            tokens = tokenizer.encode(str(body.get("prompt", "")))
+            try:
+                tokens = svc.encode(str(body.get("prompt", "")))
+            except BodyProblem as exc:
+                return _refusal(exc)
         return _json(
             {"count": len(tokens), "max_model_len": engine.config.max_model_len, "tokens": tokens}
         )

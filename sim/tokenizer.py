@@ -81,6 +81,11 @@ class FileTokenizer:
     def filler_ids(self) -> list[int]:
         return self._filler
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids at or past this are refused, as vLLM refuses them ("out of vocabulary")."""
+        return int(self._tok.get_vocab_size())
+
 
 def load_tokenizer(path: str | None) -> Tokenizer:
     """The file tokenizer when a path is given, the rule tokenizer otherwise."""

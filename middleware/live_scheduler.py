@@ -23,6 +23,7 @@ from thunder_mw.engines.pool import Backend, BackendPool
 from thunder_mw.middleware.call_state import CallState, Outcome, RequestBody
 from thunder_mw.middleware.scheduling import ClientGone, Rejected
 from thunder_mw.middleware.types import Receive
+from thunder_mw.policies.context_limit import prompt_text_chars
 from thunder_mw.policies.core import (
     Action,
     BackendMetrics,
@@ -55,9 +56,10 @@ def request_info(body: RequestBody | None, prefix_keys: bool = True) -> RequestI
     prefix = shared_prefix(data) if prefix_keys else None
     return RequestInfo(
         prompt_chars=len(body.raw),
-        max_tokens=limit if isinstance(limit, int) else None,
+        max_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
         prefix_key=None if prefix is None else f"{zlib.crc32(prefix.encode()):08x}:{len(prefix)}",
         prefix_chars=0 if prefix is None else len(prefix),
+        prompt_text_chars=prompt_text_chars(data),
     )
 
 

@@ -20,10 +20,10 @@ _decode = msgspec.json.Decoder().decode
 class BodyError(Exception):
     """Why a request has no usable body: answered as an OpenAI-style error naming `body`."""
 
-    def __init__(self, status: int, message: str, code: str) -> None:
+    def __init__(self, status: int, message: str, code: str, param: str = "body") -> None:
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
-        self.param = "body"
+        self.param = param
 
 
 class ClientLeft(Exception):
@@ -67,7 +67,29 @@ def decode_object(raw: bytes) -> dict[str, Any]:
         raise BodyError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
     if not isinstance(data, dict):
         raise BodyError(400, "request body must be a JSON object", "invalid_body")
+    _check_integers(data)
     return data
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _check_integers(data: dict[str, Any]) -> None:
+    """JSON allows integers of any size; the engines read sampling and length fields as
+    64-bit (vLLM answers 500 for `top_k: 10**30` on some routes). One past that range, at
+    the top level or one object down (`vllm_xargs`, `logit_bias`, `nvext`), is a 400 naming
+    the field rather than an engine's failure."""
+    low, high = _INT64
+    for name, value in data.items():
+        inner = value.items() if isinstance(value, dict) else ()
+        for field, item in ((name, value), *((f"{name}.{k}", v) for k, v in inner)):
+            if type(item) is int and not low <= item <= high:
+                raise BodyError(
+                    400,
+                    f"{field} is {item}, outside the 64-bit integer range engines accept",
+                    "integer_out_of_range",
+                    field,
+                )
 
 
 def _too_large(limit: int) -> BodyError:

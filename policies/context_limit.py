@@ -48,6 +48,43 @@ def engine_limit(engine: EngineLimits) -> tuple[int, str] | None:
     return min(limits) if limits else None
 
 
+# The fields of an OpenAI, vLLM or SGLang body whose text becomes prompt tokens (chat
+# messages and tools through the chat template; completions' prompt and suffix; the
+# Responses API's input and instructions; SGLang's /generate text and input_ids).
+PROMPT_FIELDS = (
+    "messages",
+    "tools",
+    "functions",
+    "prompt",
+    "suffix",
+    "input",
+    "instructions",
+    "text",
+    "input_ids",
+)
+
+
+def prompt_text_chars(data: dict[str, object]) -> int:
+    """The characters of a body's prompt-bearing fields (a token id counts as the most
+    characters a token may stand for, so it is one token of the floor): other fields — ids,
+    metadata, sampling options — never make a request look too long."""
+    total = 0
+    stack = [data.get(name) for name in PROMPT_FIELDS]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int):
+            total += MAX_CHARS_PER_TOKEN
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return total
+
+
 def prompt_floor(prompt_chars: int) -> int:
     """A lower bound on a body's prompt tokens (a chat template adds at least one)."""
     return max(1, prompt_chars // MAX_CHARS_PER_TOKEN) if prompt_chars > 0 else 0
@@ -77,7 +114,8 @@ def check(
     max_tokens: int | None,
     estimated_tokens: int,
 ) -> Refusal | Unplanned | None:
-    """None: the request may fit somewhere (schedule it as usual). `estimated_tokens` is the
+    """None: the request may fit somewhere (schedule it as usual). `prompt_chars`: the
+    characters of its prompt-bearing fields (`prompt_text_chars`); `estimated_tokens`: the
     scheduler's point estimate of the request's footprint (prompt + output)."""
     best: tuple[int, str, str] | None = None
     longest: tuple[int, str] | None = None  # the longest max_model_len, and whose

@@ -117,6 +117,9 @@ class RequestInfo(msgspec.Struct, frozen=True):
     # is already cached. None: the request has no recognisable shared prefix.
     prefix_key: str | None = None
     prefix_chars: int = 0
+    # Characters of the prompt-bearing fields alone (policies/context_limit.py), for the
+    # lower bound that refuses a request too long for every engine; None: `prompt_chars`.
+    prompt_text_chars: int | None = None
 
 
 class BackendMetrics(msgspec.Struct, frozen=True):
@@ -685,8 +688,9 @@ class SchedulerCore:
         prompt = self.tokens.prompt_tokens(info.prompt_chars, home)
         if known is not None:
             prompt = max(prompt, known.context_tokens)
+        text = info.prompt_chars if info.prompt_text_chars is None else info.prompt_text_chars
         verdict = context_limit.check(
-            eligible, info.prompt_chars, info.max_tokens, prompt + (info.max_tokens or 0)
+            eligible, text, info.max_tokens, prompt + (info.max_tokens or 0)
         )
         if isinstance(verdict, context_limit.Refusal):
             self.counters["context_length_refusals"] += 1

@@ -3,8 +3,10 @@ unplanned, never held; and requests that could only run alone, held briefly then
 
 from __future__ import annotations
 
+import pytest
 from test_scheduler_core import ctx, info, make, run_step
 
+from thunder_mw.middleware.request_body import BodyError, decode_object
 from thunder_mw.policies import context_limit
 from thunder_mw.policies.core import Forward, Hold, Paused, Reject, RequestInfo, Resumed
 from thunder_mw.policies.program_table import ProgramState
@@ -98,3 +100,41 @@ def test_a_request_that_merely_waits_for_room_is_not_alone_and_leaves_on_its_dea
     core.on_hold_expired("late", 601, place=False)
     assert core.table.get("late") is None  # a program that never ran leaves no trace
     assert core.queue_length() == 0
+
+
+def test_only_the_prompt_bearing_fields_count_toward_the_floor():
+    body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "ab"}, {"role": "user", "content": "cde"}],
+        "tools": [{"type": "function", "function": {"name": "fg"}}],
+        "request_id": "x" * 100_000,  # ids and metadata are no prompt
+        "metadata": {"note": "y" * 100_000},
+    }
+    chars = context_limit.prompt_text_chars(body)
+    assert chars == len("system" + "ab" + "user" + "cde" + "function" + "fg")
+    ids = context_limit.prompt_text_chars({"prompt": [1, 2, 3], "max_tokens": 5})
+    assert context_limit.prompt_floor(ids) == 3  # a token id is one token
+
+
+def test_a_huge_non_prompt_field_is_not_a_too_long_prompt():
+    """The raw body is 100 KB; its prompt is one word: the engine decides, not the floor."""
+    core = engines(make(capacities=(3072,)), max_model_len=2048)
+    info_ = RequestInfo(prompt_chars=100_000, max_tokens=8, prompt_text_chars=10)
+    decision, _ = core.on_request(ctx("p"), info_, 0)
+    assert not isinstance(decision, Reject)
+
+
+def test_an_integer_past_64_bits_is_refused_as_the_body_is_read():
+
+    assert decode_object(b'{"top_k": 9223372036854775807}')["top_k"] == 2**63 - 1
+    for raw, field in (
+        (b'{"top_k": 1000000000000000000000000000000}', "top_k"),
+        (b'{"vllm_xargs": {"seed": -9223372036854775809}}', "vllm_xargs.seed"),
+    ):
+        with pytest.raises(BodyError) as err:
+            decode_object(raw)
+        assert (err.value.status, err.value.code, err.value.param) == (
+            400,
+            "integer_out_of_range",
+            field,
+        )

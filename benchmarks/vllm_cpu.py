@@ -31,6 +31,8 @@ from thunder_mw.sim.ports import free_port
 ROOT = Path(__file__).resolve().parent.parent
 VENV_DIR = Path(os.environ.get("THUNDER_MW_VLLM_VENV", ROOT / ".cache" / "vllm-venv"))
 MODEL_DIR = Path(os.environ.get("THUNDER_MW_TINY_MODEL", ROOT / ".cache" / "tiny-model"))
+# The dear-recompute model of the second real regime (scripts/build_tiny_model.py --model dear).
+DEAR_MODEL_DIR = Path(os.environ.get("THUNDER_MW_DEAR_MODEL", ROOT / ".cache" / "dear-model"))
 SERVED_MODEL_NAME = "tiny"
 # Written by the setup scripts only once their work is complete.
 VENV_READY_MARKER = ".thunder-mw-ready"
@@ -151,8 +153,10 @@ def start_vllm(
     log_dir: Path | None = None,
     log_requests: bool = False,
     extra_args: Sequence[str] = (),
+    served_model_name: str = SERVED_MODEL_NAME,
 ) -> Iterator[RealVllm]:
-    """Runs one `vllm serve` of the tiny model with `num_blocks` KV blocks until the block exits.
+    """Runs one `vllm serve` of the model in `model_dir` (the tiny one by default) with
+    `num_blocks` KV blocks until the block exits.
 
     `num_blocks=None` leaves the KV cache at what the 1 GiB KV space (VLLM_CPU_KVCACHE_SPACE)
     holds, as an engine without `--num-gpu-blocks-override` sizes it. `log_requests` adds
@@ -182,7 +186,7 @@ def start_vllm(
             str(max_model_len),
             "--enable-prefix-caching",
             "--served-model-name",
-            SERVED_MODEL_NAME,
+            served_model_name,
             "--enforce-eager",
             *(("--num-gpu-blocks-override", str(num_blocks)) if num_blocks is not None else ()),
             "--enable-prompt-tokens-details",
@@ -211,7 +215,7 @@ def start_vllm(
             block_size, live_blocks = _cache_config(url)
             yield RealVllm(
                 url=url,
-                model=SERVED_MODEL_NAME,
+                model=served_model_name,
                 model_dir=model_dir,
                 tokenizer_json=model_dir / "tokenizer.json",
                 num_blocks=live_blocks,

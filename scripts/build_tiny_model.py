@@ -1,17 +1,25 @@
-"""Builds the tiny random-weight Llama that the real vLLM CPU engine serves in tests.
+"""Builds the random-weight Llamas that the real vLLM CPU engine serves in tests and benchmarks.
 
-No model hub is reachable from these machines, so the model and its tokenizer are made
+No model hub is reachable from these machines, so the models and their tokenizer are made
 locally and deterministically (fixed seeds): a byte-level BPE tokenizer trained on generated
-text and a bf16 LlamaForCausalLM with random weights. Run it with the vLLM venv's python
-(it needs torch, transformers and tokenizers):
+text and a bf16 LlamaForCausalLM with random weights. Two models, two regimes:
 
-    .cache/vllm-venv/bin/python scripts/build_tiny_model.py [MODEL_DIR]
+- `tiny` (2 layers, hidden 128, 940 KB): recompute is cheap, the tests' engine.
+- `dear` (8 layers, hidden 512, 27 M parameters, 54 MB): a recompute of an agent program's
+  context costs tens of decode steps on a CPU core, the order of a large model on GPUs
+  (docs/simulator.md, "Two real regimes", has the measured ratio).
 
-Idempotent: a folder that already holds a finished build of this recipe is left alone.
+Run it with the vLLM venv's python (it needs torch, transformers and tokenizers):
+
+    .cache/vllm-venv/bin/python scripts/build_tiny_model.py [MODEL_DIR] [--model tiny|dear]
+
+Idempotent: a folder that already holds a finished build of the model's recipe is left alone.
+Random initialisation of the dear model takes a few seconds: cheap enough for CI.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import shutil
@@ -22,7 +30,9 @@ from pathlib import Path
 # Bump when the recipe changes so cached builds of an older recipe are rebuilt.
 RECIPE_VERSION = 1
 MARKER = ".thunder-mw-tiny-model"
-DEFAULT_DIR = Path(__file__).resolve().parent.parent / ".cache" / "tiny-model"
+CACHE = Path(__file__).resolve().parent.parent / ".cache"
+DEFAULT_DIR = CACHE / "tiny-model"
+DEAR_DIR = CACHE / "dear-model"
 
 VOCAB_SIZE = 1000
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
@@ -34,6 +44,21 @@ MODEL_SHAPE = {
     "intermediate_size": 256,
     "num_hidden_layers": 2,
     "max_position_embeddings": 4096,
+}
+# Same recipe, a model whose prefill costs tens of decode steps: 512 / 8 heads = 64 per head.
+DEAR_SHAPE = {
+    "hidden_size": 512,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 8,
+    "max_position_embeddings": 8192,
+}
+# model name -> (shape, recipe version, default folder). The tiny model's marker predates
+# the name field, so a marker without one is the tiny model's.
+MODELS: dict[str, tuple[dict[str, int], int, Path]] = {
+    "tiny": (MODEL_SHAPE, RECIPE_VERSION, DEFAULT_DIR),
+    "dear": (DEAR_SHAPE, 1, DEAR_DIR),
 }
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -58,15 +83,16 @@ _WORDS = (
 ).split()
 
 
-def is_built(model_dir: Path) -> bool:
-    """True when `model_dir` holds a finished build of the current recipe."""
+def is_built(model_dir: Path, model: str = "tiny") -> bool:
+    """True when `model_dir` holds a finished build of `model`'s current recipe."""
     marker = model_dir / MARKER
     if not marker.is_file():
         return False
     try:
-        return json.loads(marker.read_text()).get("recipe") == RECIPE_VERSION
+        done = json.loads(marker.read_text())
     except ValueError:
         return False
+    return done.get("recipe") == MODELS[model][1] and done.get("model", "tiny") == model
 
 
 def _corpus(seed: int, lines: int = 4000) -> list[str]:
@@ -83,7 +109,7 @@ def _corpus(seed: int, lines: int = 4000) -> list[str]:
     return out
 
 
-def _build_tokenizer(target: Path) -> object:
+def _build_tokenizer(target: Path, max_length: int) -> object:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -104,14 +130,14 @@ def _build_tokenizer(target: Path) -> object:
         eos_token="</s>",
         unk_token="<unk>",
         pad_token="<pad>",
-        model_max_length=MODEL_SHAPE["max_position_embeddings"],
+        model_max_length=max_length,
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(target)
     return fast
 
 
-def _build_model(target: Path, tokenizer: object) -> None:
+def _build_model(target: Path, tokenizer: object, shape: dict[str, int]) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -122,7 +148,7 @@ def _build_model(target: Path, tokenizer: object) -> None:
         eos_token_id=tokenizer.eos_token_id,  # type: ignore[attr-defined]
         pad_token_id=tokenizer.pad_token_id,  # type: ignore[attr-defined]
         tie_word_embeddings=False,
-        **MODEL_SHAPE,
+        **shape,
     )
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.config.dtype = torch.bfloat16
@@ -134,19 +160,20 @@ def _build_model(target: Path, tokenizer: object) -> None:
     ).save_pretrained(target)
 
 
-def build(model_dir: Path) -> Path:
-    """Builds the tiny model into `model_dir` unless it is already there; returns the folder."""
+def build(model_dir: Path, model: str = "tiny") -> Path:
+    """Builds `model` into `model_dir` unless it is already there; returns the folder."""
+    shape, recipe, _ = MODELS[model]
     model_dir = model_dir.resolve()
-    if is_built(model_dir):
+    if is_built(model_dir, model):
         return model_dir
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename, so an interrupted build never looks finished.
     staging = Path(tempfile.mkdtemp(prefix=".tiny-model-", dir=model_dir.parent))
     staging.chmod(0o755)
     try:
-        tokenizer = _build_tokenizer(staging)
-        _build_model(staging, tokenizer)
-        (staging / MARKER).write_text(json.dumps({"recipe": RECIPE_VERSION}) + "\n")
+        tokenizer = _build_tokenizer(staging, shape["max_position_embeddings"])
+        _build_model(staging, tokenizer, shape)
+        (staging / MARKER).write_text(json.dumps({"recipe": recipe, "model": model}) + "\n")
         if model_dir.exists():
             shutil.rmtree(model_dir)
         staging.rename(model_dir)
@@ -157,10 +184,14 @@ def build(model_dir: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    target = Path(argv[1]) if len(argv) > 1 else DEFAULT_DIR
-    already = is_built(target)
-    built = build(target)
-    print(f"tiny model {'already built' if already else 'built'} at {built}")
+    parser = argparse.ArgumentParser(description="Builds a local random-weight Llama.")
+    parser.add_argument("model_dir", nargs="?", type=Path, help="target folder")
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    args = parser.parse_args(argv[1:])
+    target = args.model_dir or MODELS[args.model][2]
+    already = is_built(target, args.model)
+    built = build(target, args.model)
+    print(f"{args.model} model {'already built' if already else 'built'} at {built}")
     return 0
 
 

@@ -2,7 +2,7 @@
 
     thunder-mw bench --scenario swe-agent-knee [--mode des|live] [--policies a,b]
                      [--output PATH] [--results-dir DIR] [--seed N]
-    thunder-mw bench --scenario vllm-cpu-real [--repeats N] [--engine-url URL]
+    thunder-mw bench --scenario vllm-cpu-real [--regimes cheap,dear] [--repeats N]
     thunder-mw bench --scenario idle-gaps [--output PATH]   (python -m ...idle_gaps for options)
     thunder-mw bench --scenario mini-swe-agent [--programs 32] [--seeds 3]   (needs Docker)
     thunder-mw bench --scenario fuzz [--seed N] [--output PATH]   (python -m ...fuzz for options)
@@ -105,7 +105,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-scale", type=float, default=5.0, help="Simulated seconds per wall second."
     )
     live.add_argument(
-        "--repeats", type=int, default=3, help="Runs per policy or cell (live, proxy-overhead)."
+        "--repeats",
+        type=int,
+        help="Runs per policy or cell (live, proxy-overhead: default 3; vllm-cpu-real: 5).",
     )
     live.add_argument(
         "--live-stream", action="store_true", help="Stream calls (measures TTFT; costs CPU)."
@@ -113,7 +115,14 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     live.add_argument(
         "--engine-url",
         help="vllm-cpu-real: use this running vLLM engine instead of starting one "
-        "(its prefix cache is reset before each run: needs VLLM_SERVER_DEV_MODE=1).",
+        "(its prefix cache is reset before each run: needs VLLM_SERVER_DEV_MODE=1; "
+        "with one --regimes entry, the engine of that regime).",
+    )
+    live.add_argument(
+        "--regimes",
+        default="cheap,dear",
+        help="vllm-cpu-real: comma-separated regimes (cheap: tiny model, dear: the "
+        "dear-recompute model); one engine at a time.",
     )
     des = parser.add_argument_group("simulation (des) overrides")
     des.add_argument("--engines", type=int, help="Engines of the main run.")
@@ -136,6 +145,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run the scenario `args` names; the exit status."""
+    if args.repeats is None:
+        real = args.scenario in SCENARIOS and SCENARIOS[args.scenario].engine == "vllm-cpu"
+        args.repeats = 5 if real else 3
     if args.scenario == IDLE_GAPS:
         from thunder_mw.benchmarks import idle_gaps
 
@@ -174,12 +186,12 @@ def run_bench(args: argparse.Namespace) -> int:
         return mini_swe_agent.main(argv + (["--no-plots"] if args.no_plots else []))
     scenario = _with_overrides(SCENARIOS[args.scenario], args)
     policies = args.policies.split(",") if args.policies else list(scenario.policies)
+    if scenario.engine == "vllm-cpu":
+        return _run_real(scenario, policies, args)
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         print(f"unknown policies {unknown}; known: {sorted(POLICIES)}", file=sys.stderr)
         return 2
-    if scenario.engine == "vllm-cpu":
-        return _run_real(scenario, policies, args)
     if args.mode == "live":
         return _run_live(scenario, policies, args)
     output = args.output or args.results_dir / f"{scenario.name}.json"
@@ -238,24 +250,37 @@ def _run_live(scenario: Scenario, policies: list[str], args: argparse.Namespace)
     return 0
 
 
-def _run_real(scenario: Scenario, policies: list[str], args: argparse.Namespace) -> int:
+def _run_real(scenario: Scenario, systems: list[str], args: argparse.Namespace) -> int:
     from thunder_mw.benchmarks import vllm_real
 
+    regimes = args.regimes.split(",")
+    unknown = [r for r in regimes if r not in vllm_real.REGIMES]
+    if unknown:
+        print(f"unknown regimes {unknown}; known: {list(vllm_real.REGIMES)}", file=sys.stderr)
+        return 2
+    for name in systems:
+        if name != "direct/cap":
+            try:
+                vllm_real.system_named(name)
+            except ValueError as exc:
+                print(exc, file=sys.stderr)
+                return 2
+    if args.engine_url and len(regimes) != 1:
+        print("--engine-url serves one regime: pass --regimes with one of them", file=sys.stderr)
+        return 2
     output = args.output or args.results_dir / f"{scenario.name}.json"
     report = vllm_real.run_vllm_real_scenario(
         scenario,
-        policies,
+        systems,
+        regimes=regimes,
         seed=args.seed,
         repeats=args.repeats,
         programs=args.programs,
         engine_url=args.engine_url,
-        stream=args.live_stream,
     )
     _write_report(report, output)
-    print(format_table(report))
-    print(vllm_real.format_spread(report))
-    print(f"\nwall {report['wall_s']} s (engine start {report['engine_start_s']} s)")
-    print(f"written to {output}")
+    print(vllm_real.format_report(report))
+    print(f"\nwall {report['wall_s']} s; written to {output}")
     if not args.no_plots:
         for path in vllm_real.write_plots(report, output.with_suffix("")):
             print(f"plot: {path}")

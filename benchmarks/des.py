@@ -67,6 +67,10 @@ class ClusterConfig:
     sample_s: float = 1.0  # KV usage time series and imbalance
     send_max_tokens: bool = True  # clients send max_tokens (+ ignore_eos): the field's method
     horizon_s: float = 24 * 3600.0  # programs unfinished by then count as failed
+    # Seconds a call spends outside the engine's steps (HTTP, the API server process): added
+    # to each call's round trip before the client sees its answer. 0 for GPU regimes, where
+    # it is noise beside a step; measured on the real CPU engine (benchmarks/fit_cpu_profile).
+    call_overhead_s: float = 0.0
     seed: int = 0
     # Further EngineConfig fields for every engine (e.g. the simulator's host KV tier),
     # as (name, value) pairs so the config stays hashable and picklable.
@@ -581,8 +585,9 @@ class Simulation:
         )
         self._apply(self.core.on_finished(spec.program_id, usage, True, self.now))
         self.ttft.append(run.first_token_at - run.sent_at)
+        back = self.now + self.cluster.call_overhead_s  # when the client has the answer
         if run.call + 1 >= len(spec.calls):
-            self._at(self.now, _RELEASE, run)
+            self._at(back, _RELEASE, run)
             return
         run.prompt.extend(backend.engine.output_ids(seq))
         run.call += 1
@@ -590,10 +595,10 @@ class Simulation:
             run.tool_pending = True
             for sub in call.subagents:
                 run.subs_pending += 1
-                self._start(sub, self.now)
-            self._at(self.now + call.tool_s, _RELEASE, ("tool", run))
+                self._start(sub, back)
+            self._at(back + call.tool_s, _RELEASE, ("tool", run))
         else:
-            self._at(self.now + call.tool_s, _SEND, run)
+            self._at(back + call.tool_s, _SEND, run)
 
     # ------------------------------------------------------------------ timers
     def _on_tick(self, _: Any) -> None:

@@ -13,6 +13,9 @@ one; a failed release is recorded, not raised, so a run's results survive its la
 With `vocab_size` set (a real engine), prompts go as token-id lists and answers come back as
 token ids (`return_token_ids`), so the engine sees exactly the ids the workload names and a
 program's next prompt extends its last one token for token, whatever the model's tokenizer.
+With `words` instead (a real engine behind a router that takes only text prompts, such as
+SGLang's gateway), each id is sent as a word that is one token of the model's tokenizer on
+its own and beside any other (`single_token_words`), so the engine still sees one token per id.
 `identity` says how a target learns the program (thunder-mw's `program_id` by default; a
 peer router's own body field or header instead), and `run(..., concurrency=C)` replays a
 closed loop: at most C top-level programs at a time, the next starting when one ends.
@@ -23,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +115,7 @@ class Replayer:
         vocab_size: int | None = None,
         progress: Callable[[Replayer], None] | None = None,
         identity: Identity = thunder_identity,
+        words: Sequence[str] | None = None,
     ) -> None:
         """`stream=False` measures no time to first token but spares the client (and the
         gateway) a chunk per token: for runs whose point is throughput on a busy machine.
@@ -135,6 +139,7 @@ class Replayer:
         self.progress = progress
         self._fresh: aiohttp.ClientSession | None = None
         self.identity = identity
+        self.words = words
 
     async def run(
         self, programs: list[ProgramSpec], concurrency: int | None = None
@@ -192,6 +197,8 @@ class Replayer:
             await asyncio.sleep(sim_s / self.time_scale)
 
     def _encode(self, ids: list[int]) -> str | list[int]:
+        if self.words is not None:
+            return "".join(self.words[i % len(self.words)] for i in ids)
         if self.vocab_size is None:
             return render(ids)
         return [i % self.vocab_size for i in ids]
@@ -268,7 +275,7 @@ class Replayer:
             "ignore_eos": True,
             **fields,
         }
-        if self.vocab_size is not None:
+        if self.vocab_size is not None and self.words is None:
             body["return_token_ids"] = True
         if self.stream:
             body["stream"] = True
@@ -314,7 +321,7 @@ class Replayer:
         return record, self._joined(text)
 
     def _joined(self, pieces: list[Any]) -> str | list[int]:
-        if self.vocab_size is None:
+        if self.vocab_size is None or self.words is not None:
             return "".join(pieces)
         return [i for piece in pieces for i in piece]
 
@@ -343,3 +350,19 @@ class Replayer:
             record.completion_tokens = usage.get("completion_tokens", 0)
             details = usage.get("prompt_tokens_details") or {}
             record.cached_tokens = details.get("cached_tokens") or 0
+
+
+def single_token_words(tokenizer_json: str) -> list[str]:
+    """The vocabulary's space-led alphabetic tokens that encode back to themselves alone: any
+    concatenation of them is one token per word (a byte-level BPE splits at each space)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(tokenizer_json)
+    words = []
+    for token, i in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]):
+        body = token[1:]
+        if token.startswith("\u0120") and body.isascii() and body.isalpha():
+            text = tokenizer.decode([i])
+            if tokenizer.encode(text, add_special_tokens=False).ids == [i]:
+                words.append(text)
+    return words

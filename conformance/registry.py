@@ -24,7 +24,10 @@ PROFILE_MEANING = {
     "vllm-router": "what the vLLM router (PyPI vllm-router 0.1.17, --enable-program-scheduling) "
     "documents: vllm_xargs.agentic_context names a program (listed in /scheduling/diagnostics), "
     "streams relayed, bad bodies refused; it re-serialises bodies and forwards vllm_xargs to the "
-    "engine by design, so no fidelity or strip checks",
+    "engine by design, so no fidelity or strip checks. In front of stock vLLM 0.32 that "
+    "forwarded object is a 400 from the engine (vllm_xargs values must be scalars: "
+    "tests/test_real_vllm_engine.py); only its header identity (program_scheduling_enable_key "
+    "auto with x-session-id) reaches a stock engine",
     "smg": "what SGLang's model gateway (PyPI smg 1.13.0) documents: an OpenAI-compatible router "
     "that relays streams and refuses bad bodies; it reads no agent context and re-serialises "
     "bodies, so no strip, fidelity or program checks",

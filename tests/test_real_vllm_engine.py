@@ -148,3 +148,19 @@ def test_ignored_field_lines_are_parsed_from_vllm_log_format() -> None:
         "present in the request but ignored: {'agent_context'}\n"
     )
     assert parse_ignored_fields(log) == {"program_id", "nvext", "agent_context"}
+
+
+@pytest.mark.real_vllm
+def test_engine_refuses_the_vllm_routers_agentic_context_object(vllm_engine: RealVllm) -> None:
+    # What the vLLM router forwards to its workers when a client names the program the way its
+    # docs ask: stock vLLM 0.32 takes vllm_xargs values as scalars (or lists of them) only, so
+    # the router's program identity must be its header form in front of it (vllm_real.py).
+    body = {
+        "model": "tiny",
+        "prompt": "hello",
+        "max_tokens": 2,
+        "vllm_xargs": {"agentic_context": {"program_id": "p-1", "step_id": 0}},
+    }
+    response = httpx.post(f"{vllm_engine.url}/v1/completions", json=body, timeout=TIMEOUT)
+    assert response.status_code == 400, response.text
+    assert "vllm_xargs" in response.text

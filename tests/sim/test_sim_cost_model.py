@@ -29,6 +29,7 @@ def test_every_published_regime_has_a_profile() -> None:
         "h100x4-minimax-m2-fp8",
         "rtx5090-qwen3-8b",
         "cpu-tiny",
+        "cpu-dear",
     ):
         assert get_profile(name).a > 0
 
@@ -148,9 +149,22 @@ def test_decode_attention_stays_in_the_kv_read_term() -> None:
     assert p.step_seconds(0, 10, 400_000) == p.a + p.c * 10 + p.d * 400_000
 
 
-def test_the_fitted_cpu_profile_prices_no_attention() -> None:
-    # Fitted without a Σ-positions feature (benchmarks/fit_cpu_tiny_profile.py): e stays 0.
+def test_the_fitted_cpu_profiles_price_attention_where_the_fit_found_it() -> None:
+    # benchmarks/fit_cpu_profile.py fits e too: the dear model's long prefills show it, the
+    # tiny model's short ones do not (the fit dropped it).
     assert get_profile("cpu-tiny").e == 0.0
+    assert get_profile("cpu-dear").e > 0.0
+
+
+def test_a_recompute_is_dear_on_the_dear_profile_and_cheap_on_the_tiny_one() -> None:
+    # One 1,500-token context prefilled alone, in decode steps at that context: the regimes of
+    # the real-engine benchmark (measured there as decode_steps_per_recompute).
+    def steps(name: str) -> float:
+        p = get_profile(name)
+        return p.step_seconds(1500, 0, 0, prefill_positions(0, 1500)) / p.step_seconds(0, 1, 1500)
+
+    assert steps("cpu-dear") >= 40
+    assert steps("cpu-tiny") < 40
 
 
 def test_a_1m_token_prefill_of_an_8b_model_on_one_a100_takes_about_30_minutes() -> None:

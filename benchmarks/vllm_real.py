@@ -54,7 +54,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from thunder_mw.benchmarks import peers, recompute_cost
+from thunder_mw.benchmarks import fit_cpu_profile, peers, recompute_cost
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, simulate
 from thunder_mw.benchmarks.engine_counters import delta, parse_metrics, read_counters
 from thunder_mw.benchmarks.live import Gateway, live_metrics
@@ -66,7 +66,7 @@ from thunder_mw.benchmarks.replay import (
     thunder_identity,
 )
 from thunder_mw.benchmarks.scenarios import POLICIES, Scenario
-from thunder_mw.benchmarks.vllm_cpu import DEAR_MODEL_DIR, MODEL_DIR, start_vllm
+from thunder_mw.benchmarks.vllm_cpu import DEAR_MODEL_DIR, MODEL_DIR, RealVllm, start_vllm
 from thunder_mw.benchmarks.workloads import (
     PRESETS,
     LogNormal,
@@ -74,7 +74,7 @@ from thunder_mw.benchmarks.workloads import (
     WorkloadPreset,
     generate,
 )
-from thunder_mw.sim.cost_model import StepCost, get_profile, prefill_positions
+from thunder_mw.sim.cost_model import PROFILES, StepCost, get_profile, prefill_positions
 from thunder_mw.sim.ports import free_port
 
 SPREAD_KEYS = (
@@ -412,6 +412,7 @@ def run_once(
     load_before = os.getloadavg()[0]
     with front(system, engine_url, kv_tokens, cost) as target:
         before = read_counters([engine_url])
+        seconds_before = _engine_seconds(engine_url)
         replayer = Replayer(
             target.url,
             model=model,
@@ -423,6 +424,7 @@ def run_once(
         )
         result: ReplayResult = asyncio.run(replayer.run(programs, concurrency=system.cap))
         after = read_counters([engine_url])
+        seconds_after = _engine_seconds(engine_url)
         evidence = target.collect()
     counted = delta(before, after)
     record: dict[str, Any] = {"system": system.name, **live_metrics(result, 1.0, before, after)}
@@ -435,14 +437,31 @@ def run_once(
         engine_counters={key: int(value) for key, value in counted.items()},
         client_prompt_tokens=sum(c.prompt_tokens for p in result.programs for c in p.calls),
         load_avg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+        engine_seconds={k: round(seconds_after[k] - seconds_before[k], 3) for k in ENGINE_SECONDS},
     )
     if evidence:
         record["evidence"] = evidence
     return record
 
 
+# The engine's own per-request time histograms (sums over a run's requests, seconds): where
+# the time went inside the engine (queued, prefilling, decoding), beside the client's clock.
+ENGINE_SECONDS = ("queue", "prefill", "decode", "inference")
+
+
+def _engine_seconds(url: str) -> dict[str, float]:
+    samples = parse_metrics(httpx.get(f"{url}/metrics", timeout=30).text)
+    return {k: samples.get(f"vllm:request_{k}_time_seconds_sum", 0.0) for k in ENGINE_SECONDS}
+
+
 # ------------------------------------------------------------------------------ the simulator
-def sim_cluster(regime: Regime, kv_blocks: int, max_model_len: int) -> ClusterConfig:
+def sim_cluster(
+    regime: Regime,
+    kv_blocks: int,
+    max_model_len: int,
+    profile: str | None = None,
+    call_overhead_s: float | None = None,
+) -> ClusterConfig:
     """One simulated engine as the real one is served: same blocks (vLLM keeps one null block
     out of the override), scheduler limits, the regime's fitted profile and per-call overhead,
     and the live gateway's clocks."""
@@ -453,10 +472,12 @@ def sim_cluster(regime: Regime, kv_blocks: int, max_model_len: int) -> ClusterCo
         max_num_seqs=MAX_NUM_SEQS,
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
         max_model_len=max_model_len,
-        profile=regime.profile,
+        profile=profile or regime.profile,
         tick_s=0.25,
         scrape_s=0.5,
-        call_overhead_s=CALL_OVERHEAD_S[regime.profile],
+        call_overhead_s=CALL_OVERHEAD_S[regime.profile]
+        if call_overhead_s is None
+        else call_overhead_s,
     )
 
 
@@ -529,7 +550,7 @@ def run_regime(
     cost = get_profile(regime.profile)
     started = time.perf_counter()
     blocks = scenario.kv_tokens // BLOCK_SIZE
-    with _engine(regime, blocks, scenario.max_model_len, engine_url) as (url, start_s):
+    with _engine(regime, blocks, scenario.max_model_len, engine_url) as (url, start_s, engine):
         # An engine given by URL has its own KV cache and context limit: the programs and
         # the simulated engine follow it.
         kv_tokens = engine_kv_tokens(url)
@@ -540,7 +561,17 @@ def run_regime(
         vocab = _vocab_size(url)
         words = single_token_words(str(_model_folder(url) / "tokenizer.json"))
         workload = regime_programs(scenario, regime, seed, programs)
-        cluster = sim_cluster(regime, kv_blocks, max_model_len)
+        profile, overhead, in_situ = regime.profile, CALL_OVERHEAD_S[regime.profile], None
+        if engine is not None:
+            # The profile fitted on this engine just before its runs, under the machine's
+            # load of the moment (the committed profile was fitted under another): what the
+            # simulator and the vLLM router's cost models are given.
+            log(f"{regime.name}: fitting the step-cost profile on this engine")
+            in_situ = fit_cpu_profile.fit(engine, regime.model, repeats=1)
+            cost = fit_cpu_profile.profile_of(in_situ)
+            profile, overhead = f"{regime.profile}-in-situ", in_situ["per_call_overhead_s"]
+            PROFILES[profile] = cost
+        cluster = sim_cluster(regime, kv_blocks, max_model_len, profile, overhead)
         cap, cap_figures = best_cap(workload, cluster)
         names = [f"direct/cap-{cap}" if s == "direct/cap" else s for s in systems]
         chosen = [system_named(n) for n in names]
@@ -578,6 +609,14 @@ def run_regime(
         "description": regime.description,
         "model": regime.model,
         "profile": regime.profile,
+        "simulated_with": {
+            "profile": cluster.profile,
+            "coefficients": {k: getattr(cost, k) for k in ("a", "b", "c", "d", "e")},
+            "call_overhead_s": cluster.call_overhead_s,
+            "in_situ_fit": None
+            if in_situ is None
+            else {k: v for k, v in in_situ.items() if k not in ("measured", "scenarios")},
+        },
         "decode_steps_per_recompute": ratio["decode_steps_per_recompute"],
         "recompute_measurement": ratio,
         "config": {
@@ -620,10 +659,11 @@ def run_regime(
 @contextmanager
 def _engine(
     regime: Regime, kv_blocks: int, max_model_len: int, engine_url: str | None
-) -> Iterator[tuple[str, float]]:
-    """(url, start seconds): the engine given, else a fresh one for the regime."""
+) -> Iterator[tuple[str, float, RealVllm | None]]:
+    """(url, start seconds, the engine if started here): the engine given, else a fresh one
+    for the regime (its requests logged: the in-situ fit releases scenarios at once)."""
     if engine_url is not None:
-        yield engine_url, 0.0
+        yield engine_url, 0.0, None
         return
     started = time.perf_counter()
     with start_vllm(
@@ -631,8 +671,9 @@ def _engine(
         max_model_len=max_model_len,
         model_dir=MODEL_FOLDERS[regime.model],
         served_model_name=regime.model,
+        log_requests=True,
     ) as engine:
-        yield engine.url, round(time.perf_counter() - started, 1)
+        yield engine.url, round(time.perf_counter() - started, 1), engine
 
 
 def overflow_check(

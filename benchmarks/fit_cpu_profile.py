@@ -10,15 +10,17 @@ seconds` (first scheduled to last token), is a sum over the steps it lived throu
 in the profile:
 
     inference_i = a·steps + b·Σ prefill tokens + c·Σ decoding seqs + d·Σ decode context
-                  + e·Σ prefill positions
+                  + e·Σ prefill positions + f·Σ requests admitted
 
 summed over the scenario's requests (the histogram's sum). Non-negative least squares, each
-scenario weighted by 1/its time, gives (a, b, c, d, e). The client's own latency minus the
-engine's (queue + inference) is what no engine step pays (HTTP, the API server process); its
-median over the single-request scenarios is `per_call_overhead_s`, which the DES adds to each
-call (ClusterConfig.call_overhead_s). Output: benchmarks/results/cpu-<model>-fit.json.
+scenario weighted by 1/its time, gives (a, b, c, d, e, f); f, a fixed cost per request the
+engine takes in (~20 ms on these CPUs), is what a one-token request shows beyond its prefill.
+The client's own latency minus the engine's (queue + inference) is what no engine step pays
+(HTTP, the API server process); its median over the single-request scenarios is
+`per_call_overhead_s`, which the DES adds to each call (ClusterConfig.call_overhead_s).
+Output: benchmarks/results/cpu-<model>-fit.json.
 
-    python -m thunder_mw.benchmarks.fit_cpu_profile --model tiny|dear [--url URL]
+    python -m thunder_mw.benchmarks.fit_cpu_profile --model tiny|dear
 """
 
 from __future__ import annotations
@@ -82,12 +84,20 @@ MODEL_DIRS = {"tiny": MODEL_DIR, "dear": DEAR_MODEL_DIR}
 MAX_MODEL_LEN = {"tiny": 2048, "dear": 4096}
 NUM_BLOCKS = 64  # room for every scenario at once: no preemption inside the fit
 REPEATS = 2
-FEATURES = ("steps", "prefill_tokens", "decode_seqs", "decode_context", "prefill_positions")
+FEATURES = (
+    "steps",
+    "prefill_tokens",
+    "decode_seqs",
+    "decode_context",
+    "prefill_positions",
+    "requests_admitted",
+)
 
 
 def features(n: int, prompt: int, out: int, max_model_len: int) -> np.ndarray:
     """Σ over the scenario's requests of [steps, prefill tokens, decode seqs, decode context,
-    prefill positions] of the steps each lived through (all are scheduled in step 1)."""
+    prefill positions, requests admitted] of the steps each lived through (all are scheduled
+    in step 1)."""
     engine = Engine(
         EngineConfig(
             num_blocks=NUM_BLOCKS,
@@ -103,12 +113,19 @@ def features(n: int, prompt: int, out: int, max_model_len: int) -> np.ndarray:
     for i in range(n):
         params = SamplingParams(max_tokens=out, ignore_eos=True)
         engine.add_request(str(i), [1000 + i] + [i] * (prompt - 1), params)
-    acc = np.zeros(5)
-    total = np.zeros(5)
+    acc = np.zeros(len(FEATURES))
+    total = np.zeros(len(FEATURES))
     while engine.has_work:
         r = engine.step()
         assert r is not None
-        acc += (1, r.prefill_tokens, r.decode_seqs, r.decode_context, r.prefill_positions)
+        acc += (
+            1,
+            r.prefill_tokens,
+            r.decode_seqs,
+            r.decode_context,
+            r.prefill_positions,
+            r.admitted,
+        )
         for _ in r.finished:
             total += acc
     return total
@@ -207,9 +224,9 @@ def fit(engine: RealVllm, model: str, repeats: int = REPEATS) -> dict[str, Any]:
     w = 1.0 / y  # relative error matters
     coef = nnls(x * w[:, None], y * w)
     rel = np.abs(x @ coef - y) / y
-    a, b, c, d, e = (float(v) for v in coef)
+    a, b, c, d, e, f = (float(v) for v in coef)
     return {
-        "profile": {"a": a, "b": b, "c": c, "d": d, "e": e},
+        "profile": {"a": a, "b": b, "c": c, "d": d, "e": e, "f": f},
         "per_call_overhead_s": round(statistics.median(overheads), 5),
         "features": list(FEATURES),
         "target": "vllm:request_inference_time_seconds (engine), summed over a scenario",

@@ -55,7 +55,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from thunder_mw.benchmarks import fit_cpu_profile, peers, recompute_cost
-from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, simulate
+from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation
 from thunder_mw.benchmarks.engine_counters import delta, parse_metrics, read_counters
 from thunder_mw.benchmarks.live import Gateway, live_metrics
 from thunder_mw.benchmarks.replay import (
@@ -203,7 +203,7 @@ def router_program_config(kv_tokens: int, cost: StepCost) -> dict[str, Any]:
         "global_queue": True,
         "token_capacity_per_dp_rank": kv_tokens,
         "prefill_cost_model": {
-            "intercept_seconds": cost.a,
+            "intercept_seconds": cost.a + cost.f,
             "linear_seconds_per_1k_tokens": 1000 * (cost.b + cost.e / 2),
             "quadratic_seconds_per_1k_tokens_squared": 1e6 * cost.e / 2,
             "decode_throughput_alpha": round(decode / mixed, 4),
@@ -483,18 +483,32 @@ def sim_cluster(
 
 # Per-call seconds outside the engine's steps, measured by benchmarks/fit_cpu_profile.py
 # (results/cpu-<model>-fit.json, per_call_overhead_s).
-CALL_OVERHEAD_S = {"cpu-tiny": 0.0219, "cpu-dear": 0.0196}
+CALL_OVERHEAD_S = {"cpu-tiny": 0.015, "cpu-dear": 0.0123}
 
 
-def simulated(system: RealSystem, programs: list[ProgramSpec], cluster: ClusterConfig) -> Any:
+def simulated(
+    system: RealSystem, programs: list[ProgramSpec], cluster: ClusterConfig
+) -> dict[str, Any]:
+    """The DES stand-in's metrics on the same programs, with the simulated engine's own
+    per-request phase seconds (the counterpart of each run's `engine_seconds`)."""
     arrivals = Arrivals("closed", system.cap) if system.cap else Arrivals("batch")
-    return simulate(programs, POLICIES[system.stand_in], cluster, arrivals, system.name)
+    sim = Simulation(programs, POLICIES[system.stand_in], cluster, arrivals, system.name)
+    metrics = dict(sim.run().metrics)
+    stats = [b.engine.stats for b in sim.backends.values()]
+    prefill = sum(st.request_prefill_seconds for st in stats)
+    decode = sum(st.request_decode_seconds for st in stats)
+    metrics["engine_seconds"] = {
+        "prefill": round(prefill, 3),
+        "decode": round(decode, 3),
+        "inference": round(prefill + decode, 3),
+    }
+    return metrics
 
 
 def best_cap(programs: list[ProgramSpec], cluster: ClusterConfig) -> tuple[int, dict[int, float]]:
     """The client-side cap the simulator finds best (steps/min), and every cap's figure."""
     figures = {
-        cap: simulated(direct_capped(cap), programs, cluster).metrics["steps_per_min"]
+        cap: simulated(direct_capped(cap), programs, cluster)["steps_per_min"]
         for cap in range(1, max(2, len(programs)))
     }
     return max(figures, key=lambda c: figures[c]), figures
@@ -576,7 +590,9 @@ def run_regime(
         names = [f"direct/cap-{cap}" if s == "direct/cap" else s for s in systems]
         chosen = [system_named(n) for n in names]
         runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}
-        ratio = recompute_cost.measure(url, model, recompute_context(workload), vocab_size=vocab)
+        ratio = recompute_cost.measure(
+            url, model, recompute_context(workload), vocab_size=vocab, repeats=5
+        )
         log(f"{regime.name}: {ratio['decode_steps_per_recompute']} decode steps per recompute")
         for r in range(repeats):
             order = chosen[r % len(chosen) :] + chosen[: r % len(chosen)]  # rotated
@@ -597,7 +613,7 @@ def run_regime(
                     f"hit {record['prefix_hit_rate']}, preempt {record['preemptions']}, "
                     f"failed calls {record['failed_calls']}, load {record['load_avg_1m']}"
                 )
-    sims = {s.name: simulated(s, workload, cluster).metrics for s in chosen}
+    sims = {s.name: simulated(s, workload, cluster) for s in chosen}
     policies = {
         name: {key: spread([r.get(key) for r in rs]) for key in SPREAD_KEYS}
         for name, rs in runs.items()
@@ -611,7 +627,7 @@ def run_regime(
         "profile": regime.profile,
         "simulated_with": {
             "profile": cluster.profile,
-            "coefficients": {k: getattr(cost, k) for k in ("a", "b", "c", "d", "e")},
+            "coefficients": {k: getattr(cost, k) for k in ("a", "b", "c", "d", "e", "f")},
             "call_overhead_s": cluster.call_overhead_s,
             "in_situ_fit": None
             if in_situ is None
@@ -646,7 +662,18 @@ def run_regime(
         "paired": paired_ratios(runs),
         "agreement": agreement(policies, sims),
         "simulated": {
-            name: {k: m.get(k) for k in ("steps_per_min", "prefix_hit_rate", "preemptions")}
+            name: {
+                k: m.get(k)
+                for k in (
+                    "steps_per_min",
+                    "prefix_hit_rate",
+                    "preemptions",
+                    "makespan_s",
+                    "engine_busy",
+                    "mean_batch",
+                    "engine_seconds",
+                )
+            }
             for name, m in sims.items()
         },
         "targets": regime_targets(regime.name, runs),

@@ -286,7 +286,7 @@ PRESETS: dict[str, WorkloadPreset] = {
         system_tokens=256,
         task_tokens=LogNormal(400, 0.3, 200, 800),
         tool_result_tokens=LogNormal(250, 0.3, 100, 500),
-        output_tokens=LogNormal(32, 0.0, 32, 32),
+        output_tokens=LogNormal(16, 0.0, 16, 16),
         tool_s=LogNormal(0.5, 0.5, 0.1, 2.0),
     ),
 }

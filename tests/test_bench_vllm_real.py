@@ -125,14 +125,16 @@ def test_the_vllm_routers_cost_models_are_the_fitted_profile():
     cost = get_profile("cpu-dear")
     config = vllm_real.router_program_config(3072, cost)
     prefill, decode = config["prefill_cost_model"], config["decode_throughput_model"]
-    # Its quadratic prefill model of 2 k tokens = the profile's one-step prefill.
+    # Its quadratic prefill model of 2 k tokens = the profile's one-step prefill of a request
+    # it takes in.
     n = 2.0
     modelled = (
         prefill["intercept_seconds"]
         + prefill["linear_seconds_per_1k_tokens"] * n
         + prefill["quadratic_seconds_per_1k_tokens_squared"] * n * n
     )
-    assert modelled == pytest.approx(cost.step_seconds(2000, 0, 0, 2000 * 2001 // 2), rel=1e-3)
+    alone = cost.step_seconds(2000, 0, 0, 2000 * 2001 // 2, admitted=1)
+    assert modelled == pytest.approx(alone, rel=1e-3)
     assert decode["fixed_step_seconds"] == cost.a
     assert decode["batch_step_seconds_per_request"] == cost.c
     assert 0 < prefill["decode_throughput_alpha"] < 1

@@ -277,8 +277,8 @@ def _run_real(scenario: Scenario, systems: list[str], args: argparse.Namespace) 
         repeats=args.repeats,
         programs=args.programs,
         engine_url=args.engine_url,
+        checkpoint=lambda partial: _write_report(partial, output),
     )
-    _write_report(report, output)
     print(vllm_real.format_report(report))
     print(f"\nwall {report['wall_s']} s; written to {output}")
     if not args.no_plots:

@@ -832,12 +832,16 @@ def run_vllm_real_scenario(
     programs: int | None = None,
     engine_url: str | None = None,
     log: Callable[[str], None] = print,
+    checkpoint: Callable[[dict[str, Any]], None] = lambda report: None,
 ) -> dict[str, Any]:
-    """Each regime in turn (one engine at a time): the result document."""
+    """Each regime in turn (one engine at a time): the result document. `checkpoint` sees
+    the document after each regime (a long run keeps what it measured if stopped)."""
     started = time.perf_counter()
     load_start = os.getloadavg()
-    results = {
-        name: run_regime(
+    results: dict[str, Any] = {}
+    report: dict[str, Any] = {}
+    for name in regimes:
+        results[name] = run_regime(
             scenario,
             REGIMES[name],
             systems,
@@ -847,8 +851,19 @@ def run_vllm_real_scenario(
             engine_url=engine_url,
             log=log,
         )
-        for name in regimes
-    }
+        report = _document(scenario, seed, systems, results, started, load_start)
+        checkpoint(report)
+    return report
+
+
+def _document(
+    scenario: Scenario,
+    seed: int,
+    systems: list[str],
+    results: dict[str, Any],
+    started: float,
+    load_start: tuple[float, float, float],
+) -> dict[str, Any]:
     return {
         "scenario": scenario.name,
         "mode": "real",
@@ -931,3 +946,24 @@ def write_plots(report: dict[str, Any], stem: Path) -> list[Path]:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return [path]
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The committed table: per regime and system, the real runs (min / median / max of
+    steps/min, median hit rate and preemptions), the simulator's figure and their ratio."""
+    lines = [
+        "| regime | system | steps/min (real: min / median / max) | hit rate | preempt. "
+        "| simulated | sim / real |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, regime in report["regimes"].items():
+        rows = {r["policy"]: r for r in regime["agreement"]["rows"]}
+        for policy, figures in regime["policies"].items():
+            s, h, p = (figures.get(k) or {} for k in SUMMARY_KEYS)
+            row = rows[policy]
+            steps = " / ".join(f"{s.get(k, 0):.1f}" for k in ("min", "median", "max"))
+            lines.append(
+                f"| {name} | {policy} | {steps} | {h.get('median')} | {p.get('median')} "
+                f"| {row['simulated']} | {row['ratio']} |"
+            )
+    return "\n".join(lines)

@@ -166,3 +166,16 @@ def test_kv_usage_time_series_has_one_line_per_engine():
     assert set(series["kv_usage"]) == {"e0", "e1"}
     assert all(len(v) == len(series["t_s"]) for v in series["kv_usage"].values())
     assert all(0.0 <= u <= 1.0 for v in series["kv_usage"].values() for u in v)
+
+
+def test_a_per_call_overhead_lengthens_each_call_of_a_program_by_it():
+    # One program alone: its makespan grows by exactly the overhead per call (the answer
+    # reaches the client that much later; the engine's steps are unchanged).
+    from thunder_mw.benchmarks.workloads import Call, ProgramSpec
+
+    program = ProgramSpec("p", "t", system_tokens=64, calls=(Call(32, 8, 0.5), Call(16, 8, 0.0)))
+    base = ClusterConfig(engines=1, kv_tokens=4096, profile="cpu-tiny")
+    plain = simulate([program], POLICIES["vllm"], base)
+    slower = simulate([program], POLICIES["vllm"], dataclasses.replace(base, call_overhead_s=0.25))
+    assert slower.jct_s[0] == pytest.approx(plain.jct_s[0] + 2 * 0.25, abs=1e-3)
+    assert slower.metrics["prefix_hit_rate"] == plain.metrics["prefix_hit_rate"]

@@ -115,3 +115,33 @@ def test_programs_of_a_session_type_share_the_system_prompt_and_nothing_else():
 def test_every_preset_generates():
     for name in PRESETS:
         assert len(generate(name, 3, seed=0)) == 3
+
+
+def test_single_token_words_are_one_token_each_alone_and_together(tmp_path):
+    # The replay client's text prompts for routers that take no token ids: every word is one
+    # token of the tokenizer, and any sequence of them encodes back to one token per word.
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from thunder_mw.benchmarks.replay import single_token_words
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()  # as the models' tokenizers (build_tiny_model.py)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(["agent", "tool", "cache", "block", "plan"]) for _ in range(8))]
+    tok.train_from_iterator(lines * 200, trainer=trainer)
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    words = single_token_words(str(path))
+    assert words and all(w.startswith(" ") for w in words)
+    picks = [rng.randrange(len(words)) for _ in range(200)]
+    ids = tok.encode("".join(words[k] for k in picks)).ids
+    assert ids == [tok.encode(words[k]).ids[0] for k in picks]

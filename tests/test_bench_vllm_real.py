@@ -162,3 +162,45 @@ def test_an_unknown_system_or_regime_is_refused_by_name(capsys):
         args = parser.parse_args(["--scenario", "vllm-cpu-real", *extra])
         assert run_bench(args) == 2
         assert word in capsys.readouterr().err
+
+
+def test_the_old_wave_overflowed_only_while_the_engine_was_slow():
+    # Why the committed tiny-model scenario stopped overflowing (round robin 0.28 of an ideal
+    # 0.77 hit rate on 2026-11-29 with 4 preemptions in a 19 s run, 0.64 and 1 in 8.8 s on
+    # 2026-11-30): its tool times are fixed in wall seconds, so an engine 4x slower keeps
+    # more calls inside it at once. The simulator on that wave (swe-agent shrunk 8x, 8
+    # programs, 23 usable blocks) shows the same: fast, the calls barely meet and the LRU
+    # cache keeps most prefixes; 4x slower, they collide and preempt.
+    from dataclasses import replace
+
+    from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, simulate
+    from thunder_mw.benchmarks.scenarios import POLICIES
+    from thunder_mw.benchmarks.workloads import generate
+    from thunder_mw.sim.cost_model import PROFILES
+
+    programs = generate(
+        vllm_real.scaled_preset("swe-agent", 1 / 8, 1 / 8, 5.0), 8, max_context_tokens=2048
+    )
+    base = get_profile("cpu-tiny")
+    figures = {}
+    for slow in (1.0, 4.0):
+        name = f"cpu-tiny-x{slow:g}"
+        PROFILES[name] = replace(
+            base, **{k: getattr(base, k) * slow for k in ("a", "b", "c", "d", "e", "f")}
+        )
+        cluster = ClusterConfig(
+            engines=1,
+            kv_tokens=23 * 128,
+            block_size=128,
+            max_num_seqs=128,
+            max_num_batched_tokens=2048,
+            max_model_len=2048,
+            profile=name,
+            call_overhead_s=0.015 * slow,
+        )
+        figures[slow] = simulate(programs, POLICIES["round_robin"], cluster, Arrivals()).metrics
+        del PROFILES[name]
+    fast, slow = figures[1.0], figures[4.0]
+    assert fast["prefix_hit_rate"] > 0.5 and fast["preemptions"] <= 1
+    assert slow["prefix_hit_rate"] < 0.35 and slow["preemptions"] >= 3
+    assert slow["makespan_s"] > 2 * fast["makespan_s"]

@@ -886,11 +886,12 @@ def _document(
 
 
 TWO_ENGINES_NOTE = (
-    "not run: one real engine at a time. vLLM's CPU build binds its OpenMP threads to core 0 "
-    "by default, so two engines could be pinned one per core (VLLM_CPU_OMP_THREADS_BIND), but "
-    "this machine has 2 cores shared with the client, the gateway and other work: a second "
-    "engine would leave nothing for the client and gateway, and its timings would measure the "
-    "contention, not placement or migration"
+    "not measured: one real engine at a time. vLLM's CPU build binds its OpenMP threads to "
+    "core 0 and keeps core 1 for everything else (its log: VLLM_CPU_OMP_THREADS_BIND='auto', "
+    "core ids=[0], reserved_cpus=[1]); a second engine pinned to core 1 "
+    "(VLLM_CPU_OMP_THREADS_BIND=1) would leave no core for the two API servers, the gateway "
+    "and the client on this 2-core machine, which other work shares too: its timings would "
+    "measure that contention, not placement or migration"
 )
 
 

@@ -599,15 +599,23 @@ def run_regime(
         for r in range(repeats):
             order = chosen[r % len(chosen) :] + chosen[: r % len(chosen)]  # rotated
             for system in order:
-                record = run_once(
-                    system,
-                    workload,
-                    url,
-                    model=model,
-                    words=words,
-                    kv_tokens=kv_tokens,
-                    cost=cost,
-                )
+                try:
+                    record = run_once(
+                        system,
+                        workload,
+                        url,
+                        model=model,
+                        words=words,
+                        kv_tokens=kv_tokens,
+                        cost=cost,
+                    )
+                except (RuntimeError, OSError, httpx.HTTPError) as exc:
+                    # A system that did not start or answer: recorded, left out of the
+                    # figures (their `n` says so), and the other systems' runs go on.
+                    log(f"{regime.name} {r} {system.name}: FAILED {exc!r}"[:300])
+                    runs[system.name].append({"system": system.name, "error": repr(exc)[:500]})
+                    runs[system.name][-1]["repeat"] = r
+                    continue
                 record["repeat"] = r
                 runs[system.name].append(record)
                 log(
@@ -728,7 +736,7 @@ def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """thunder-mw over each other system, repeat by repeat (the runs of one repeat ran back
     to back): {min, median, max, n} of steps/min and hit-rate ratios. An interval holding
     1.0 is a tie."""
-    mine = {r["repeat"]: r for r in runs.get("thunder-mw", [])}
+    mine = {r["repeat"]: r for r in runs.get("thunder-mw", []) if "error" not in r}
     out: dict[str, Any] = {}
     for name, rs in runs.items():
         if name == "thunder-mw" or not mine:
@@ -736,9 +744,9 @@ def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         steps, hits = [], []
         for r in rs:
             m = mine.get(r["repeat"])
-            if m and r["steps_per_min"]:
+            if m and r.get("steps_per_min"):
                 steps.append(round(m["steps_per_min"] / r["steps_per_min"], 3))
-            if m and r["prefix_hit_rate"]:
+            if m and r.get("prefix_hit_rate"):
                 hits.append(round(m["prefix_hit_rate"] / r["prefix_hit_rate"], 3))
         out[f"thunder-mw/{name}"] = {
             "steps_per_min": spread(steps),
@@ -793,7 +801,8 @@ def regime_targets(regime: str, runs: dict[str, list[dict[str, Any]]]) -> list[d
         return s is not None and s["min"] <= 1.0 <= s["max"]
 
     def median_steps(name: str) -> float:
-        return statistics.median(r["steps_per_min"] for r in runs[name]) if runs[name] else 0.0
+        done = [r["steps_per_min"] for r in runs[name] if r.get("steps_per_min") is not None]
+        return statistics.median(done) if done else 0.0
 
     best = max(others, key=median_steps) if others else None
     vs_direct = median("direct", "steps_per_min")
@@ -939,7 +948,7 @@ def write_plots(report: dict[str, Any], stem: Path) -> list[Path]:
         names = list(regime["runs"])
         for ax, (key, label) in zip(row, metrics, strict=True):
             for i, name in enumerate(names):
-                values = [run[key] for run in regime["runs"][name]]
+                values = [run[key] for run in regime["runs"][name] if key in run]
                 xs = [i + (j - (len(values) - 1) / 2) * 0.12 for j in range(len(values))]
                 ax.bar(xs, values, width=0.1, color=f"C{i}")
                 sim = regime["simulated"][name].get(key)

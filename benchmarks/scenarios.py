@@ -258,7 +258,7 @@ SCENARIOS: dict[str, Scenario] = {
         policies=("round_robin", "thunder-mw"),
     ),
     # ONE real vLLM CPU engine in two regimes (benchmarks/vllm_real.py): 4 equal-length programs
-    # whose contexts peak at ~8.7 k tokens together on 25 blocks x 128 (3,200 tokens): ~2.7x
+    # whose contexts peak at ~8.3 k tokens together on 25 blocks x 128 (3,200 tokens): ~2.6x
     # the KV cache, all live at once (the smallest wave that overflows by construction and
     # leaves a client-side cap something to choose: 7 systems x 5 runs fit in ~15 minutes).
     # Its policies are the systems of vllm_real.SYSTEMS ("direct/cap": the client-side cap
@@ -266,7 +266,7 @@ SCENARIOS: dict[str, Scenario] = {
     "vllm-cpu-real": Scenario(
         name="vllm-cpu-real",
         description="a wave of agent programs overflowing ONE real vLLM CPU engine's KV cache "
-        "~2.7x, in a cheap-recompute and a dear-recompute regime; prefix hits and preemptions "
+        "~2.6x, in a cheap-recompute and a dear-recompute regime; prefix hits and preemptions "
         "read from the engine's own counters, each system beside the simulator's prediction",
         workload="cpu-overflow",
         engines=1,

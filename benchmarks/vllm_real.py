@@ -7,7 +7,7 @@ steps), the `dear` regime the 8-layer model (tens of decode steps, the order of 
 8x H100); scripts/build_tiny_model.py builds both. Each regime measures its
 `decode_steps_per_recompute` on the engine (benchmarks/recompute_cost.py) and replays the same
 wave of equal-length agent programs (workloads preset `cpu-overflow`) whose contexts at their
-peaks are ~2.7x the KV cache: all of them are live until near the end and their tool time is
+peaks are ~2.6x the KV cache: all of them are live until near the end and their tool time is
 scaled to the engine's speed, so the overflow holds by construction; the result checks it by
 the engine's preemption and prefix-hit counters.
 

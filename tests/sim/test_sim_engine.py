@@ -134,6 +134,22 @@ def test_step_time_follows_the_cost_model() -> None:
     assert result.duration == engine.cost.step_seconds(0, 1, 11)
 
 
+def test_a_step_pays_the_per_request_cost_for_each_request_it_takes_in() -> None:
+    # StepCost.f: the fixed work a CPU engine does for a new request (fit_cpu_profile.py).
+    from thunder_mw.sim.cost_model import StepCost
+
+    cost = StepCost(a=0.001, b=0.0, c=0.0, d=0.0, f=0.01)
+    engine = Engine(EngineConfig(num_blocks=40, block_size=BS), [7], cost)
+    for name in "abc":
+        engine.add_request(name, [ord(name)] * 10, _params(2))
+    first = engine.step()
+    assert first is not None and first.admitted == 3
+    assert first.duration == pytest.approx(0.001 + 3 * 0.01)
+    second = engine.step()  # decoding only: nothing taken in
+    assert second is not None and second.admitted == 0
+    assert second.duration == pytest.approx(0.001)
+
+
 def test_an_aborted_request_frees_its_blocks() -> None:
     engine = _engine()
     engine.add_request("a", [1] * 9, _params(50))

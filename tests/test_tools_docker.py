@@ -297,3 +297,26 @@ def test_pool_containers_are_reclaimed_on_shutdown(engine, tmp_path, docker_clie
         assert wait_for(lambda: gw.tools.status()["pool_ready"]["box"] == 2)
         assert len(_ours(docker_client, run)) == 2
     assert _ours(docker_client, run) == []
+
+
+def test_a_container_started_with_rm_is_reclaimed_without_a_retry(docker_client):
+    """`--rm` (mini-SWE-agent's default): Docker removes the container once stopped, so the
+    remove step may meet "removal already in progress" (409): that is reclaimed, not an
+    engine failure to retry."""
+    from thunder_mw.tools.docker_engine import DockerEngine
+
+    engine = DockerEngine(None, 2, 30.0)
+    try:
+        for _ in range(3):  # the race is the engine's: try it a few times
+            box = docker_client.containers.run(
+                IMAGE,
+                ["sleep", "300"],
+                detach=True,
+                auto_remove=True,
+                network_mode="none",
+                labels={TEST_LABEL: "1"},
+            )
+            engine.reclaim(box.id, ["stop", "remove"], {}, "p", "release", 0)
+            assert wait_for(lambda box=box: not exists(docker_client, box.id))
+    finally:
+        engine.close()

@@ -169,6 +169,12 @@ class DockerEngine:
                     custom[step](container, program_id, reason)
             except docker.errors.NotFound:
                 return
+            except docker.errors.APIError as exc:
+                # Started with `--rm` (mini-SWE-agent's default): stopping it makes the
+                # engine remove it itself, and our remove then meets that removal.
+                if exc.status_code == 409 and "already in progress" in str(exc.explanation):
+                    return
+                raise
 
     @_classified
     def remove_image_if_unused(self, image_id: str) -> bool:

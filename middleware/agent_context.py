@@ -62,7 +62,7 @@ class AgentContextMiddleware:
             return
         try:
             raw = await read_body(scope, receive, self.max_body_bytes)
-            data = decode_object(raw)
+            data = decode_object(raw, for_engine=True)
             ctx, changed = self.parser.parse(data, scope["headers"])
             if ctx is None and scope["path"] == "/generate":
                 ctx = self._from_rid(data)

@@ -141,7 +141,7 @@ class Forwarder:
         if body is None:  # mounted without AgentContextMiddleware: decode here
             try:
                 raw = await read_body(scope, receive, self.server.max_body_bytes)
-                body = call.body = RequestBody(decode_object(raw), raw)
+                body = call.body = RequestBody(decode_object(raw, for_engine=True), raw)
             except BodyError as exc:
                 await send_error(send, exc.status, exc.message, exc.param, exc.code)
                 return

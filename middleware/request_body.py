@@ -56,8 +56,9 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def decode_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or a BodyError saying what it is instead."""
+def decode_object(raw: bytes, *, for_engine: bool = False) -> dict[str, Any]:
+    """The body as a JSON object, or a BodyError saying what it is instead. `for_engine`:
+    a body on its way to an engine, whose integers must also fit 64 bits."""
     if not raw:
         raise BodyError(400, "request body is empty; expected a JSON object", "invalid_body")
     try:
@@ -67,7 +68,8 @@ def decode_object(raw: bytes) -> dict[str, Any]:
         raise BodyError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
     if not isinstance(data, dict):
         raise BodyError(400, "request body must be a JSON object", "invalid_body")
-    _check_integers(data)
+    if for_engine:
+        _check_integers(data)
     return data
 
 

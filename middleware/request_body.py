@@ -74,23 +74,43 @@ def decode_object(raw: bytes, *, for_engine: bool = False) -> dict[str, Any]:
 
 
 _INT64 = (-(2**63), 2**63 - 1)
+# Fields the engines read as integers (OpenAI's and vLLM's sampling and length fields, SGLang's
+# `sampling_params`): JSON allows any size, the engines 64 bits (vLLM answers 500 for
+# `top_k: 10**30` on /v1/responses). Other fields pass through untouched, whatever their size.
+_ENGINE_INTEGERS = frozenset(
+    {
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+        "min_tokens",
+        "max_new_tokens",
+        "min_new_tokens",
+        "top_k",
+        "n",
+        "best_of",
+        "seed",
+        "logprobs",
+        "top_logprobs",
+        "prompt_logprobs",
+        "truncate_prompt_tokens",
+    }
+)
 
 
 def _check_integers(data: dict[str, Any]) -> None:
-    """JSON allows integers of any size; the engines read sampling and length fields as
-    64-bit (vLLM answers 500 for `top_k: 10**30` on some routes). One past that range, at
-    the top level or one object down (`vllm_xargs`, `logit_bias`, `nvext`), is a 400 naming
-    the field rather than an engine's failure."""
+    """An engine-read integer past 64 bits is a 400 naming the field, not an engine's 500."""
     low, high = _INT64
-    for name, value in data.items():
-        inner = value.items() if isinstance(value, dict) else ()
-        for field, item in ((name, value), *((f"{name}.{k}", v) for k, v in inner)):
+    nested = data.get("sampling_params")
+    places = [("", data)] + ([("sampling_params.", nested)] if isinstance(nested, dict) else [])
+    for prefix, fields in places:
+        for name in _ENGINE_INTEGERS.intersection(fields):
+            item = fields[name]
             if type(item) is int and not low <= item <= high:
                 raise BodyError(
                     400,
-                    f"{field} is {item}, outside the 64-bit integer range engines accept",
+                    f"{prefix}{name} is {item}, outside the 64-bit integer range engines accept",
                     "integer_out_of_range",
-                    field,
+                    prefix + name,
                 )
 
 

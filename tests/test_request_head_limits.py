@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -134,19 +135,25 @@ async def _unused_app(scope, receive, send) -> None:
     raise AssertionError("a refused head must never reach the app")
 
 
+def _guarded_protocol(max_head_bytes: int) -> tuple[Any, _Transport]:
+    """The bounded uvicorn protocol on an in-memory transport, on the running loop."""
+    protocol_class = bounded_httptools(max_head_bytes)
+    config = uvicorn.Config(_unused_app, http=protocol_class, lifespan="off")
+    config.load()
+    protocol = protocol_class(
+        config=config,
+        server_state=ServerState(),
+        app_state={},
+        _loop=asyncio.get_running_loop(),
+    )
+    transport = _Transport()
+    protocol.connection_made(transport)
+    return protocol, transport
+
+
 def test_an_unfinished_head_past_the_guard_is_answered_431_and_closed():
     async def feed() -> _Transport:
-        protocol_class = bounded_httptools(1000)
-        config = uvicorn.Config(_unused_app, http=protocol_class, lifespan="off")
-        config.load()
-        protocol = protocol_class(
-            config=config,
-            server_state=ServerState(),
-            app_state={},
-            _loop=asyncio.get_running_loop(),
-        )
-        transport = _Transport()
-        protocol.connection_made(transport)
+        protocol, transport = _guarded_protocol(1000)
         protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ")
         for _ in range(10):  # 6000 bytes: well past the 1000-byte guard
             if transport.closed:
@@ -162,17 +169,7 @@ def test_an_unfinished_head_past_the_guard_is_answered_431_and_closed():
 
 def test_a_request_that_is_not_http_is_a_400_in_the_error_object_not_plain_text():
     async def feed() -> _Transport:
-        protocol_class = bounded_httptools(1000)
-        config = uvicorn.Config(_unused_app, http=protocol_class, lifespan="off")
-        config.load()
-        protocol = protocol_class(
-            config=config,
-            server_state=ServerState(),
-            app_state={},
-            _loop=asyncio.get_running_loop(),
-        )
-        transport = _Transport()
-        protocol.connection_made(transport)
+        protocol, transport = _guarded_protocol(1000)
         protocol.data_received(b"\x16\x03\x01 not an HTTP request\r\n\r\n")  # TLS to http://
         return transport
 

@@ -367,6 +367,44 @@ def summary_table(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+REAL_SYSTEMS = {
+    "direct": "plain vLLM",
+    "direct/cap-2": "plain vLLM, client cap 2",
+    "vllm-router/program": "vLLM router, program scheduler",
+    "smg/consistent_hashing": "SGLang gateway, consistent hashing",
+    "smg/cache_aware": "SGLang gateway, cache-aware",
+    "thunderagent": "the original's rules",
+}
+
+
+def real_engine_table(name: str = "vllm-cpu-real") -> str:
+    """thunder-mw over each system on the real vLLM CPU engine, both regimes: the paired
+    runs' ratio of means with its 95 % bootstrap interval and verdict (benchmarks/bootstrap.py).
+    """
+    sys.path.insert(0, str(RESULTS.parents[2]))
+    from thunder_mw.benchmarks.bootstrap import compare
+
+    regimes = json.loads((RESULTS / f"{name}.json").read_text())["regimes"]
+    order = [r for r in ("cheap", "dear") if r in regimes]
+    head = " | ".join(
+        f"{r} ({regimes[r]['decode_steps_per_recompute']:g} decode steps per recompute): "
+        "thunder-mw / it"
+        for r in order
+    )
+    lines = [f"| system | {head} |", "|---|" + "---|" * len(order)]
+    for system, label in REAL_SYSTEMS.items():
+        cells = []
+        for r in order:
+            runs = regimes[r]["runs"]
+            ours = [run["steps_per_min"] for run in runs["thunder-mw"]]
+            theirs = [run["steps_per_min"] for run in runs[system]]
+            c = compare(ours, theirs)
+            low, high = c["ci95"]  # type: ignore[misc]
+            cells.append(f"{c['ratio']:.2f} [{low:.2f}, {high:.2f}] **{c['verdict']}**")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _replace_block(path: Path, marker: str, body: str) -> None:
     text = path.read_text()
     start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
@@ -382,6 +420,8 @@ def update_docs() -> None:
     _replace_block(DOCS, "tuning-figures", figure_tables(TUNING))
     _replace_block(DOCS, "test-figures", figure_tables(TEST))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
+    _replace_block(README, "real-engine-table", real_engine_table())
+    _replace_block(DOCS, "real-engine-table", real_engine_table())
 
 
 if __name__ == "__main__":
@@ -393,6 +433,9 @@ if __name__ == "__main__":
         sys.exit()
     if sys.argv[1:2] == ["--summary"]:
         print(summary_table(sys.argv[2:] or [*TUNING, *TEST]))
+        sys.exit()
+    if sys.argv[1:2] == ["--real-engine"]:
+        print(real_engine_table())
         sys.exit()
     if sys.argv[1:2] == ["--targets"]:
         print(targets(sys.argv[2:] or PUBLISHED))

@@ -5,6 +5,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 COLUMNS = [
@@ -66,9 +67,11 @@ PUBLISHED = [
     "hicache-batch192",
 ]
 LEAD = ("thunder-mw", "thunderagent")
+# One JSON object of a committed result file, read as it was written.
+Record = dict[str, Any]
 
 
-def _reports(names: list[str]) -> Iterator[tuple[str, dict]]:
+def _reports(names: list[str]) -> Iterator[tuple[str, Record]]:
     """Each named scenario's committed result, in order; scenarios without one are skipped."""
     for name in names:
         path = RESULTS / f"{name}.json"
@@ -76,7 +79,7 @@ def _reports(names: list[str]) -> Iterator[tuple[str, dict]]:
             yield name, json.loads(path.read_text())
 
 
-def _spread(s: dict | None) -> str:
+def _spread(s: Record | None) -> str:
     if not s:
         return "-"
     return f"{cell(s['median'])} ({cell(s['min'])}-{cell(s['max'])})"
@@ -140,7 +143,7 @@ def per_size(name: str = "cluster-scaling", base: str = "kv_aware") -> str:
     """Steady steps/min per fleet size and policy, and each policy's ratio of medians over
     `base` at that size."""
     report = json.loads((RESULTS / f"{name}.json").read_text())
-    rows: dict[int, dict[str, dict]] = {}
+    rows: dict[int, dict[str, Record]] = {}
     for r in report["steady"]:
         rows.setdefault(r["engines"], {})[r["policy"]] = r["steps_per_min_steady"]
     policies = [p for p in report["config"]["policies"]]
@@ -177,7 +180,7 @@ NOT_PROGRAM_AWARE = (
 )
 
 
-def _medians(report: dict, point: tuple[int, int]) -> dict[str, dict]:
+def _medians(report: Record, point: tuple[int, int]) -> dict[str, Record]:
     return {
         r["policy"]: r
         for r in report.get("steady", [])
@@ -185,7 +188,7 @@ def _medians(report: dict, point: tuple[int, int]) -> dict[str, dict]:
     }
 
 
-def _ratio(main: dict[str, dict], policy: str) -> float | None:
+def _ratio(main: dict[str, Record], policy: str) -> float | None:
     if policy not in main or "thunder-mw" not in main:
         return None
     theirs = main[policy]["steps_per_min_steady"]["median"]
@@ -263,8 +266,9 @@ FIGURE_COLUMNS = (  # (metric, label, what thunder-mw's ratio over the policy is
 )
 
 
-def _main_point(report: dict) -> dict | None:
+def _main_point(report: Record) -> Record | None:
     c = report["config"]
+    point: Record
     for point in report.get("figures", {}).get("points", []):
         if (point["engines"], point["programs_per_engine"]) == (
             c["engines"],
@@ -274,28 +278,28 @@ def _main_point(report: dict) -> dict | None:
     return None
 
 
-def _ci(s: dict | None, digits: int = 1) -> str:
+def _ci(s: Record | None, digits: int = 1) -> str:
     if not s:
         return "-"
     low, high = s["ci95"]
     return f"{s['mean']:,.{digits}f} [{low:,.{digits}f}, {high:,.{digits}f}]"
 
 
-def _ratio_cell(r: dict | None) -> str:
+def _ratio_cell(r: Record | None) -> str:
     if not r:
         return "-"
     low, high = r["ci95"]
     return f"{r['ratio']:.3f} [{low:.3f}, {high:.3f}] **{r['verdict']}**"
 
 
-def _cap(record: dict) -> str:
+def _cap(record: Record) -> str:
     cap = record.get("cap")
     if not cap:
         return ""
     return f"cap {cap['batch']} / {cap['window']}"
 
 
-def figure_table(name: str, report: dict) -> str:
+def figure_table(name: str, report: Record) -> str:
     """One scenario: every policy's fixed-batch makespan and long-window steps/min (mean
     [ci95] over seeds) and thunder-mw's ratio over it [ci95] with the verdict."""
     point = _main_point(report)

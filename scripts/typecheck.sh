@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# mypy over the `thunder_mw` package (config in pyproject.toml: strict on policies/, schemas/
-# and engines/, default elsewhere). The package is this folder under another name, so mypy
-# reads it through a link: .cache/typecheck/thunder_mw -> the repository root.
+# mypy over the `thunder_mw` package, scripts/ included (config in pyproject.toml: strict on
+# every module; tests/ is left out until it is annotated). The package is this folder under
+# another name, so mypy reads it through a link: .cache/typecheck/thunder_mw -> the repo root.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$root/.cache/typecheck"

@@ -5,7 +5,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 COLUMNS = [
@@ -403,7 +403,7 @@ def real_engine_table(name: str = "vllm-cpu-real") -> str:
             ours = [run["steps_per_min"] for run in runs["thunder-mw"]]
             theirs = [run["steps_per_min"] for run in runs[system]]
             c = compare(ours, theirs)
-            low, high = c["ci95"]  # type: ignore[misc]
+            low, high = cast("list[float]", c["ci95"])
             cells.append(f"{c['ratio']:.2f} [{low:.2f}, {high:.2f}] **{c['verdict']}**")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

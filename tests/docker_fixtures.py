@@ -48,7 +48,7 @@ def docker_client() -> Iterator[object]:
 
 
 @pytest.fixture
-def sandbox(docker_client) -> Iterator[Callable[..., object]]:
+def sandbox(docker_client: object) -> Iterator[Callable[..., object]]:
     """Starts test containers (managed unless told otherwise); all are removed afterwards."""
 
     def start(managed: bool = True, image: str = IMAGE, **labels: str) -> object:

@@ -71,7 +71,7 @@ def admin_schema(live_gateway: ServerThread) -> schemathesis.schemas.BaseSchema:
 admin_api = schemathesis.pytest.from_fixture("admin_schema")
 
 
-def test_served_description_is_valid_openapi(admin_schema) -> None:
+def test_served_description_is_valid_openapi(admin_schema: schemathesis.schemas.BaseSchema) -> None:
     admin_schema.validate()  # raises on any violation of the OpenAPI 3.0 meta-schema
     assert admin_schema.raw_schema["openapi"].startswith("3.")
 

@@ -5,7 +5,9 @@ the final flag and on idle expiry; the engines are simulated in scripted agent m
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+import docker
 import httpx
 import pytest
 from asgi_servers import serving
@@ -67,8 +69,8 @@ def _until(predicate, timeout_s: float) -> bool:
 
 
 def test_mini_swe_agent_runs_through_the_gateway_and_its_containers_are_reclaimed(
-    tmp_path, docker_client
-):
+    tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
     prefix = f"msa-{time.monotonic_ns()}-"
     ends = ("release", "final", "expire", "release")
     tasks = [(f"{prefix}{i}", task_text(i, 0), end) for i, end in enumerate(ends)]

@@ -5,6 +5,7 @@ predicts, so a change to the suite that misjudges a real server is caught."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from asgi_servers import free_port
@@ -77,7 +78,7 @@ def run_against(peer: Peer, profile: str, tmp_path) -> SuiteResult:
 
 
 @pytest.mark.parametrize("peer", [VLLM_ROUTER, SMG], ids=lambda p: p.name)
-def test_each_peer_conforms_to_its_own_profile(peer, tmp_path):
+def test_each_peer_conforms_to_its_own_profile(peer, tmp_path: Path) -> None:
     result = run_against(peer, peer.name, tmp_path)
     assert {c.id for c in result.checks} == PEER_CONTRACTS[peer.name]
     assert result.failed == [], format_table(result)
@@ -85,7 +86,7 @@ def test_each_peer_conforms_to_its_own_profile(peer, tmp_path):
 
 
 @pytest.mark.parametrize("peer", [VLLM_ROUTER, SMG], ids=lambda p: p.name)
-def test_the_full_profile_judges_each_peer_as_its_behaviour_predicts(peer, tmp_path):
+def test_the_full_profile_judges_each_peer_as_its_behaviour_predicts(peer, tmp_path: Path) -> None:
     result = run_against(peer, "full", tmp_path)
     expected = EXPECTED[peer.name]
     want = {i: "pass" for i in expected["pass"]} | {i: "n/a" for i in expected["n/a"]}

@@ -82,7 +82,7 @@ ALL = AgentContextSettings(
 )
 
 
-async def _downstream(scope, receive, send):
+async def _downstream(scope, receive, send) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"ok"})
 
@@ -101,7 +101,7 @@ async def _call(raw: bytes, hdrs: list[tuple[bytes, bytes]], mode: str) -> tuple
         delivered = True
         return {"type": "http.request", "body": raw, "more_body": False}
 
-    async def send(message):
+    async def send(message) -> None:
         sent.append(message)
 
     await app(scope, receive, send)
@@ -122,7 +122,7 @@ def _assert_well_formed(status: int, body: bytes) -> None:
 @pytest.mark.slow  # ~3 s: 400 examples
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=bodies, hdrs=headers, mode=st.sampled_from(["ephemeral", "passthrough", "reject"]))
-def test_arbitrary_json_and_headers_never_cause_a_server_error(body, hdrs, mode):
+def test_arbitrary_json_and_headers_never_cause_a_server_error(body, hdrs, mode) -> None:
     raw = json.dumps(body).encode()
     encoded = [(n.encode(), v) for n, v in hdrs]
     _assert_well_formed(*asyncio.run(_call(raw, encoded, mode)))
@@ -130,11 +130,11 @@ def test_arbitrary_json_and_headers_never_cause_a_server_error(body, hdrs, mode)
 
 @settings(max_examples=200, deadline=None)
 @given(raw=st.binary(max_size=200))
-def test_arbitrary_bytes_never_cause_a_server_error(raw):
+def test_arbitrary_bytes_never_cause_a_server_error(raw) -> None:
     _assert_well_formed(*asyncio.run(_call(raw, [], "ephemeral")))
 
 
-def test_json_nested_past_the_decoders_depth_limit_is_a_400_naming_the_body():
+def test_json_nested_past_the_decoders_depth_limit_is_a_400_naming_the_body() -> None:
     status, body = asyncio.run(_call(b"[" * 100_000, [], "ephemeral"))
     assert status == 400
     assert json.loads(body)["error"]["code"] == "invalid_json"

@@ -130,7 +130,9 @@ def loaded_gateway():
         scenario.join()
 
 
-def test_the_dashboard_renders_engines_and_paused_programs_in_chromium(browser, loaded_gateway):
+def test_the_dashboard_renders_engines_and_paused_programs_in_chromium(
+    browser: str, loaded_gateway
+) -> None:
     gw, scenario = loaded_gateway
     dom = chromium(f"{gw.url}/dashboard", binary=browser, budget_ms=3000)
     assert 'data-backend="sim-0"' in dom and 'data-backend="sim-1"' in dom
@@ -140,7 +142,7 @@ def test_the_dashboard_renders_engines_and_paused_programs_in_chromium(browser, 
     assert re.search(r'<span class="tag t-pause">pause</span>', dom)  # a decision listed
 
 
-def test_a_screenshot_of_the_loaded_dashboard_is_kept(browser, loaded_gateway):
+def test_a_screenshot_of_the_loaded_dashboard_is_kept(browser: str, loaded_gateway) -> None:
     gw, _ = loaded_gateway
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"
@@ -156,17 +158,17 @@ def guarded():
         yield gw
 
 
-def test_with_a_token_the_page_takes_it_once_and_polls_with_a_header(browser, guarded):
+def test_with_a_token_the_page_takes_it_once_and_polls_with_a_header(browser: str, guarded) -> None:
     dom = chromium(f"{guarded.url}/dashboard?token=s3cret", binary=browser, budget_ms=2000)
     assert 'data-backend="e0"' in dom
 
 
-def test_the_page_without_its_token_is_refused(guarded):
+def test_the_page_without_its_token_is_refused(guarded) -> None:
     assert httpx.get(f"{guarded.url}/dashboard").status_code == 401
     assert httpx.get(f"{guarded.url}/dashboard?token=wrong").status_code == 401
 
 
-def test_only_the_page_accepts_the_token_in_its_url(guarded):
+def test_only_the_page_accepts_the_token_in_its_url(guarded) -> None:
     assert httpx.get(f"{guarded.url}/dashboard?token=s3cret").status_code == 200
     assert httpx.get(f"{guarded.url}/dashboard/state?token=s3cret").status_code == 401
     authorized = {"Authorization": "Bearer s3cret"}

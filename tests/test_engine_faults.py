@@ -154,7 +154,7 @@ def test_an_engine_silent_past_the_first_byte_timeout_gets_a_504_and_frees_the_r
 
 
 @pytest.mark.slow  # ~3 s
-def test_a_stream_slower_overall_than_the_first_byte_timeout_is_not_cut(engine) -> None:
+def test_a_stream_slower_overall_than_the_first_byte_timeout_is_not_cut(engine: FakeEngine) -> None:
     engine.chunks, engine.chunk_delay_s = 8, 0.25  # first event after 0.25 s, the last after 2 s
     with gateway([{"name": "e", "url": engine.url}], server={"first_byte_timeout_s": 1.0}) as gw:
         r = gw.chat("p", stream=True)
@@ -347,7 +347,7 @@ def anyio_backend() -> str:
 
 
 @pytest.mark.anyio
-async def test_pool_probes_an_engine_at_once_after_a_failed_call(engine) -> None:
+async def test_pool_probes_an_engine_at_once_after_a_failed_call(engine: FakeEngine) -> None:
     pool = BackendPool(
         [BackendSettings(name="e", url=engine.url)], ServerSettings(probe_interval_s=3600)
     )

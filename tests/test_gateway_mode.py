@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 from asgi_servers import serving
+from fake_engine import FakeEngine
 from fastapi import FastAPI, Request
 
 from thunder_mw import call_state, report_usage
@@ -43,7 +44,7 @@ def make_gateway(engine_url: str) -> tuple[FastAPI, list[dict]]:
     return ThunderMiddleware(app, config=config), seen
 
 
-def test_wrapped_app_sees_the_stripped_body_and_the_chosen_backend(engine):
+def test_wrapped_app_sees_the_stripped_body_and_the_chosen_backend(engine: FakeEngine) -> None:
     app, seen = make_gateway(engine.url)
     with serving(app) as gw:
         r = httpx.post(
@@ -59,7 +60,7 @@ def test_wrapped_app_sees_the_stripped_body_and_the_chosen_backend(engine):
     assert "program_id" not in engine.last().body
 
 
-def test_usage_reported_by_the_wrapped_app_is_accounted(engine):
+def test_usage_reported_by_the_wrapped_app_is_accounted(engine: FakeEngine) -> None:
     app, _ = make_gateway(engine.url)
     with serving(app) as gw:
         httpx.post(
@@ -69,7 +70,7 @@ def test_usage_reported_by_the_wrapped_app_is_accounted(engine):
     assert program["steps"] == 1 and program["completion_tokens"] == engine.chunks
 
 
-def test_bad_context_is_rejected_before_the_wrapped_app_runs(engine):
+def test_bad_context_is_rejected_before_the_wrapped_app_runs(engine: FakeEngine) -> None:
     app, seen = make_gateway(engine.url)
     with serving(app) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "m", "program_id": ""})
@@ -77,7 +78,7 @@ def test_bad_context_is_rejected_before_the_wrapped_app_runs(engine):
     assert seen == []
 
 
-def test_the_wrapped_apps_own_routes_still_work(engine):
+def test_the_wrapped_apps_own_routes_still_work(engine: FakeEngine) -> None:
     app, _ = make_gateway(engine.url)
     with serving(app) as gw:
         assert httpx.get(f"{gw.url}/own-route").json() == {"mine": True}

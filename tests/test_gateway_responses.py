@@ -49,7 +49,9 @@ def _ignored(engine_url: str) -> list[str]:
 
 @pytest.mark.parametrize("form", sorted(FORMS))
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_each_form_names_the_program_and_is_stripped_from_a_responses_body(stack, form, stream):
+def test_each_form_names_the_program_and_is_stripped_from_a_responses_body(
+    stack, form, stream
+) -> None:
     url, engine_url = stack
     program = f"resp-{form}-{stream}"
     fields, headers = (_fill(part, program) for part in FORMS[form])
@@ -71,7 +73,7 @@ def _usage_of_stream(content: bytes) -> dict:
     return last["response"]["usage"]
 
 
-def test_the_event_stream_reaches_the_client_unchanged_and_usage_is_accounted(stack):
+def test_the_event_stream_reaches_the_client_unchanged_and_usage_is_accounted(stack) -> None:
     url, _ = stack
     body = {
         "model": "sim-model",
@@ -92,7 +94,7 @@ def test_the_event_stream_reaches_the_client_unchanged_and_usage_is_accounted(st
     assert cached[1] > 0 and view["cached_tokens"] == sum(cached)
 
 
-def test_the_non_streamed_answer_accounts_cached_tokens(stack):
+def test_the_non_streamed_answer_accounts_cached_tokens(stack) -> None:
     url, _ = stack
     body = {
         "model": "sim-model",
@@ -116,5 +118,5 @@ def test_the_non_streamed_answer_accounts_cached_tokens(stack):
         (b"event: response.completed", None),
     ],
 )
-def test_the_data_line_of_an_event_is_found_after_an_event_line(event, data):
+def test_the_data_line_of_an_event_is_found_after_an_event_line(event, data) -> None:
     assert _data_of(event) == data

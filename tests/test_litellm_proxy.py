@@ -126,7 +126,7 @@ def _litellm_proxy(engines: list[str], tmp_path: Path) -> Iterator[tuple[str, st
 
 
 @pytest.fixture(scope="module")
-def proxy(tmp_path_factory) -> Iterator[tuple[str, str]]:
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     tmp_path = tmp_path_factory.mktemp("litellm")
     with ExitStack() as stack:
         engines = [stack.enter_context(_sim_engine(free_port(), i, tmp_path)) for i in range(2)]
@@ -175,7 +175,9 @@ def _counter(admin: str, name: str) -> float:
     return sum(float(line.rpartition(" ")[2]) for line in samples)
 
 
-def test_the_scheduler_picks_the_deployment_and_holds_programs_under_overflow(proxy) -> None:
+def test_the_scheduler_picks_the_deployment_and_holds_programs_under_overflow(
+    proxy: tuple[str, str],
+) -> None:
     url, admin = proxy
     runs = asyncio.run(_programs(url))
 
@@ -204,7 +206,9 @@ def test_the_scheduler_picks_the_deployment_and_holds_programs_under_overflow(pr
         assert r.json()["released"] is True
 
 
-def test_bad_agent_context_is_refused_by_the_proxy_with_the_field_named(proxy) -> None:
+def test_bad_agent_context_is_refused_by_the_proxy_with_the_field_named(
+    proxy: tuple[str, str],
+) -> None:
     url, _ = proxy
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "program_id": 7}
     auth = {"Authorization": f"Bearer {MASTER_KEY}"}
@@ -213,7 +217,7 @@ def test_bad_agent_context_is_refused_by_the_proxy_with_the_field_named(proxy) -
     assert "program_id" in r.text
 
 
-def test_a_streamed_call_ends_with_its_usage_counted(proxy) -> None:
+def test_a_streamed_call_ends_with_its_usage_counted(proxy: tuple[str, str]) -> None:
     url, admin = proxy
 
     async def stream() -> dict:

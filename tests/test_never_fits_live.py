@@ -12,6 +12,7 @@ import pytest
 from asgi_servers import serving
 from fake_engine import FakeEngine
 from held_requests import BIG, start_hog, wait_for
+from real_vllm import RealVllm
 
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
@@ -65,7 +66,7 @@ def _refused(
 )
 def test_max_tokens_past_the_model_length_is_refused_at_once_and_nobody_pauses(
     demo_gateway, client, max_tokens, code
-):
+) -> None:
     for i in range(3):
         client.chat.completions.create(
             model="sim-model",
@@ -86,7 +87,7 @@ def test_max_tokens_past_the_model_length_is_refused_at_once_and_nobody_pauses(
         assert view["state"] == "active", view  # nobody was paused to make room
 
 
-def test_a_prompt_past_every_engine_is_refused_at_once(demo_gateway, client):
+def test_a_prompt_past_every_engine_is_refused_at_once(demo_gateway, client) -> None:
     error, took = _refused(client, "long", messages=[{"role": "user", "content": HUGE_PROMPT}])
     assert took < 1.0
     assert error.code == "context_length_exceeded" and error.param == "messages"
@@ -106,7 +107,7 @@ def _gateway(engine_url: str, **server) -> ThunderConfig:
 
 
 @pytest.mark.slow  # ~3 s: holds behind a 3 s stream
-def test_held_requests_are_bounded_by_bytes_with_503_and_retry_after():
+def test_held_requests_are_bounded_by_bytes_with_503_and_retry_after() -> None:
     with serving(FakeEngine(chunks=30, chunk_delay_s=0.1)) as engine:
         with serving(create_app(_gateway(engine.url, max_held_bytes=1500))) as gw:
             hog = start_hog(gw.url)
@@ -128,7 +129,7 @@ def test_held_requests_are_bounded_by_bytes_with_503_and_retry_after():
 
 
 @pytest.mark.slow  # ~3 s: holds behind a 3 s stream
-def test_a_held_request_past_its_deadline_gets_503_and_leaves_the_queue():
+def test_a_held_request_past_its_deadline_gets_503_and_leaves_the_queue() -> None:
     with serving(FakeEngine(chunks=30, chunk_delay_s=0.1)) as engine:
         with serving(create_app(_gateway(engine.url, max_hold_s=0.5))) as gw:
             hog = start_hog(gw.url)
@@ -145,7 +146,7 @@ def test_a_held_request_past_its_deadline_gets_503_and_leaves_the_queue():
 
 
 @pytest.mark.slow  # ~3 s: holds behind a 3 s stream
-def test_a_request_that_could_only_run_alone_is_placed_after_a_short_hold():
+def test_a_request_that_could_only_run_alone_is_placed_after_a_short_hold() -> None:
     """Larger than the engine's whole KV by the estimate (not provably): it would wait for an
     empty engine; after `alone_hold_s` it goes to the engine, which serves it."""
     alone = {**BIG, "messages": [{"role": "user", "content": "x " * 2200}], "program_id": "big"}
@@ -161,7 +162,7 @@ def test_a_request_that_could_only_run_alone_is_placed_after_a_short_hold():
 
 # ---------------------------------------------------------------------- the real vLLM engine
 @pytest.fixture(scope="module")
-def real_gateway(vllm_engine):
+def real_gateway(vllm_engine: RealVllm):
     config = ThunderConfig(backends=[{"name": "vllm-0", "url": vllm_engine.url}])
     with serving(create_app(config)) as gw:
         deadline = time.monotonic() + 30
@@ -181,8 +182,8 @@ def real_gateway(vllm_engine):
     ids=["max_tokens", "prompt_past_model_length", "huge_prompt"],
 )
 def test_the_real_engine_and_the_gateway_refuse_the_same_bodies_in_under_a_second(
-    real_gateway, vllm_engine, body
-):
+    real_gateway, vllm_engine: RealVllm, body
+) -> None:
     body = {"model": vllm_engine.model, **body}
     direct = httpx.post(f"{vllm_engine.url}/v1/chat/completions", json=body, timeout=60)
     started = time.monotonic()

@@ -22,7 +22,7 @@ def stack():
                 yield engine, gw, client
 
 
-def test_non_streaming_call_with_extra_body(stack):
+def test_non_streaming_call_with_extra_body(stack) -> None:
     engine, gw, client = stack
     answer = client.chat.completions.create(
         model="fake-model",
@@ -38,7 +38,7 @@ def test_non_streaming_call_with_extra_body(stack):
     assert program["docker_ids"] == ["sandbox-1"] and program["steps"] == 1
 
 
-def test_streaming_call_with_extra_body(stack):
+def test_streaming_call_with_extra_body(stack) -> None:
     _, gw, client = stack
     chunks = list(
         client.chat.completions.create(
@@ -54,7 +54,7 @@ def test_streaming_call_with_extra_body(stack):
     assert program["completion_tokens"] == 4
 
 
-def test_streaming_with_usage_requested(stack):
+def test_streaming_with_usage_requested(stack) -> None:
     _, _, client = stack
     chunks = list(
         client.chat.completions.create(
@@ -68,7 +68,7 @@ def test_streaming_with_usage_requested(stack):
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
 
 
-def test_invalid_program_id_raises_a_typed_error_naming_the_field(stack):
+def test_invalid_program_id_raises_a_typed_error_naming_the_field(stack) -> None:
     _, _, client = stack
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(

@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 from asgi_servers import serving
+from real_vllm import RealVllm
 
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
@@ -17,7 +18,7 @@ PROMPT = [{"role": "user", "content": "Summarise the repository layout in one li
 
 
 @pytest.fixture(scope="module")
-def gateway(vllm_engine):
+def gateway(vllm_engine: RealVllm):
     config = ThunderConfig(backends=[{"name": "vllm-0", "url": vllm_engine.url}])
     with serving(create_app(config)) as gw:
         yield gw
@@ -29,7 +30,7 @@ def _ignored_after(vllm_engine, offset: int) -> set[str]:
     return vllm_engine.ignored_fields_since(offset)
 
 
-def test_engine_capacity_is_discovered(gateway, vllm_engine):
+def test_engine_capacity_is_discovered(gateway, vllm_engine: RealVllm) -> None:
     health = httpx.get(f"{gateway.url}/health").json()
     backend = health["backends"][0]
     assert backend["healthy"] is True
@@ -43,7 +44,9 @@ def client(gateway):
         yield client
 
 
-def test_openai_client_non_streaming_through_thunder_mw(gateway, vllm_engine, client):
+def test_openai_client_non_streaming_through_thunder_mw(
+    gateway, vllm_engine: RealVllm, client
+) -> None:
     offset = vllm_engine.log_offset()
     answer = client.chat.completions.create(
         model=vllm_engine.model,
@@ -61,7 +64,7 @@ def test_openai_client_non_streaming_through_thunder_mw(gateway, vllm_engine, cl
     assert not ignored & {"program_id", "docker_ids"}, ignored
 
 
-def test_openai_client_streaming_through_thunder_mw(gateway, vllm_engine, client):
+def test_openai_client_streaming_through_thunder_mw(gateway, vllm_engine: RealVllm, client) -> None:
     offset = vllm_engine.log_offset()
     chunks = list(
         client.chat.completions.create(
@@ -84,7 +87,7 @@ def test_openai_client_streaming_through_thunder_mw(gateway, vllm_engine, client
     assert not ignored & {"program_id", "nvext"}, ignored
 
 
-def test_dynamo_context_is_stripped_before_the_engine(gateway, vllm_engine):
+def test_dynamo_context_is_stripped_before_the_engine(gateway, vllm_engine: RealVllm) -> None:
     offset = vllm_engine.log_offset()
     body = {
         "model": vllm_engine.model,
@@ -102,7 +105,7 @@ def test_dynamo_context_is_stripped_before_the_engine(gateway, vllm_engine):
     assert not ignored & {"nvext", "vllm_xargs", "agent_context"}, ignored
 
 
-def test_prefix_cache_hits_are_captured_for_a_program(gateway, vllm_engine):
+def test_prefix_cache_hits_are_captured_for_a_program(gateway, vllm_engine: RealVllm) -> None:
     vllm_engine.reset_prefix_cache()
     prompt = " ".join(f"word{i}" for i in range(400))
     body = {"model": vllm_engine.model, "prompt": prompt, "max_tokens": 1, "program_id": "real-3"}
@@ -180,7 +183,7 @@ STRIPPED = {"program_id", "docker_ids", "extra_body", "nvext", "vllm_xargs", "me
 
 
 @pytest.fixture(scope="module")
-def all_forms_gateway(vllm_engine):
+def all_forms_gateway(vllm_engine: RealVllm):
     conventions = ["thunderagent", "dynamo_body", "dynamo_headers", "vllm_router", "litellm",
                    "coding_agents"]  # fmt: skip
     config = ThunderConfig(
@@ -193,8 +196,8 @@ def all_forms_gateway(vllm_engine):
 
 @pytest.mark.parametrize("form", list(DYNAMO_FORMS))
 def test_the_real_engine_answers_each_form_with_the_context_stripped(
-    form, all_forms_gateway, vllm_engine
-):
+    form, all_forms_gateway, vllm_engine: RealVllm
+) -> None:
     path, fields, headers, program, parent = DYNAMO_FORMS[form]
     if path == "/v1/responses":
         body = {"model": vllm_engine.model, "input": "Say hi.", "max_output_tokens": 2}

@@ -63,7 +63,7 @@ async def drive(url: str) -> list[list[int]]:
 
 
 @pytest.mark.slow  # ~5 s
-def test_more_programs_than_fit_are_paused_resumed_migrated_and_all_complete():
+def test_more_programs_than_fit_are_paused_resumed_migrated_and_all_complete() -> None:
     config = ThunderConfig(
         backends=[sim_backend("sim-0", 0), sim_backend("sim-1", 1)],
         policies=[

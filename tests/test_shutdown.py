@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,7 +22,7 @@ from thunder_mw.sim.ports import free_port
 pytestmark = pytest.mark.slow  # a `thunder-mw serve` process, signalled
 
 
-def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path):
+def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path: Path) -> None:
     engine = FakeEngine(chunks=20, chunk_delay_s=0.1)
     with serving(engine) as es:
         port = free_port()

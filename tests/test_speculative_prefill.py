@@ -42,7 +42,7 @@ class _MoveIdleOnTick(Stage):
         super().__init__()
         self.target = target
 
-    def on_tick(self, core, now):
+    def on_tick(self, core, now) -> None:
         for program in core.programs():
             if program.state is ProgramState.PAUSED and not program.waiting:
                 core.resume(program, self.target, now)
@@ -74,7 +74,7 @@ def prefills(actions) -> list[Prefill]:
 
 
 # ------------------------------------------------------------------ when the stage warms
-def test_a_program_moved_while_its_tool_runs_is_warmed_on_its_new_engine():
+def test_a_program_moved_while_its_tool_runs_is_warmed_on_its_new_engine() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=None), _MoveIdleOnTick("b1"))
     run_call(core, "a", 2000, 0.0, 1.0)
     assert core.table.get("a").backend == "b0"
@@ -85,7 +85,7 @@ def test_a_program_moved_while_its_tool_runs_is_warmed_on_its_new_engine():
     assert prefills(actions) == [Prefill("a", "b1", 2010, "resume")]
 
 
-def test_a_hint_of_false_turns_warming_off_and_true_turns_it_on_over_the_default():
+def test_a_hint_of_false_turns_warming_off_and_true_turns_it_on_over_the_default() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=None), _MoveIdleOnTick("b1"))
     run_call(core, "off", 2000, 0.0, 1.0, speculative_prefill=False)
     core.drain_backend("b0", 2.0)
@@ -103,14 +103,14 @@ def test_a_hint_of_false_turns_warming_off_and_true_turns_it_on_over_the_default
     assert [p.program_id for p in prefills(core.on_tick(3.0))] == ["asked"]
 
 
-def test_short_contexts_are_not_warmed():
+def test_short_contexts_are_not_warmed() -> None:
     core = make(spec(min_context_tokens=5000, prefetch_before_s=None), _MoveIdleOnTick("b1"))
     run_call(core, "a", 2000, 0.0, 1.0)
     core.drain_backend("b0", 2.0)
     assert prefills(core.on_tick(3.0)) == []
 
 
-def test_a_program_resumed_with_its_request_waiting_is_not_warmed():
+def test_a_program_resumed_with_its_request_waiting_is_not_warmed() -> None:
     """Its request goes out at once and prefills its context itself."""
     core = make(spec(min_context_tokens=0, prefetch_before_s=None), capacities=(3000,))
     run_call(core, "a", 2000, 0.0, 1.0)
@@ -123,7 +123,7 @@ def test_a_program_resumed_with_its_request_waiting_is_not_warmed():
 
 
 # ------------------------------------------------------------------ prefetch
-def test_a_paused_program_is_resumed_and_warmed_shortly_before_its_tool_should_end():
+def test_a_paused_program_is_resumed_and_warmed_shortly_before_its_tool_should_end() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=1.0))
     # Its tool calls take 10 s: the program's own EMA says so after two calls.
     run_call(core, "a", 1000, 0.0, 1.0)
@@ -138,7 +138,7 @@ def test_a_paused_program_is_resumed_and_warmed_shortly_before_its_tool_should_e
     assert core.table.get("a").backend == "b1"
 
 
-def test_prefetch_never_takes_room_from_a_queued_request():
+def test_prefetch_never_takes_room_from_a_queued_request() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=1.0), capacities=(3000, 3000))
     run_call(core, "a", 2000, 0.0, 1.0)
     core.drain_backend("b0", 1.5)
@@ -150,7 +150,7 @@ def test_prefetch_never_takes_room_from_a_queued_request():
     assert core.table.get("a").state is ProgramState.PAUSED
 
 
-def test_prefetch_needs_room_for_the_next_request():
+def test_prefetch_needs_room_for_the_next_request() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=1.0), capacities=(3000, 3000))
     run_call(core, "a", 2000, 0.0, 1.0)
     core.drain_backend("b0", 1.5)
@@ -160,7 +160,7 @@ def test_prefetch_needs_room_for_the_next_request():
     assert core.table.get("a").state is ProgramState.PAUSED
 
 
-def test_prefetch_waits_for_room_at_home_unless_told_to_move_the_program():
+def test_prefetch_waits_for_room_at_home_unless_told_to_move_the_program() -> None:
     """Its KV may still be cached at home: moving it early would recompute it for nothing."""
     for elsewhere, expected in ((False, []), (True, [Prefill("a", "b1", 2010, "prefetch")])):
         core = make(
@@ -176,7 +176,7 @@ def test_prefetch_waits_for_room_at_home_unless_told_to_move_the_program():
 
 
 # ------------------------------------------------------------------ answers and memory
-def test_a_json_chat_answer_is_recorded_with_its_tool_calls():
+def test_a_json_chat_answer_is_recorded_with_its_tool_calls() -> None:
     recorder = AnswerRecorder(10_000)
     recorder.feed_json(
         msgspec.json.encode(
@@ -209,7 +209,7 @@ def test_a_json_chat_answer_is_recorded_with_its_tool_calls():
     }
 
 
-def test_a_streamed_answer_is_assembled_from_its_deltas():
+def test_a_streamed_answer_is_assembled_from_its_deltas() -> None:
     def event(delta):
         return b"data: " + msgspec.json.encode({"choices": [{"index": 0, "delta": delta}]})
 
@@ -234,7 +234,7 @@ def test_a_streamed_answer_is_assembled_from_its_deltas():
     }
 
 
-def test_a_completion_answer_is_recorded_as_text():
+def test_a_completion_answer_is_recorded_as_text() -> None:
     recorder = AnswerRecorder(10_000)
     recorder.feed_json(b'{"choices": [{"index": 0, "text": " world"}]}')
     body = warming_body(
@@ -243,7 +243,7 @@ def test_a_completion_answer_is_recorded_as_text():
     assert body == {"prompt": "hello world", "max_tokens": 1}
 
 
-def test_the_warming_body_is_the_last_request_plus_its_answer_asking_for_one_token():
+def test_the_warming_body_is_the_last_request_plus_its_answer_asking_for_one_token() -> None:
     remembered = _Remembered(
         "/v1/chat/completions",
         {
@@ -276,7 +276,7 @@ def _answer(text: str) -> AnswerRecorder:
     return recorder
 
 
-def test_the_memory_keeps_within_its_byte_budget_dropping_the_least_recent_program():
+def test_the_memory_keeps_within_its_byte_budget_dropping_the_least_recent_program() -> None:
     metrics = PrefillMetrics(CollectorRegistry())
     memory = PromptMemory(1000, metrics)
     body = {"messages": [{"role": "user", "content": "x"}]}
@@ -297,7 +297,7 @@ def test_the_memory_keeps_within_its_byte_budget_dropping_the_least_recent_progr
     assert memory.bytes_held == 0 and len(memory) == 0
 
 
-def test_an_answer_past_the_budget_is_not_recorded_and_drops_the_older_prompt():
+def test_an_answer_past_the_budget_is_not_recorded_and_drops_the_older_prompt() -> None:
     memory = PromptMemory(1000)
     body = {"messages": []}
     memory.store("a", "/v1/chat/completions", body, 100, _answer("short"))
@@ -324,7 +324,7 @@ class _ElsewhereAfterEachCall(Stage):
         self.cached: list[tuple[int, int]] = []
         self.left: dict[str, str] = {}
 
-    def on_finished(self, core, program, usage, ok, now):
+    def on_finished(self, core, program, usage, ok, now) -> None:
         if usage is not None:
             self.cached.append((usage.prompt_tokens, usage.cached_tokens))
         if program.in_flight == 0 and program.backend is not None:
@@ -353,7 +353,7 @@ def _moved_program_cache(with_prefill: bool) -> list[tuple[int, int]]:
     return rule.cached
 
 
-def test_the_harness_sends_the_warming_request_so_the_moved_program_hits_the_cache():
+def test_the_harness_sends_the_warming_request_so_the_moved_program_hits_the_cache() -> None:
     cold = _moved_program_cache(with_prefill=False)
     warm = _moved_program_cache(with_prefill=True)
     (_, first_cached), (prompt, cold_cached) = cold

@@ -116,7 +116,7 @@ async def acting(client: httpx.AsyncClient, program: str) -> None:
     await until(done)
 
 
-def test_a_program_moved_while_acting_is_warmed_and_its_next_call_hits_the_cache():
+def test_a_program_moved_while_acting_is_warmed_and_its_next_call_hits_the_cache() -> None:
     async def run() -> None:
         async with gateway(config()) as (app, client):
             messages = [
@@ -165,7 +165,7 @@ def test_a_program_moved_while_acting_is_warmed_and_its_next_call_hits_the_cache
     asyncio.run(run())
 
 
-def test_the_byte_budget_evicts_the_least_recent_programs_prompt():
+def test_the_byte_budget_evicts_the_least_recent_programs_prompt() -> None:
     async def run() -> None:
         # Room for one program's prompt and answer, not two.
         async with gateway(config(memory_bytes=4000)) as (app, client):

@@ -8,12 +8,16 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import docker
 import httpx
 import yaml
+from docker.models.containers import Container
 from docker_fixtures import IMAGE, TEST_LABEL, exists
+from fake_engine import FakeEngine
 from test_tools_docker import step, wait_for
 
 from thunder_mw.sim.ports import free_port
@@ -77,8 +81,11 @@ class _Gw:
 
 
 def test_sigkill_then_restart_reclaims_orphans_and_touches_nothing_else(
-    tmp_path, engine, sandbox, docker_client
-):
+    tmp_path: Path,
+    engine: FakeEngine,
+    sandbox: Callable[..., Container],
+    docker_client: docker.DockerClient,
+) -> None:
     owned, bystander = sandbox(), sandbox()  # both managed; only one is ever adopted
     path, port = _config(tmp_path, engine, uuid.uuid4().hex)
     with gateway_process(path, port) as proc:
@@ -95,8 +102,11 @@ def test_sigkill_then_restart_reclaims_orphans_and_touches_nothing_else(
 
 
 def test_a_program_that_returns_within_the_grace_period_keeps_its_container(
-    tmp_path, engine, sandbox, docker_client
-):
+    tmp_path: Path,
+    engine: FakeEngine,
+    sandbox: Callable[..., Container],
+    docker_client: docker.DockerClient,
+) -> None:
     box = sandbox()
     path, port = _config(tmp_path, engine, uuid.uuid4().hex)
     with gateway_process(path, port) as proc:
@@ -111,7 +121,9 @@ def test_a_program_that_returns_within_the_grace_period_keeps_its_container(
         assert wait_for(lambda: not exists(docker_client, box.id))
 
 
-def test_sigkill_while_the_warm_pool_fills_leaks_no_container(tmp_path, engine, docker_client):
+def test_sigkill_while_the_warm_pool_fills_leaks_no_container(
+    tmp_path: Path, engine: FakeEngine, docker_client: docker.DockerClient
+) -> None:
     run = uuid.uuid4().hex
     path, port = _config(tmp_path, engine, run, pool_size=3)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-CALLS: list[tuple[str, str, str]] = []
+from docker.models.containers import Container
+
+CALLS: list[tuple[str | None, str, str]] = []
 
 
-def record(container, program_id: str, reason: str) -> None:
+def record(container: Container, program_id: str, reason: str) -> None:
     CALLS.append((container.id, program_id, reason))

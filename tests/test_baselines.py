@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 import pytest
 
 from thunder_mw.policies.baselines import KvAware, ProgressTtl, SessionAffinity
-from thunder_mw.policies.core import Forward, Hold, Paused, RequestInfo, Resumed, SchedulerCore
+from thunder_mw.policies.core import (
+    Action,
+    Forward,
+    Hold,
+    Paused,
+    RequestInfo,
+    Resumed,
+    SchedulerCore,
+)
 from thunder_mw.policies.pipeline import build_pipeline
-from thunder_mw.policies.program_table import Usage
-from thunder_mw.policies.stages import Stage
+from thunder_mw.policies.program_table import Program, Usage
+from thunder_mw.policies.stages import Stage, StageParams
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
 CHARS_PER_TOKEN = 4
+S = TypeVar("S", bound=Stage)
+A = TypeVar("A")
 
 
-def ctx(pid: str, **kw) -> AgentContext:
+def ctx(pid: str, **kw: Any) -> AgentContext:
     return AgentContext(program_id=pid, source=Convention.THUNDERAGENT, **kw)
 
 
@@ -23,22 +35,26 @@ def info(tokens: int, out: int = 10) -> RequestInfo:
     return RequestInfo(prompt_chars=(tokens - 1) * CHARS_PER_TOKEN, max_tokens=out)
 
 
-def make(policies, capacities=(100_000, 100_000)) -> SchedulerCore:
+def make(
+    policies: list[dict[str, Any]], capacities: tuple[int, ...] = (100_000, 100_000)
+) -> SchedulerCore:
     labels = [(f"b{i}", c) for i, c in enumerate(capacities)]
     return SchedulerCore(labels, build_pipeline(policies), chars_per_token=CHARS_PER_TOKEN)
 
 
-def send(core, pid, tokens, now, out=10, **kw):
+def send(
+    core: SchedulerCore, pid: str, tokens: int, now: float, out: int = 10, **kw: Any
+) -> tuple[Forward, list[Action]]:
     decision, actions = core.on_request(ctx(pid, **kw), info(tokens, out), now)
     assert isinstance(decision, Forward), decision
     return decision, actions
 
 
-def answer(core, pid, tokens, now, out=10):
+def answer(core: SchedulerCore, pid: str, tokens: int, now: float, out: int = 10) -> list[Action]:
     return core.on_finished(pid, Usage(tokens, out), True, now)
 
 
-def stage(core, cls):
+def stage(core: SchedulerCore, cls: type[S]) -> S:
     return next(s for s in core.stages if isinstance(s, cls))
 
 
@@ -46,11 +62,11 @@ def stage(core, cls):
 class _SeesFootprint(Stage):
     name = "sees_footprint"
 
-    def __init__(self, params=None) -> None:
+    def __init__(self, params: StageParams | None = None) -> None:
         super().__init__(params)
         self.seen: list[int] = []
 
-    def route(self, core, program, now):
+    def route(self, core: SchedulerCore, program: Program, now: float) -> str | None:
         self.seen.append(program.request_tokens)
         return None
 
@@ -62,6 +78,7 @@ def test_a_route_hook_sees_the_arriving_requests_footprint() -> None:
     answer(core, "a", 100, 1)
     send(core, "a", 3000, 2, out=50)  # per request: the footprint of THIS request
     program = core.table.get("a")
+    assert program is not None
     assert probe.seen == [program.request_tokens] and program.request_tokens >= 3050
 
 
@@ -157,7 +174,10 @@ def test_continuum_asks_the_engine_to_pin_for_a_multiple_of_the_expected_tool_ti
     decision, _ = send(core, "a", 200, 4)  # a 3-second tool gap observed
     answer(core, "a", 200, 5)
     decision, _ = send(core, "a", 300, 8)
-    assert decision.kv_ttl_s == pytest.approx(2.0 * core.expected_tool_time(core.table.get("a")))
+    program = core.table.get("a")
+    assert program is not None
+    assert decision.kv_ttl_s == pytest.approx(2.0 * core.expected_tool_time(program))
+    assert decision.kv_ttl_s is not None
     assert 5.0 < decision.kv_ttl_s <= 6.0
 
 
@@ -175,8 +195,8 @@ def test_without_a_ttl_stage_requests_carry_no_ttl() -> None:
 
 
 # ------------------------------------------------------------------ vllm_router_program
-def ttl_core(capacity=10_000, **params):
-    policies = [
+def ttl_core(capacity: int = 10_000, **params: Any) -> SchedulerCore:
+    policies: list[dict[str, Any]] = [
         {"admission": {"buffer_tokens_per_program": 0}},
         {"progress_ttl": {"max_acting_ttl_s": 20, "min_samples": 2, **params}},
         {"migration": {}},
@@ -212,7 +232,9 @@ def test_progress_ttl_predicts_the_quantile_of_observed_returns() -> None:
         t += 1 + gap
     send(core, "a", 100, t)  # ten returns observed: 1..10 s
     assert ttl.predicted_ttl(None) == 10  # their 90th percentile
-    assert ttl_core().stages[1].predicted_ttl(None) == 20  # no samples: the cap
+    fresh = ttl_core().stages[1]
+    assert isinstance(fresh, ProgressTtl)
+    assert fresh.predicted_ttl(None) == 20  # no samples: the cap
 
 
 def test_a_program_served_its_segment_yields_to_a_waiting_one() -> None:
@@ -227,8 +249,8 @@ def test_a_program_served_its_segment_yields_to_a_waiting_one() -> None:
     assert [r.program_id for r in of(actions, Resumed)] == ["b"]
 
 
-def gain_core():
-    policies = [
+def gain_core() -> SchedulerCore:
+    policies: list[dict[str, Any]] = [
         {"admission": {"buffer_tokens_per_program": 0}},
         {"progress_ttl": {"max_acting_ttl_s": 20}},
         {"batch_gain": {"prefill_intercept_s": 0.0, "prefill_s_per_1k_tokens": 0.1}},
@@ -269,7 +291,7 @@ def test_the_vllm_router_program_preset_builds_at_the_documented_defaults() -> N
         "program_binding",
         "migration",
     ]
-    stages = {s.name: s.params for s in core.stages}
+    stages: dict[str, Any] = {s.name: s.params for s in core.stages}  # each its own Params
     assert (stages["admission"].high_watermark, stages["admission"].low_watermark) == (1.0, 1.0)
     assert stages["admission"].buffer_tokens_per_program == 100
     assert stages["program_gate"].max_active_programs_per_target == 64
@@ -282,7 +304,7 @@ def test_the_vllm_router_program_preset_builds_at_the_documented_defaults() -> N
     assert "batch_gain" in [s.name for s in old.stages]
 
 
-def router(capacities=(100_000, 100_000), **gate):
+def router(capacities: tuple[int, ...] = (100_000, 100_000), **gate: Any) -> SchedulerCore:
     return make(
         [
             {"admission": {"high_watermark": 1.0, "low_watermark": 1.0, "overflow": "hold"}},
@@ -342,5 +364,5 @@ def test_the_routers_ttl_is_zero_before_its_statistics_window_is_full() -> None:
     assert ProgressTtl(ProgressTtl.Params(max_acting_ttl_s=10.0)).predicted_ttl("swe") == 10.0
 
 
-def of(actions, kind):
+def of(actions: list[Action], kind: type[A]) -> list[A]:
     return [a for a in actions if isinstance(a, kind)]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 import pytest
 
 from thunder_mw.policies.core import (
+    Action,
     BackendMetrics,
     Forward,
     Hold,
@@ -17,14 +20,22 @@ from thunder_mw.policies.core import (
     SchedulerCore,
 )
 from thunder_mw.policies.pipeline import PipelineError, build_pipeline
-from thunder_mw.policies.program_table import Phase, ProgramState, Usage
+from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usage
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
 CHARS_PER_TOKEN = 4
+A = TypeVar("A")
 
 
-def ctx(pid: str, **kw) -> AgentContext:
+def _program(core: SchedulerCore, program_id: str) -> Program:
+    """The core's entry for `program_id` (the test fails here if it has none)."""
+    program = core.table.get(program_id)
+    assert program is not None, program_id
+    return program
+
+
+def ctx(pid: str, **kw: Any) -> AgentContext:
     return AgentContext(program_id=pid, source=Convention.THUNDERAGENT, **kw)
 
 
@@ -33,7 +44,11 @@ def info(tokens: int, out: int = 10) -> RequestInfo:
     return RequestInfo(prompt_chars=(tokens - 1) * CHARS_PER_TOKEN, max_tokens=out)
 
 
-def make(capacities=(1000,), policies=None, **stage_params) -> SchedulerCore:
+def make(
+    capacities: tuple[int | None, ...] = (1000,),
+    policies: list[dict[str, Any]] | None = None,
+    **stage_params: dict[str, Any],
+) -> SchedulerCore:
     if policies is None:
         policies = [
             {
@@ -58,7 +73,9 @@ def make(capacities=(1000,), policies=None, **stage_params) -> SchedulerCore:
     return SchedulerCore(labels, build_pipeline(policies), chars_per_token=CHARS_PER_TOKEN)
 
 
-def run_step(core, pid, tokens, now, out=10, **kw):
+def run_step(
+    core: SchedulerCore, pid: str, tokens: int, now: float, out: int = 10, **kw: Any
+) -> str:
     """One request that is forwarded and answered: the program ends up ACTING."""
     decision, _ = core.on_request(ctx(pid, **kw), info(tokens, out), now)
     assert isinstance(decision, Forward), decision
@@ -66,7 +83,7 @@ def run_step(core, pid, tokens, now, out=10, **kw):
     return decision.backend
 
 
-def of(actions, kind):
+def of(actions: list[Action], kind: type[A]) -> list[A]:
     return [a for a in actions if isinstance(a, kind)]
 
 
@@ -86,7 +103,7 @@ def test_a_program_that_does_not_fit_is_held_then_admitted_when_room_frees() -> 
     assert isinstance(decision, Hold)
     _, actions = core.on_release("a", "release", 3.0)
     assert [(r.program_id, r.backend) for r in of(actions, Resumed)] == [("b", "b0")]
-    program = core.table.get("b")
+    program = _program(core, "b")
     assert program.state is ProgramState.ACTIVE and program.in_flight == 1
 
 
@@ -95,7 +112,7 @@ def test_congested_backend_admits_nothing_until_below_the_low_watermark() -> Non
     run_step(core, "a", 500, 0)
     run_step(core, "b", 450, 0)
     core.on_request(ctx("b"), info(600), 5)  # b grows: 1100 reserved > high -> congested
-    assert core.backends["b0"].congested or core.table.get("a").state is ProgramState.PAUSED
+    assert core.backends["b0"].congested or _program(core, "a").state is ProgramState.PAUSED
     # After the pause the backend holds ~610 (> low 800? no): check hysteresis directly.
     backend = core.backends["b0"]
     backend.congested = True
@@ -122,7 +139,7 @@ def test_overflow_pauses_acting_programs_before_reasoning_ones() -> None:
     _, actions = core.on_request(ctx("grower"), info(400), 3)  # its context grows: overflow
     paused = of(actions, Paused)
     assert [p.program_id for p in paused] == ["acting"] and not paused[0].pending
-    assert core.table.get("reasoning").state is ProgramState.ACTIVE
+    assert _program(core, "reasoning").state is ProgramState.ACTIVE
 
 
 def test_shortest_first_pauses_the_smallest_acting_program() -> None:
@@ -158,7 +175,7 @@ def test_marking_a_reasoning_program_lowers_the_projection_so_only_one_is_marked
 
 
 @pytest.mark.parametrize(("rule", "marked"), [("largest", "r2"), ("smallest", "r1")])
-def test_the_reasoning_victim_rule_picks_which_call_is_marked(rule, marked) -> None:
+def test_the_reasoning_victim_rule_picks_which_call_is_marked(rule: str, marked: str) -> None:
     core = make(pause={"reasoning_victim": rule})
     run_step(core, "r3", 100, 0)
     core.on_request(ctx("r1"), info(300), 1)
@@ -188,7 +205,7 @@ def test_a_program_marked_while_reasoning_pauses_when_its_call_ends() -> None:
     actions = core.on_finished(marked.program_id, Usage(500, 10), True, 2)
     paused = of(actions, Paused)
     assert paused and paused[0].program_id == marked.program_id and not paused[0].pending
-    assert core.table.get(marked.program_id).state is ProgramState.PAUSED
+    assert _program(core, marked.program_id).state is ProgramState.PAUSED
     assert core.backends["b0"].pending_release == 0
 
 
@@ -200,14 +217,14 @@ def test_a_paused_programs_next_request_is_held_and_nothing_running_is_aborted()
     assert of(actions, Paused)[0].program_id == "a"
     decision, _ = core.on_request(ctx("a"), info(620), 3)
     assert isinstance(decision, Hold)
-    assert core.table.get("b").in_flight == 1
+    assert _program(core, "b").in_flight == 1
 
 
 # ------------------------------------------------------------------ resume and migration
 def test_resume_prefers_the_home_backend_when_it_has_room() -> None:
     core = make(capacities=(1000, 1000))
     home = run_step(core, "a", 600, 0)
-    program = core.table.get("a")
+    program = _program(core, "a")
     core.pause(program, 1)
     decision, actions = core.on_request(ctx("a"), info(620), 2)
     assert decision == Forward("a", home) and not of(actions, Resumed)[0].migrated
@@ -216,14 +233,14 @@ def test_resume_prefers_the_home_backend_when_it_has_room() -> None:
 def test_resume_migrates_to_the_backend_with_the_most_room_when_home_is_full() -> None:
     core = make(capacities=(1000, 1000))
     assert run_step(core, "a", 600, 0) == "b0"
-    core.pause(core.table.get("a"), 1)
+    core.pause(_program(core, "a"), 1)
     decision, _ = core.on_request(ctx("filler"), info(800), 2)
     assert decision == Forward("filler", "b0")  # both empty: the first with the most room
     decision, actions = core.on_request(ctx("a"), info(620), 3)
     assert decision == Forward("a", "b1")
     resumed = of(actions, Resumed)[0]
     assert resumed.migrated and resumed.previous_backend == "b0"
-    assert core.table.get("a").migrations == 1
+    assert _program(core, "a").migrations == 1
 
 
 def test_queue_order_is_priority_then_largest_first() -> None:
@@ -253,7 +270,7 @@ def test_a_failed_call_returns_the_program_to_acting_and_frees_its_request_token
     core.on_request(ctx("a"), info(600), 2)
     assert core.backends["b0"].reserved > 600  # its request's estimate is reserved
     core.on_finished("a", None, False, 3)
-    program = core.table.get("a")
+    program = _program(core, "a")
     assert program.phase is Phase.ACTING and program.in_flight == 0 and program.failures == 1
     assert core.backends["b0"].reserved == 310  # back to its last known context
 
@@ -263,7 +280,7 @@ def test_a_failed_first_call_leaves_its_program_holding_nothing() -> None:
     core.on_request(ctx("a"), info(300, 200), 0)
     assert core.backends["b0"].reserved == 564
     core.on_finished("a", None, False, 1)
-    program = core.table.get("a")
+    program = _program(core, "a")
     assert program.failures == 1 and program.reserved_tokens == 0
     assert core.backends["b0"].reserved == 0  # not even the per-program buffer
 
@@ -350,11 +367,11 @@ def test_parallel_requests_of_one_program_are_legal_and_counted() -> None:
     core = make()
     core.on_request(ctx("a"), info(100), 0)
     decision, _ = core.on_request(ctx("a"), info(100), 0)
-    assert isinstance(decision, Forward) and core.table.get("a").in_flight == 2
+    assert isinstance(decision, Forward) and _program(core, "a").in_flight == 2
     core.on_finished("a", Usage(100, 10), True, 1)
-    assert core.table.get("a").phase is Phase.REASONING
+    assert _program(core, "a").phase is Phase.REASONING
     core.on_finished("a", Usage(100, 10), True, 1)
-    assert core.table.get("a").phase is Phase.ACTING
+    assert _program(core, "a").phase is Phase.ACTING
 
 
 # ------------------------------------------------------------------ backends
@@ -396,6 +413,7 @@ def test_round_robin_spreads_one_programs_requests_over_backends() -> None:
     seen = set()
     for t in range(4):
         decision, _ = core.on_request(ctx("a"), info(10), t)
+        assert isinstance(decision, Forward)
         seen.add(decision.backend)
         core.on_finished("a", Usage(10, 1), True, t + 0.5)
     assert seen == {"b0", "b1"}
@@ -438,7 +456,7 @@ def test_a_program_about_to_return_from_its_tool_keeps_its_room() -> None:
     run_step(core, "quick", 600, 2)  # its tool calls take ~1 s
     decision, _ = core.on_request(ctx("new"), info(500), 3.5)
     assert isinstance(decision, Hold)
-    assert core.table.get("quick").state is ProgramState.ACTIVE
+    assert _program(core, "quick").state is ProgramState.ACTIVE
 
 
 def test_programs_do_not_yield_when_yielding_is_off() -> None:

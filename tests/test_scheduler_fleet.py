@@ -6,11 +6,20 @@ from __future__ import annotations
 import pytest
 from test_scheduler_core import ctx, info, make, of, run_step
 
-from thunder_mw.policies.core import BackendMetrics, Forward, Hold, Resumed
-from thunder_mw.policies.program_table import ProgramState, Usage
+from thunder_mw.policies.core import BackendMetrics, Forward, Hold, Reject, Resumed, SchedulerCore
+from thunder_mw.policies.program_table import Program, ProgramState, Usage
+
+
+def _program(core: SchedulerCore, program_id: str) -> Program:
+    """The core's entry for `program_id` (the test fails here if it has none)."""
+    program = core.table.get(program_id)
+    assert program is not None, program_id
+    return program
 
 
 # ------------------------------------------------------------------ adding
+
+
 def test_an_added_backend_takes_the_held_programs_at_once() -> None:
     core = make(capacities=(1000,))
     run_step(core, "a", 900, 0)
@@ -61,7 +70,7 @@ def test_draining_moves_idle_programs_off_at_once_and_their_next_request_elsewhe
     assert core.backends["b0"].reserved == 0 and core.drained("b0")
     decision, _ = core.on_request(ctx("idle"), info(300), 3.0)
     assert decision == Forward("idle", "b1")
-    assert core.table.get("idle").migrations == 1
+    assert _program(core, "idle").migrations == 1
 
 
 def test_a_program_reasoning_on_a_draining_backend_finishes_there_then_leaves_it() -> None:
@@ -71,7 +80,7 @@ def test_a_program_reasoning_on_a_draining_backend_finishes_there_then_leaves_it
     assert decision == Forward("busy", "b0")
     core.on_backend("b1", healthy=True, now=1.0)
     core.drain_backend("b0", 2.0)
-    program = core.table.get("busy")
+    program = _program(core, "busy")
     assert program.state is ProgramState.ACTIVE and not core.drained("b0")
     core.on_finished("busy", Usage(200, 10), True, 3.0)
     assert core.drained("b0") and core.backends["b0"].reserved == 0
@@ -87,12 +96,12 @@ def test_paused_programs_homed_on_a_draining_backend_resume_elsewhere() -> None:
     run_step(core, "small", 250, 0)
     decision, _ = core.on_request(ctx("small"), info(500), 2.0)  # grows: "big" paused
     assert isinstance(decision, Forward)
-    assert core.table.get("big").state is ProgramState.PAUSED
+    assert _program(core, "big").state is ProgramState.PAUSED
     decision, _ = core.on_request(ctx("big"), info(750), 3.0)
     assert isinstance(decision, Hold)  # waits in the queue for room on its home
     core.on_backend("b1", healthy=True, now=4.0)  # (b1 back: big may go there or stay)
     core.drain_backend("b0", 5.0)
-    program = core.table.get("big")
+    program = _program(core, "big")
     assert program.state is ProgramState.ACTIVE and program.backend == "b1"
 
 
@@ -108,6 +117,7 @@ def test_draining_the_last_backend_holds_programs_until_another_joins() -> None:
     core = make(capacities=(1000,))
     core.drain_backend("b0", 0.0)
     decision, _ = core.on_request(ctx("a"), info(100), 1.0)
+    assert isinstance(decision, Reject)
     assert decision.status == 503  # no backend at all: fail fast, as when all are down
     core.add_backend("b1", 1000, 2.0)
     assert run_step(core, "a", 100, 3.0) == "b1"
@@ -118,11 +128,12 @@ def test_removing_a_backend_forgets_it_and_unplaces_what_was_left_on_it() -> Non
     core = make(capacities=(1000, 1000))
     core.on_backend("b1", healthy=False, now=0.0)
     decision, _ = core.on_request(ctx("busy"), info(200), 0.0)
+    assert isinstance(decision, Forward)
     assert decision.backend == "b0"
     core.on_backend("b1", healthy=True, now=1.0)
     core.remove_backend("b0", 2.0)
     assert "b0" not in core.backends
-    program = core.table.get("busy")
+    program = _program(core, "busy")
     assert program.state is ProgramState.PAUSED
     # Its call still ends normally (answered by the engine that left), and nothing breaks.
     core.on_finished("busy", Usage(200, 10), True, 3.0)
@@ -172,7 +183,7 @@ def test_cold_caches_drop_paused_programs_home_preference() -> None:
     run_step(core, "big", 700, 0)
     run_step(core, "small", 250, 0)
     core.on_request(ctx("small"), info(500), 2.0)
-    big = core.table.get("big")
+    big = _program(core, "big")
     assert big.state is ProgramState.PAUSED and big.backend == "b0"
     core.on_backend("b1", healthy=True, now=3.0)
     core.mark_cache_cold(4.0)
@@ -186,6 +197,6 @@ def test_cold_caches_keep_placed_programs_where_they_are() -> None:
     core = make(capacities=(1000,))
     run_step(core, "a", 300, 0)
     core.mark_cache_cold(1.0)
-    program = core.table.get("a")
+    program = _program(core, "a")
     assert program.state is ProgramState.ACTIVE and program.backend == "b0"
     assert core.backends["b0"].reserved == program.reserved_tokens

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 import pytest
 
+from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import AgentContextSettings, Convention
 from thunder_mw.schemas.context_parsing import ContextError, ContextParser
 
 DYNAMO = {"session_type_id": "swe", "session_id": "run-1", "trajectory_id": "run-1:main"}
 
 
-def parse(body=None, headers=(), **settings):
+def parse(
+    body: dict[str, Any] | None = None,
+    headers: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+    **settings: Any,
+) -> tuple[AgentContext | None, bool]:
     parser = ContextParser(AgentContextSettings(**settings))
     hdrs = [(k.lower().encode(), v.encode()) for k, v in dict(headers).items()]
     return parser.parse(body, hdrs)
 
 
-def error_of(body=None, headers=(), **settings) -> ContextError:
+def error_of(
+    body: dict[str, Any] | None = None,
+    headers: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+    **settings: Any,
+) -> ContextError:
     with pytest.raises(ContextError) as info:
         parse(body, headers, **settings)
     return info.value
@@ -26,6 +38,7 @@ def error_of(body=None, headers=(), **settings) -> ContextError:
 def test_top_level_program_id_names_the_program_and_is_stripped() -> None:
     body = {"model": "m", "program_id": "p1", "messages": []}
     ctx, changed = parse(body)
+    assert ctx is not None
     assert ctx.program_id == "p1" and ctx.source is Convention.THUNDERAGENT
     assert changed and body == {"model": "m", "messages": []}
     assert list(body) == ["model", "messages"]
@@ -34,6 +47,7 @@ def test_top_level_program_id_names_the_program_and_is_stripped() -> None:
 def test_nested_extra_body_program_id_is_read_and_the_emptied_object_removed() -> None:
     body = {"model": "m", "extra_body": {"program_id": "p1", "docker_ids": ["box-1"]}}
     ctx, _ = parse(body)
+    assert ctx is not None
     assert ctx.program_id == "p1" and ctx.docker_ids == ("box-1",)
     assert body == {"model": "m"}
 
@@ -46,11 +60,13 @@ def test_extra_body_siblings_survive_stripping() -> None:
 
 def test_docker_ids_and_tool_ids_are_merged() -> None:
     ctx, _ = parse({"program_id": "p", "docker_ids": ["a1"], "tool_ids": ["b2"]})
+    assert ctx is not None
     assert ctx.docker_ids == ("a1", "b2")
 
 
 def test_same_program_in_top_level_and_extra_body_is_fine() -> None:
     ctx, _ = parse({"program_id": "p", "extra_body": {"program_id": "p"}})
+    assert ctx is not None
     assert ctx.program_id == "p"
 
 
@@ -73,6 +89,7 @@ def test_dynamo_agent_context_maps_trajectory_to_program() -> None:
         "nvext": {"agent_context": {**DYNAMO, "parent_trajectory_id": "run-1:planner"}},
     }
     ctx, _ = parse(body)
+    assert ctx is not None
     assert ctx.program_id == "run-1:main"
     assert ctx.session_id == "run-1" and ctx.session_type == "swe"
     assert ctx.parent_program_id == "run-1:planner"
@@ -82,6 +99,7 @@ def test_dynamo_agent_context_maps_trajectory_to_program() -> None:
 
 def test_dynamo_final_flag_is_read() -> None:
     ctx, _ = parse({"nvext": {"agent_context": {**DYNAMO, "trajectory_final": True}}})
+    assert ctx is not None
     assert ctx.final
 
 
@@ -101,13 +119,14 @@ def test_dynamo_trajectory_id_alone_names_the_program() -> None:
     # ai-dynamo/dynamo#10800: trajectory_id is the only required field.
     body = {"model": "m", "nvext": {"agent_context": {"trajectory_id": "t-1"}}}
     ctx, changed = parse(body)
+    assert ctx is not None
     assert ctx.program_id == "t-1" and ctx.source is Convention.DYNAMO_BODY
     assert ctx.session_id is None and ctx.session_type is None
     assert changed and body == {"model": "m"}
 
 
 @pytest.mark.parametrize("name", ["session_id", "session_type_id"])
-def test_dynamo_optional_ids_are_validated_when_present(name) -> None:
+def test_dynamo_optional_ids_are_validated_when_present(name: str) -> None:
     for bad, fragment in (("  ", "empty"), (7, "Expected `str"), ("a\x00b", "control")):
         err = error_of({"nvext": {"agent_context": {"trajectory_id": "t", name: bad}}})
         assert err.param == f"nvext.agent_context.{name}" and fragment in err.message
@@ -115,6 +134,7 @@ def test_dynamo_optional_ids_are_validated_when_present(name) -> None:
 
 def test_dynamo_null_optional_id_counts_as_absent() -> None:
     ctx, _ = parse({"nvext": {"agent_context": {"trajectory_id": "t", "session_id": None}}})
+    assert ctx is not None
     assert ctx.program_id == "t" and ctx.session_id is None
 
 
@@ -139,6 +159,7 @@ def test_agent_hints_set_priority_and_expected_output() -> None:
         "nvext": {"agent_hints": {"priority": 5, "osl": 200, "strict_priority": 1}},
     }
     ctx, _ = parse(body)
+    assert ctx is not None
     assert (ctx.priority, ctx.expected_output_tokens, ctx.strict_priority) == (5, 200, 1)
     assert "nvext" not in body
 
@@ -150,6 +171,7 @@ def test_speculative_prefill_hint_is_read_onto_the_context_and_stripped() -> Non
         "nvext": {"agent_hints": {"speculative_prefill": True}},
     }
     ctx, _ = parse(body)
+    assert ctx is not None
     assert ctx.speculative_prefill is True
     assert body == {"model": "m"}
 
@@ -168,6 +190,7 @@ def test_an_allow_listed_hint_is_read_onto_the_context_and_stripped() -> None:
     hints = {"priority": 2, "latency_sensitivity": 1.5, "cache_ttl": {"s": 30}}
     body = {"model": "m", "program_id": "p", "nvext": {"agent_hints": hints}}
     ctx, _ = parse(body, extra_agent_hints=["latency_sensitivity", "cache_ttl"])
+    assert ctx is not None
     assert ctx.priority == 2
     assert ctx.extra_hints == (("latency_sensitivity", 1.5), ("cache_ttl", {"s": 30}))
     assert ctx.hint("latency_sensitivity") == 1.5 and ctx.hint("absent") is None
@@ -183,7 +206,7 @@ def test_allow_listing_one_hint_still_rejects_others() -> None:
 
 
 @pytest.mark.parametrize("names", [["osl"], ["not a name"], ["x", "x"]])
-def test_the_hint_allow_list_refuses_documented_bad_or_repeated_names(names) -> None:
+def test_the_hint_allow_list_refuses_documented_bad_or_repeated_names(names: list[str]) -> None:
     with pytest.raises(ValueError, match="extra_agent_hints"):
         AgentContextSettings(extra_agent_hints=names)
 
@@ -201,17 +224,19 @@ def test_nvext_must_be_an_object() -> None:
 # ------------------------------------------------------------------ Dynamo headers
 def test_dynamo_session_header_names_the_program() -> None:
     ctx, _ = parse({}, {"X-Dynamo-Session-ID": "s1", "X-Dynamo-Parent-Session-ID": "s0"})
+    assert ctx is not None
     assert ctx.program_id == "s1" and ctx.parent_program_id == "s0"
     assert ctx.source is Convention.DYNAMO_HEADERS
 
 
 def test_a_header_id_is_read_as_utf8() -> None:
     ctx, _ = parse({}, {"X-Dynamo-Session-ID": "café-ü-程序"})
+    assert ctx is not None
     assert ctx.program_id == "café-ü-程序"
 
 
 @pytest.mark.parametrize("name", ["x-dynamo-session-id", "x-litellm-session-id"])
-def test_a_header_that_is_not_utf8_is_an_error_naming_it(name) -> None:
+def test_a_header_that_is_not_utf8_is_an_error_naming_it(name: str) -> None:
     parser = ContextParser(AgentContextSettings())
     with pytest.raises(ContextError) as info:
         parser.parse({}, [(name.encode(), b"\xff\xfe")])
@@ -221,6 +246,7 @@ def test_a_header_that_is_not_utf8_is_an_error_naming_it(name) -> None:
 
 def test_session_final_header_ends_the_program() -> None:
     ctx, _ = parse({}, {"X-Dynamo-Session-ID": "s1", "X-Dynamo-Session-Final": "true"})
+    assert ctx is not None
     assert ctx.final
 
 
@@ -231,6 +257,7 @@ def test_session_final_header_must_be_boolean() -> None:
 
 def test_body_wins_over_headers() -> None:
     ctx, _ = parse({"program_id": "from-body"}, {"X-Dynamo-Session-ID": "from-header"})
+    assert ctx is not None
     assert ctx.program_id == "from-body" and ctx.source is Convention.THUNDERAGENT
 
 
@@ -246,6 +273,7 @@ def test_trajectory_headers_name_the_program_its_parent_and_end() -> None:
         "x-dynamo-trajectory-final": "true",
     }
     ctx, _ = parse({}, headers)
+    assert ctx is not None
     assert (ctx.program_id, ctx.parent_program_id, ctx.final) == ("t1", "t0", True)
     assert ctx.source is Convention.DYNAMO_HEADERS
 
@@ -256,7 +284,7 @@ def test_trajectory_final_header_must_be_boolean() -> None:
 
 
 @pytest.mark.parametrize("name", ["x-dynamo-trajectory-id", "x-dynamo-parent-trajectory-id"])
-def test_trajectory_headers_are_validated(name) -> None:
+def test_trajectory_headers_are_validated(name: str) -> None:
     headers = {"x-dynamo-trajectory-id": "t1", name: " "}
     assert error_of({}, headers).param == name
 
@@ -269,6 +297,7 @@ def test_session_header_wins_over_trajectory_header() -> None:
         "x-dynamo-parent-trajectory-id": "t0",
     }
     ctx, _ = parse({}, headers)
+    assert ctx is not None
     assert (ctx.program_id, ctx.parent_program_id) == ("s1", "s0")
 
 
@@ -279,6 +308,7 @@ def test_the_losing_trajectory_header_lends_no_parent_to_another_program() -> No
         "x-dynamo-parent-trajectory-id": "t0",
     }
     ctx, _ = parse({}, headers)
+    assert ctx is not None
     assert (ctx.program_id, ctx.parent_program_id) == ("s1", None)
 
 
@@ -289,17 +319,20 @@ def test_a_trajectory_parent_applies_when_both_headers_name_the_same_program() -
         "x-dynamo-parent-trajectory-id": "p0",
     }
     ctx, _ = parse({}, headers)
+    assert ctx is not None
     assert (ctx.program_id, ctx.parent_program_id) == ("p", "p0")
 
 
 def test_either_final_header_ends_the_session_header_program() -> None:
     headers = {"X-Dynamo-Session-ID": "s1", "x-dynamo-trajectory-final": "true"}
-    assert parse({}, headers)[0].final
+    ctx, _ = parse({}, headers)
+    assert ctx is not None and ctx.final
 
 
 def test_body_wins_over_trajectory_header() -> None:
     headers = {"x-dynamo-trajectory-id": "h", "x-dynamo-parent-trajectory-id": "h0"}
     ctx, _ = parse({"nvext": {"agent_context": {"trajectory_id": "b"}}}, headers)
+    assert ctx is not None
     assert ctx.program_id == "b" and ctx.source is Convention.DYNAMO_BODY
     assert ctx.parent_program_id is None
 
@@ -307,7 +340,8 @@ def test_body_wins_over_trajectory_header() -> None:
 def test_trajectory_header_wins_over_coding_agent_headers() -> None:
     headers = {"x-dynamo-trajectory-id": "t", "x-claude-code-session-id": "cc"}
     conventions = [Convention.DYNAMO_HEADERS, Convention.CODING_AGENTS]
-    assert parse({}, headers, conventions=conventions)[0].program_id == "t"
+    ctx, _ = parse({}, headers, conventions=conventions)
+    assert ctx is not None and ctx.program_id == "t"
 
 
 def test_trajectory_headers_are_listed_for_stripping_under_dynamo_headers() -> None:
@@ -324,6 +358,7 @@ def test_trajectory_headers_are_listed_for_stripping_under_dynamo_headers() -> N
 
 def test_dynamo_header_wins_over_litellm_header() -> None:
     ctx, _ = parse({}, {"x-litellm-session-id": "l", "X-Dynamo-Session-ID": "d"})
+    assert ctx is not None
     assert ctx.program_id == "d"
 
 
@@ -343,6 +378,7 @@ def test_vllm_router_agentic_context_is_read_and_other_xargs_kept() -> None:
         }
     }
     ctx, _ = parse(body)
+    assert ctx is not None
     assert ctx.program_id == "p" and ctx.priority == 3 and ctx.expected_output_tokens == 64
     assert ctx.source is Convention.VLLM_ROUTER
     assert body == {"vllm_xargs": {"foo": 1}}
@@ -356,11 +392,13 @@ def test_vllm_router_unknown_key_is_rejected() -> None:
 def test_litellm_metadata_session_is_a_program_and_emptied_metadata_removed() -> None:
     body = {"metadata": {"session_id": "L1"}}
     ctx, _ = parse(body)
+    assert ctx is not None
     assert ctx.program_id == "L1" and ctx.source is Convention.LITELLM and body == {}
 
 
 def test_litellm_header() -> None:
     ctx, _ = parse({}, {"x-litellm-session-id": "L2"})
+    assert ctx is not None
     assert ctx.program_id == "L2"
 
 
@@ -374,6 +412,7 @@ CODING = [Convention.THUNDERAGENT, Convention.DYNAMO_HEADERS, Convention.CODING_
 
 def test_claude_code_root_turn_is_its_session() -> None:
     ctx, _ = parse({}, {"x-claude-code-session-id": "s"}, conventions=CODING)
+    assert ctx is not None
     assert (ctx.program_id, ctx.parent_program_id) == ("s", None)
     assert ctx.source is Convention.CODING_AGENTS
 
@@ -383,6 +422,7 @@ def test_claude_code_top_level_child_agent_is_its_agent_id_under_the_session() -
     # its parent is the parent agent id, else the root session.
     headers = {"x-claude-code-session-id": "s", "x-claude-code-agent-id": "a2"}
     ctx, _ = parse({}, headers, conventions=CODING)
+    assert ctx is not None
     assert (ctx.program_id, ctx.parent_program_id) == ("a2", "s")
 
 
@@ -393,6 +433,7 @@ def test_claude_code_nested_child_agent_is_under_its_parent_agent() -> None:
         "x-claude-code-parent-agent-id": "a2",
     }
     ctx, _ = parse({}, headers, conventions=CODING)
+    assert ctx is not None
     assert (ctx.program_id, ctx.parent_program_id) == ("a3", "a2")
 
 
@@ -403,18 +444,22 @@ def test_dynamo_session_header_wins_over_claude_code_headers() -> None:
         "x-claude-code-agent-id": "a2",
     }
     ctx, _ = parse({}, headers, conventions=CODING)
+    assert ctx is not None
     assert (ctx.program_id, ctx.parent_program_id) == ("d", None)
 
 
 def test_a_final_header_applies_to_an_agent_native_program() -> None:
     headers = {"x-claude-code-session-id": "s", "X-Dynamo-Session-Final": "true"}
     ctx, _ = parse({}, headers, conventions=CODING)
+    assert ctx is not None
     assert ctx.program_id == "s" and ctx.final
 
 
 def test_codex_session_id_and_opencode_parent() -> None:
-    assert parse({}, {"session-id": "cx"}, conventions=CODING)[0].program_id == "cx"
+    ctx, _ = parse({}, {"session-id": "cx"}, conventions=CODING)
+    assert ctx is not None and ctx.program_id == "cx"
     ctx, _ = parse({}, {"x-session-id": "oc", "x-parent-session-id": "oc0"}, conventions=CODING)
+    assert ctx is not None
     assert (ctx.program_id, ctx.parent_program_id) == ("oc", "oc0")
 
 
@@ -425,6 +470,7 @@ def test_operator_session_header() -> None:
         conventions=[Convention.SESSION_HEADER],
         session_header="X-User-Session",
     )
+    assert ctx is not None
     assert ctx.program_id == "u1" and ctx.source is Convention.SESSION_HEADER
 
 
@@ -446,7 +492,7 @@ def test_disabled_convention_is_neither_read_nor_stripped() -> None:
         (["p"], "must be a string"),
     ],
 )
-def test_invalid_program_ids_are_rejected_naming_the_field(value, fragment) -> None:
+def test_invalid_program_ids_are_rejected_naming_the_field(value: object, fragment: str) -> None:
     err = error_of({"program_id": value})
     assert err.param == "program_id" and fragment in err.message and err.status == 400
 
@@ -472,6 +518,7 @@ def test_more_than_64_docker_ids_is_rejected() -> None:
 
 def test_exactly_64_docker_ids_is_fine() -> None:
     ctx, _ = parse({"program_id": "p", "docker_ids": [f"c{i}" for i in range(64)]})
+    assert ctx is not None
     assert len(ctx.docker_ids) == 64
 
 

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import uvicorn
 
@@ -46,7 +46,7 @@ class ServerThread:
             self.loop = runner.get_loop()
             runner.run(self.server.serve())
 
-    def start(self) -> ServerThread:
+    def start(self) -> Self:
         self._thread.start()
         # 20 s: a loaded 2-core machine (CI beside other jobs) has been seen past 5 s.
         for _ in range(2000):

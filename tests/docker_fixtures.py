@@ -72,7 +72,9 @@ def sandbox(docker_client: docker.DockerClient) -> Iterator[Callable[..., Contai
     remove_test_leftovers(docker_client)
 
 
-def exists(client: docker.DockerClient, container_id: str) -> bool:
+def exists(client: docker.DockerClient, container_id: str | None) -> bool:
+    # `str | None`: the Docker SDK types a container's id optional; a started one has one.
+    assert container_id is not None
     import docker.errors
 
     try:

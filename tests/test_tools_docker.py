@@ -5,26 +5,47 @@ from __future__ import annotations
 import io
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Protocol
 
 import docker
 import httpx
 import tool_hooks
-from asgi_servers import ServerThread, serving
+from asgi_servers import ServerThread
 from docker.models.containers import Container
 from docker_fixtures import IMAGE, TEST_LABEL, exists
 from fake_engine import FakeEngine
 
-from thunder_mw.middleware.app import create_app
+from thunder_mw.middleware.app import ThunderGateway, create_app
 from thunder_mw.schemas.config import ThunderConfig
+from thunder_mw.tools.docker_tools import DockerTools
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
+class ToolsServer(ServerThread):
+    """A served gateway and its Docker tool manager."""
+
+    def __init__(self, app: ThunderGateway) -> None:
+        super().__init__(app)
+        assert app.core.tools is not None  # the gateway below never disables them
+        self.tools: DockerTools = app.core.tools
+
+
+class HasUrl(Protocol):
+    url: str
+
+
 @contextmanager
-def gateway(engine, tmp_path, policies=None, server=None, **docker_settings):
+def gateway(
+    engine: FakeEngine,
+    tmp_path: Path,
+    policies: list[dict[str, Any]] | None = None,
+    server: dict[str, Any] | None = None,
+    **docker_settings: Any,
+) -> Iterator[ToolsServer]:
     settings = {
         "enabled": True,
         "journal_path": str(tmp_path / "journal.sqlite3"),
@@ -32,25 +53,29 @@ def gateway(engine, tmp_path, policies=None, server=None, **docker_settings):
         "sweep_interval_s": 0.1,
         **docker_settings,
     }
-    extra = {} if policies is None else {"policies": policies}
+    extra: dict[str, Any] = {} if policies is None else {"policies": policies}
     config = ThunderConfig(
         backends=[{"name": "e0", "url": engine.url}],
         tools={"docker": settings},
         server=server or {},
         **extra,
     )
-    app = create_app(config)
-    with serving(app) as gw:
-        gw.tools = app.core.tools
+    gw = ToolsServer(create_app(config)).start()
+    try:
         yield gw
+    finally:
+        gw.stop()
 
 
-def step(gw: ServerThread, program_id: str, docker_ids: list[str], **headers: str):
+def step(
+    gw: HasUrl, program_id: str, docker_ids: list[str | None], **headers: str
+) -> httpx.Response:
+    # `list[str | None]`: the Docker SDK types a container's id as optional.
     body = {**CHAT, "program_id": program_id, "docker_ids": docker_ids}
     return httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
 
 
-def release(gw: ServerThread, program_id: str) -> httpx.Response:
+def release(gw: HasUrl, program_id: str) -> httpx.Response:
     return httpx.post(f"{gw.url}/programs/release", json={"program_id": program_id}, timeout=30)
 
 
@@ -64,8 +89,9 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0) -> bool:
     return predicate()
 
 
-def error(r: httpx.Response) -> dict:
-    return r.json()["error"]
+def error(r: httpx.Response) -> dict[str, Any]:
+    body: dict[str, Any] = r.json()["error"]
+    return body
 
 
 # ------------------------------------------------------------------ adopt and reclaim
@@ -288,7 +314,7 @@ def test_auto_mode_without_an_engine_is_off_and_says_so(engine: FakeEngine, tmp_
 
 
 # ------------------------------------------------------------------ warm pool
-def _template(run: str, pool_size: int) -> dict:
+def _template(run: str, pool_size: int) -> dict[str, Any]:
     return {
         "name": "box",
         "image": IMAGE,
@@ -299,8 +325,11 @@ def _template(run: str, pool_size: int) -> dict:
     }
 
 
-def _ours(docker_client, run: str) -> list:
-    return docker_client.api.containers(all=True, quiet=True, filters={"label": f"run={run}"})
+def _ours(docker_client: docker.DockerClient, run: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = docker_client.api.containers(
+        all=True, quiet=True, filters={"label": f"run={run}"}
+    )
+    return found
 
 
 def test_warm_pool_hands_out_faster_than_a_cold_start(
@@ -377,6 +406,10 @@ def test_a_container_started_with_rm_is_reclaimed_without_a_retry(
                 labels={TEST_LABEL: "1"},
             )
             engine.reclaim(box.id, ["stop", "remove"], {}, "p", "release", 0)
-            assert wait_for(lambda box=box: not exists(docker_client, box.id))
+
+            def gone(box: Container = box) -> bool:
+                return not exists(docker_client, box.id)
+
+            assert wait_for(gone)
     finally:
         engine.close()

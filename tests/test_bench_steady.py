@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from thunder_mw.benchmarks.bench_cli import (
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, simulate
 from thunder_mw.benchmarks.reproduction import best_baseline, summarise_runs
 from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS, Published
-from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, generate
+from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, ProgramSpec, generate
 
 TINY_SWE = dataclasses.replace(
     PRESETS["swe-agent"],
@@ -31,7 +32,7 @@ TINY_SWE = dataclasses.replace(
 SMALL = ClusterConfig(engines=2, kv_tokens=12_288, max_model_len=8192)
 
 
-def swe(n: int):
+def swe(n: int) -> list[ProgramSpec]:
     return generate(TINY_SWE, n, seed=1, max_context_tokens=8192)
 
 
@@ -79,7 +80,9 @@ def test_the_offload_baselines_engines_load_evicted_blocks_from_the_host() -> No
     assert sum(b.engine.stats.kv_load_tokens for b in sim.backends.values()) > 0
 
 
-def _row(policy, seed, value, engines=1, per=96, wave=False):
+def _row(
+    policy: str, seed: int, value: float, engines: int = 1, per: int = 96, wave: bool = False
+) -> dict[str, Any]:
     return {
         "policy": policy,
         "seed": seed,
@@ -199,6 +202,7 @@ def test_calls_in_flight_at_the_windows_cuts_count_pro_rata() -> None:
     m = sim.run().metrics
     warm = sim._warm
     assert warm is not None
+    assert sim._steps_at_last_start is not None
     end_steps, end_output = sim._in_flight_at_last_start
     # Some call was part-way at each cut, and no more than one per program in flight.
     assert 0 < end_steps < 8 and 0 <= warm[4] < 8 and end_output > 0
@@ -274,7 +278,9 @@ def test_only_continuum_brings_program_fcfs_and_host_tiers_are_sized_to_node_ram
     assert 2_600_000 < host < 2_700_000
 
 
-def _fig_row(policy, seed, wave, value, cap=None, per=8):
+def _fig_row(
+    policy: str, seed: int, wave: bool, value: float, cap: int | None = None, per: int = 8
+) -> dict[str, Any]:
     metric = "makespan_s" if wave else "steps_per_min_steady"
     return {
         "policy": policy, "seed": seed, "wave": wave, "cap": cap, "engines": 1,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import AbstractContextManager
+from typing import Any
 
 import httpx
-from asgi_servers import serving
+from asgi_servers import ServerThread, serving
 from fake_engine import FakeEngine
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -17,7 +19,7 @@ from thunder_mw.sim.ports import free_port
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "héllo 😀"}], "temperature": 0.25}
 
 
-def gateway(*engines, **config):
+def gateway(*engines: FakeEngine, **config: Any) -> AbstractContextManager[ServerThread]:
     backends = [{"name": f"e{i}", "url": e.url} for i, e in enumerate(engines)]
     return serving(create_app(ThunderConfig(backends=backends, **config)))
 
@@ -247,7 +249,7 @@ def test_invalid_dynamo_context_names_the_field(engine: FakeEngine) -> None:
 
 
 # ------------------------------------------------------------------ requests without context
-def _without_context_count(gw) -> float:
+def _without_context_count(gw: ServerThread) -> float:
     text = httpx.get(f"{gw.url}/metrics").text
     for family in text_string_to_metric_families(text):
         if family.name == "thunder_mw_requests_without_context":

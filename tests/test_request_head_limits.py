@@ -12,27 +12,31 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
-from asgi_servers import serving
+from asgi_servers import ServerThread, serving
 from fake_engine import FakeEngine
 from starlette.applications import Starlette
+from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from thunder_mw.cli.bounded_head import bounded_httptools
 from thunder_mw.middleware.app import ThunderMiddleware, create_app
+from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 from thunder_mw.schemas.config import ThunderConfig
 from thunder_mw.sim.ports import free_port
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def standalone(engine, **server):
+def standalone(engine: FakeEngine, **server: Any) -> AbstractContextManager[ServerThread]:
     config = ThunderConfig(backends=[{"name": "e", "url": engine.url}], server=server)
     return serving(create_app(config))
 
@@ -82,10 +86,10 @@ def test_admin_routes_are_bounded_too(engine: FakeEngine) -> None:
 
 
 @pytest.fixture
-def mounted(engine: FakeEngine):
+def mounted(engine: FakeEngine) -> Iterator[tuple[ServerThread, list[str]]]:
     calls: list[str] = []
 
-    async def anything(request):
+    async def anything(request: Request) -> PlainTextResponse:
         calls.append(request.url.path)
         return PlainTextResponse("ok")
 
@@ -95,14 +99,16 @@ def mounted(engine: FakeEngine):
         yield server, calls
 
 
-def test_gateway_mode_answers_431_before_the_wrapped_app(mounted) -> None:
+def test_gateway_mode_answers_431_before_the_wrapped_app(
+    mounted: tuple[ServerThread, list[str]],
+) -> None:
     server, calls = mounted
     r = httpx.get(f"{server.url}/anything", headers={"x-big": "a" * 40_000})
     assert r.status_code == 431 and r.json()["error"]["code"] == "headers_too_large"
     assert calls == []
 
 
-def test_gateway_mode_passes_an_ordinary_head(mounted) -> None:
+def test_gateway_mode_passes_an_ordinary_head(mounted: tuple[ServerThread, list[str]]) -> None:
     server, calls = mounted
     assert httpx.get(f"{server.url}/anything").status_code == 200
     assert calls == ["/anything"]
@@ -115,8 +121,8 @@ class _Transport(asyncio.Transport):
         self.written: list[bytes] = []
         self.closed = False
 
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written.append(bytes(data))
 
     def close(self) -> None:
         self.closed = True
@@ -132,13 +138,14 @@ class _Transport(asyncio.Transport):
     def resume_reading(self) -> None: ...
 
 
-async def _unused_app(scope, receive, send) -> None:
+async def _unused_app(scope: Scope, receive: Receive, send: Send) -> None:
     raise AssertionError("a refused head must never reach the app")
 
 
 def _guarded_protocol(max_head_bytes: int) -> tuple[Any, _Transport]:
     """The bounded uvicorn protocol on an in-memory transport, on the running loop."""
     protocol_class = bounded_httptools(max_head_bytes)
+    assert issubclass(protocol_class, HttpToolsProtocol)
     config = uvicorn.Config(_unused_app, http=protocol_class, lifespan="off")
     config.load()
     protocol = protocol_class(
@@ -183,7 +190,7 @@ def test_a_request_that_is_not_http_is_a_400_in_the_error_object_not_plain_text(
 
 
 @contextlib.contextmanager
-def guarded(app, max_head_bytes: int) -> Iterator[str]:
+def guarded(app: ASGIApp, max_head_bytes: int) -> Iterator[str]:
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
@@ -208,7 +215,7 @@ def guarded(app, max_head_bytes: int) -> Iterator[str]:
         thread.join(timeout=10)
 
 
-async def _echo_length(scope, receive, send) -> None:
+async def _echo_length(scope: Scope, receive: Receive, send: Send) -> None:
     size = 0
     while True:
         message = await receive()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import pytest
 from bench_schema import RECORD_KEYS
@@ -28,7 +29,7 @@ CI_HIT_RATE_TOLERANCE = 0.15  # absolute, on the engine's own prefix hit rate
 
 
 @pytest.fixture(scope="module")
-def report(vllm_engine: RealVllm, tmp_path_factory: pytest.TempPathFactory):
+def report(vllm_engine: RealVllm, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     output = tmp_path_factory.mktemp("bench") / "vllm-cpu-real.json"
     parser = argparse.ArgumentParser()
     add_bench_arguments(parser)
@@ -55,7 +56,7 @@ def report(vllm_engine: RealVllm, tmp_path_factory: pytest.TempPathFactory):
     return json.loads(output.read_text())
 
 
-def test_result_document_has_the_regimes_schema(report) -> None:
+def test_result_document_has_the_regimes_schema(report: dict[str, Any]) -> None:
     assert report["scenario"] == "vllm-cpu-real" and report["mode"] == "real"
     assert list(report["regimes"]) == ["cheap"]
     regime = report["regimes"]["cheap"]
@@ -73,13 +74,13 @@ def test_result_document_has_the_regimes_schema(report) -> None:
             )
 
 
-def test_every_program_completes_under_each_system(report) -> None:
+def test_every_program_completes_under_each_system(report: dict[str, Any]) -> None:
     for runs in report["regimes"]["cheap"]["runs"].values():
         for record in runs:
             assert record["programs_completed"] == 3 and record["programs_failed"] == 0
 
 
-def test_prefix_counters_come_from_the_engine(report) -> None:
+def test_prefix_counters_come_from_the_engine(report: dict[str, Any]) -> None:
     for runs in report["regimes"]["cheap"]["runs"].values():
         for record in runs:
             counters = record["engine_counters"]
@@ -90,7 +91,7 @@ def test_prefix_counters_come_from_the_engine(report) -> None:
             assert record["preemptions"] == counters["preemptions"]
 
 
-def test_the_simulator_predicts_the_real_engine(report) -> None:
+def test_the_simulator_predicts_the_real_engine(report: dict[str, Any]) -> None:
     regime = report["regimes"]["cheap"]
     for row in regime["agreement"]["rows"]:
         assert abs(row["ratio"] - 1) <= CI_STEPS_TOLERANCE, row

@@ -25,12 +25,12 @@ MODEL = {
 
 
 @pytest.fixture
-def model_dir(tmp_path: Path):
+def model_dir(tmp_path: Path) -> Path:
     (tmp_path / "config.json").write_text(json.dumps(MODEL))
     return tmp_path
 
 
-def test_admission_plans_capacity_when_the_engine_reports_none(model_dir) -> None:
+def test_admission_plans_capacity_when_the_engine_reports_none(model_dir: Path) -> None:
     engine = FakeEngine(report_capacity=False)
     with serving(engine) as es:
         plan = {"model": str(model_dir), "kv_space_gib": 1}
@@ -43,7 +43,7 @@ def test_admission_plans_capacity_when_the_engine_reports_none(model_dir) -> Non
     assert app.core.scheduler.core.backends["e"].capacity == expected
 
 
-def test_the_engines_own_capacity_wins_over_the_plan(model_dir) -> None:
+def test_the_engines_own_capacity_wins_over_the_plan(model_dir: Path) -> None:
     engine = FakeEngine(num_blocks=100, block_size=16)
     with serving(engine) as es:
         plan = {"model": str(model_dir), "kv_space_gib": 1}

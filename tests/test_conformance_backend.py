@@ -4,6 +4,7 @@ JSON comparison the fidelity checks rely on."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -17,13 +18,15 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "[tag-1] hi"}], "
 
 
 @pytest.fixture
-def recorder():
+def recorder() -> Iterator[tuple[RecordingBackend, str]]:
     backend = RecordingBackend()
     with serving(backend) as server:
         yield backend, server.url
 
 
-def test_records_the_body_bytes_and_headers_it_received(recorder) -> None:
+def test_records_the_body_bytes_and_headers_it_received(
+    recorder: tuple[RecordingBackend, str],
+) -> None:
     backend, url = recorder
     raw = b'{"model": "m",  "messages": [{"role": "user", "content": "[tag-1] hi"}]}'
     httpx.post(f"{url}/v1/chat/completions", content=raw, headers={"X-Trace": "t1"})
@@ -32,13 +35,15 @@ def test_records_the_body_bytes_and_headers_it_received(recorder) -> None:
     assert record.header("x-trace") == "t1"
 
 
-def test_the_same_request_gets_the_same_answer(recorder) -> None:
+def test_the_same_request_gets_the_same_answer(recorder: tuple[RecordingBackend, str]) -> None:
     _, url = recorder
     first = httpx.post(f"{url}/v1/chat/completions", json=CHAT).content
     assert httpx.post(f"{url}/v1/chat/completions", json=CHAT).content == first
 
 
-def test_streaming_sends_what_it_records_and_usage_only_when_asked(recorder) -> None:
+def test_streaming_sends_what_it_records_and_usage_only_when_asked(
+    recorder: tuple[RecordingBackend, str],
+) -> None:
     backend, url = recorder
     plain = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "stream": True})
     assert parse_sse(plain.content) == backend.requests[-1].sent_events
@@ -49,12 +54,14 @@ def test_streaming_sends_what_it_records_and_usage_only_when_asked(recorder) -> 
     assert json.loads(with_usage[-2])["choices"] == [] and "usage" in json.loads(with_usage[-2])
 
 
-def test_a_body_that_is_not_a_json_object_gets_400(recorder) -> None:
+def test_a_body_that_is_not_a_json_object_gets_400(recorder: tuple[RecordingBackend, str]) -> None:
     _, url = recorder
     assert httpx.post(f"{url}/v1/chat/completions", content=b"[1]").status_code == 400
 
 
-def test_the_inspection_api_lists_filters_and_clears(recorder) -> None:
+def test_the_inspection_api_lists_filters_and_clears(
+    recorder: tuple[RecordingBackend, str],
+) -> None:
     backend, url = recorder
     httpx.post(f"{url}/v1/chat/completions", json=CHAT)
     found = httpx.get(f"{url}/_recorder/requests", params={"contains": "[tag-1]"}).json()
@@ -63,7 +70,9 @@ def test_the_inspection_api_lists_filters_and_clears(recorder) -> None:
     assert backend.requests == []
 
 
-def test_vllm_flavour_publishes_cache_config_for_capacity_discovery(recorder) -> None:
+def test_vllm_flavour_publishes_cache_config_for_capacity_discovery(
+    recorder: tuple[RecordingBackend, str],
+) -> None:
     _, url = recorder
     text = httpx.get(f"{url}/metrics").text
     assert 'vllm:cache_config_info{block_size="16"' in text and "num_gpu_blocks=" in text

@@ -8,11 +8,12 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from asgi_servers import serving, serving_gateway
+from asgi_servers import ServerThread, serving, serving_gateway
 from fake_engine import FakeEngine
 
 from thunder_mw.benchmarks.dashboard_demo import chromium, find_chromium
@@ -111,7 +112,7 @@ class Scenario:
 
 
 @pytest.fixture(scope="module")
-def loaded_gateway():
+def loaded_gateway() -> Iterator[tuple[ServerThread, Scenario]]:
     config = ThunderConfig(
         backends=[
             {"name": f"sim-{i}", "type": "sim", "capacity_tokens": 1000, "sim": SIM}
@@ -131,7 +132,7 @@ def loaded_gateway():
 
 
 def test_the_dashboard_renders_engines_and_paused_programs_in_chromium(
-    browser: str, loaded_gateway
+    browser: str, loaded_gateway: tuple[ServerThread, Scenario]
 ) -> None:
     gw, scenario = loaded_gateway
     dom = chromium(f"{gw.url}/dashboard", binary=browser, budget_ms=3000)
@@ -142,7 +143,9 @@ def test_the_dashboard_renders_engines_and_paused_programs_in_chromium(
     assert re.search(r'<span class="tag t-pause">pause</span>', dom)  # a decision listed
 
 
-def test_a_screenshot_of_the_loaded_dashboard_is_kept(browser: str, loaded_gateway) -> None:
+def test_a_screenshot_of_the_loaded_dashboard_is_kept(
+    browser: str, loaded_gateway: tuple[ServerThread, Scenario]
+) -> None:
     gw, _ = loaded_gateway
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"
@@ -153,22 +156,24 @@ def test_a_screenshot_of_the_loaded_dashboard_is_kept(browser: str, loaded_gatew
 
 # ------------------------------------------------------------------ with an admin token
 @pytest.fixture
-def guarded():
+def guarded() -> Iterator[ServerThread]:
     with serving_gateway(FakeEngine(), {"name": "e0"}, server={"admin_token": "s3cret"}) as gw:
         yield gw
 
 
-def test_with_a_token_the_page_takes_it_once_and_polls_with_a_header(browser: str, guarded) -> None:
+def test_with_a_token_the_page_takes_it_once_and_polls_with_a_header(
+    browser: str, guarded: ServerThread
+) -> None:
     dom = chromium(f"{guarded.url}/dashboard?token=s3cret", binary=browser, budget_ms=2000)
     assert 'data-backend="e0"' in dom
 
 
-def test_the_page_without_its_token_is_refused(guarded) -> None:
+def test_the_page_without_its_token_is_refused(guarded: ServerThread) -> None:
     assert httpx.get(f"{guarded.url}/dashboard").status_code == 401
     assert httpx.get(f"{guarded.url}/dashboard?token=wrong").status_code == 401
 
 
-def test_only_the_page_accepts_the_token_in_its_url(guarded) -> None:
+def test_only_the_page_accepts_the_token_in_its_url(guarded: ServerThread) -> None:
     assert httpx.get(f"{guarded.url}/dashboard?token=s3cret").status_code == 200
     assert httpx.get(f"{guarded.url}/dashboard/state?token=s3cret").status_code == 401
     authorized = {"Authorization": "Bearer s3cret"}

@@ -102,7 +102,7 @@ def test_check_config_reports_the_exposed_bind_with_its_line_and_exits_2(
 
 
 def test_serve_with_an_exposed_host_from_the_command_line_refuses_to_start(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_server
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_server: None
 ) -> None:
     path = write(tmp_path, "server:\n  port: 8300\n")
     assert main(["--config", str(path), "--host", "0.0.0.0"]) == 2

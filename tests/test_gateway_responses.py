@@ -5,6 +5,7 @@ program's tokens (cached ones included) from the answer or from `response.comple
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -31,7 +32,7 @@ FORMS = {
 
 
 @pytest.fixture(scope="module")
-def stack():
+def stack() -> Iterator[tuple[str, str]]:
     sim = create_sim_app(SimEngineSettings(num_blocks=256, block_size=16, profile="instant"))
     with serving(sim) as engine:
         config = ThunderConfig(backends=[{"name": "sim-0", "url": engine.url}])
@@ -50,7 +51,7 @@ def _ignored(engine_url: str) -> list[str]:
 @pytest.mark.parametrize("form", sorted(FORMS))
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_each_form_names_the_program_and_is_stripped_from_a_responses_body(
-    stack, form, stream
+    stack: tuple[str, str], form, stream
 ) -> None:
     url, engine_url = stack
     program = f"resp-{form}-{stream}"
@@ -73,7 +74,9 @@ def _usage_of_stream(content: bytes) -> dict:
     return last["response"]["usage"]
 
 
-def test_the_event_stream_reaches_the_client_unchanged_and_usage_is_accounted(stack) -> None:
+def test_the_event_stream_reaches_the_client_unchanged_and_usage_is_accounted(
+    stack: tuple[str, str],
+) -> None:
     url, _ = stack
     body = {
         "model": "sim-model",
@@ -94,7 +97,7 @@ def test_the_event_stream_reaches_the_client_unchanged_and_usage_is_accounted(st
     assert cached[1] > 0 and view["cached_tokens"] == sum(cached)
 
 
-def test_the_non_streamed_answer_accounts_cached_tokens(stack) -> None:
+def test_the_non_streamed_answer_accounts_cached_tokens(stack: tuple[str, str]) -> None:
     url, _ = stack
     body = {
         "model": "sim-model",

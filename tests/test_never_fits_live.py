@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
-from asgi_servers import serving
+from asgi_servers import ServerThread, serving
 from fake_engine import FakeEngine
 from held_requests import BIG, start_hog, wait_for
 from real_vllm import RealVllm
@@ -27,7 +28,7 @@ def _sim(name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def demo_gateway():
+def demo_gateway() -> Iterator[ServerThread]:
     config = ThunderConfig(
         backends=[_sim("sim-0"), _sim("sim-1")], tools={"docker": {"enabled": False}}
     )
@@ -40,7 +41,7 @@ def demo_gateway():
 
 
 @pytest.fixture
-def client(demo_gateway):
+def client(demo_gateway: ServerThread) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{demo_gateway.url}/v1", api_key="x", max_retries=0) as c:
         yield c
 
@@ -65,7 +66,7 @@ def _refused(
     ],
 )
 def test_max_tokens_past_the_model_length_is_refused_at_once_and_nobody_pauses(
-    demo_gateway, client, max_tokens, code
+    demo_gateway: ServerThread, client: openai.OpenAI, max_tokens, code
 ) -> None:
     for i in range(3):
         client.chat.completions.create(
@@ -87,7 +88,9 @@ def test_max_tokens_past_the_model_length_is_refused_at_once_and_nobody_pauses(
         assert view["state"] == "active", view  # nobody was paused to make room
 
 
-def test_a_prompt_past_every_engine_is_refused_at_once(demo_gateway, client) -> None:
+def test_a_prompt_past_every_engine_is_refused_at_once(
+    demo_gateway: ServerThread, client: openai.OpenAI
+) -> None:
     error, took = _refused(client, "long", messages=[{"role": "user", "content": HUGE_PROMPT}])
     assert took < 1.0
     assert error.code == "context_length_exceeded" and error.param == "messages"
@@ -162,7 +165,7 @@ def test_a_request_that_could_only_run_alone_is_placed_after_a_short_hold() -> N
 
 # ---------------------------------------------------------------------- the real vLLM engine
 @pytest.fixture(scope="module")
-def real_gateway(vllm_engine: RealVllm):
+def real_gateway(vllm_engine: RealVllm) -> Iterator[ServerThread]:
     config = ThunderConfig(backends=[{"name": "vllm-0", "url": vllm_engine.url}])
     with serving(create_app(config)) as gw:
         deadline = time.monotonic() + 30
@@ -182,7 +185,7 @@ def real_gateway(vllm_engine: RealVllm):
     ids=["max_tokens", "prompt_past_model_length", "huge_prompt"],
 )
 def test_the_real_engine_and_the_gateway_refuse_the_same_bodies_in_under_a_second(
-    real_gateway, vllm_engine: RealVllm, body
+    real_gateway: ServerThread, vllm_engine: RealVllm, body
 ) -> None:
     body = {"model": vllm_engine.model, **body}
     direct = httpx.post(f"{vllm_engine.url}/v1/chat/completions", json=body, timeout=60)

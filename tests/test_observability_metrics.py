@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
-from asgi_servers import serving, serving_gateway
+from asgi_servers import ServerThread, serving, serving_gateway
 from fake_engine import FakeEngine
 from held_requests import SMALL, start_hog
 from prometheus_client import generate_latest
@@ -50,13 +51,13 @@ def names(samples) -> set[str]:
 
 
 @pytest.fixture
-def gw(engine: FakeEngine):
+def gw(engine: FakeEngine) -> Iterator[ServerThread]:
     config = ThunderConfig(backends=[{"name": "e0", "url": engine.url}])
     with serving(create_app(config)) as server:
         yield server
 
 
-def test_backend_series_carry_the_backend_label_and_units(gw) -> None:
+def test_backend_series_carry_the_backend_label_and_units(gw: ServerThread) -> None:
     httpx.post(f"{gw.url}/v1/chat/completions", json={**SMALL, "program_id": "p"})
     samples = scrape(gw)
     e0 = (("backend", "e0"),)
@@ -66,7 +67,7 @@ def test_backend_series_carry_the_backend_label_and_units(gw) -> None:
     assert samples[("thunder_mw_backend_programs", e0)] == 1
 
 
-def test_imbalance_and_queue_gauges_are_exported(gw) -> None:
+def test_imbalance_and_queue_gauges_are_exported(gw: ServerThread) -> None:
     samples = scrape(gw)
     assert samples[("thunder_mw_backend_imbalance_ratio", (("source", "reserved"),))] == 0
     assert samples[("thunder_mw_queue_programs", ())] == 0
@@ -93,7 +94,7 @@ async def _feed(core, metrics) -> None:
     core.on_backend("e0", metrics=metrics, now=time.monotonic())
 
 
-def test_requests_are_counted_by_route_and_status_and_without_context(gw) -> None:
+def test_requests_are_counted_by_route_and_status_and_without_context(gw: ServerThread) -> None:
     httpx.post(f"{gw.url}/v1/chat/completions", json=SMALL)
     samples = scrape(gw)
     route = (("route", "/v1/chat/completions"), ("status", "200"))
@@ -101,13 +102,13 @@ def test_requests_are_counted_by_route_and_status_and_without_context(gw) -> Non
     assert samples[("thunder_mw_requests_without_context_total", ())] == 1
 
 
-def test_programs_are_gauged_by_state_and_phase(gw) -> None:
+def test_programs_are_gauged_by_state_and_phase(gw: ServerThread) -> None:
     httpx.post(f"{gw.url}/v1/chat/completions", json={**SMALL, "program_id": "p"})
     samples = scrape(gw)
     assert samples[("thunder_mw_programs", (("phase", "acting"), ("state", "active")))] == 1
 
 
-def test_admissions_and_releases_are_counted_with_backend_and_reason(gw) -> None:
+def test_admissions_and_releases_are_counted_with_backend_and_reason(gw: ServerThread) -> None:
     httpx.post(f"{gw.url}/v1/chat/completions", json={**SMALL, "program_id": "p"})
     httpx.post(f"{gw.url}/programs/release", json={"program_id": "p"})
     samples = scrape(gw)
@@ -115,13 +116,13 @@ def test_admissions_and_releases_are_counted_with_backend_and_reason(gw) -> None
     assert samples[("thunder_mw_programs_released_total", (("reason", "release"),))] == 1
 
 
-def test_final_and_ephemeral_programs_are_counted_as_released(gw) -> None:
+def test_final_and_ephemeral_programs_are_counted_as_released(gw: ServerThread) -> None:
     httpx.post(f"{gw.url}/v1/chat/completions", json=SMALL)  # no context: ephemeral
     samples = scrape(gw)
     assert samples[("thunder_mw_programs_released_total", (("reason", "ephemeral"),))] == 1
 
 
-def test_latency_histograms_count_every_scheduled_request(gw) -> None:
+def test_latency_histograms_count_every_scheduled_request(gw: ServerThread) -> None:
     for _ in range(3):
         httpx.post(f"{gw.url}/v1/chat/completions", json={**SMALL, "program_id": "p"})
     samples = scrape(gw)
@@ -130,7 +131,7 @@ def test_latency_histograms_count_every_scheduled_request(gw) -> None:
     assert ("thunder_mw_queue_wait_seconds_count", ()) in samples
 
 
-def test_no_series_is_labelled_per_program(gw) -> None:
+def test_no_series_is_labelled_per_program(gw: ServerThread) -> None:
     for i in range(5):
         httpx.post(f"{gw.url}/v1/chat/completions", json={**SMALL, "program_id": f"prog-{i}"})
     samples = scrape(gw)
@@ -140,7 +141,7 @@ def test_no_series_is_labelled_per_program(gw) -> None:
 
 # ------------------------------------------------------------------ pauses under pressure
 @pytest.fixture
-def tight():
+def tight() -> Iterator[ServerThread]:
     """One engine whose KV holds 1,000 tokens; a slow first program fills it."""
     engine = FakeEngine(chunks=20, chunk_delay_s=0.1)
     with serving_gateway(engine, {"capacity_tokens": 1000}, policies=TIGHT_POLICIES) as gw:
@@ -148,7 +149,9 @@ def tight():
 
 
 @pytest.mark.slow  # ~2 s: holds behind a 2 s stream
-def test_a_held_request_is_counted_in_the_queue_histogram_and_as_a_pause(tight) -> None:
+def test_a_held_request_is_counted_in_the_queue_histogram_and_as_a_pause(
+    tight: ServerThread,
+) -> None:
     # Both run a small call and go ACTING; then `grows` asks for nearly the whole engine,
     # so `small` (ACTING: its GPU idle) is paused and its next request waits for the room.
     for program_id in ("small", "grows"):
@@ -217,7 +220,7 @@ def test_reclaims_and_rejections_of_held_requests_are_counted() -> None:
 
 # ------------------------------------------------------------------ decision logs
 def test_decisions_are_logged_with_program_backend_and_reason(
-    gw, caplog: pytest.LogCaptureFixture
+    gw: ServerThread, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger="thunder_mw.decisions"):
         httpx.post(f"{gw.url}/v1/chat/completions", json={**SMALL, "program_id": "p"})

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from asgi_servers import serving, serving_gateway
+from asgi_servers import ServerThread, serving, serving_gateway
 from fake_engine import FakeEngine
 
 from thunder_mw.benchmarks.workloads import load_trace
@@ -22,7 +23,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], 
 
 
 @pytest.fixture
-def gw():
+def gw() -> Iterator[ServerThread]:
     engine = FakeEngine(chunks=5, delay_s=0.2, chunk_delay_s=0.05)
     with serving(engine) as es:
         config = ThunderConfig(backends=[{"name": "e0", "url": es.url}])
@@ -41,7 +42,9 @@ def profile(gw, program_id: str) -> dict:
 
 
 # ------------------------------------------------------------------ over the wire
-def test_a_streaming_step_records_time_to_first_token_decode_time_and_tokens(gw) -> None:
+def test_a_streaming_step_records_time_to_first_token_decode_time_and_tokens(
+    gw: ServerThread,
+) -> None:
     post(gw, program_id="s", stream=True)
     (step,) = profile(gw, "s")["steps"]
     assert step["stream"] is True and step["backend"] == "e0" and step["status"] == 200
@@ -52,7 +55,7 @@ def test_a_streaming_step_records_time_to_first_token_decode_time_and_tokens(gw)
     assert step["cached_tokens"] == 0
 
 
-def test_a_non_streaming_step_records_total_time_and_tokens(gw) -> None:
+def test_a_non_streaming_step_records_total_time_and_tokens(gw: ServerThread) -> None:
     post(gw, program_id="n")
     (step,) = profile(gw, "n")["steps"]
     assert step["stream"] is False
@@ -61,7 +64,7 @@ def test_a_non_streaming_step_records_total_time_and_tokens(gw) -> None:
     assert step["completion_tokens"] == 5
 
 
-def test_tool_time_is_the_gap_between_an_answer_and_the_next_request(gw) -> None:
+def test_tool_time_is_the_gap_between_an_answer_and_the_next_request(gw: ServerThread) -> None:
     post(gw, program_id="t")
     time.sleep(0.3)  # the "tool" the agent runs between its calls
     post(gw, program_id="t")
@@ -71,7 +74,7 @@ def test_tool_time_is_the_gap_between_an_answer_and_the_next_request(gw) -> None
     assert profile(gw, "t")["tool_s"] == pytest.approx(first["tool_s"], abs=1e-5)  # views round
 
 
-def test_profiles_lists_every_program_without_its_steps(gw) -> None:
+def test_profiles_lists_every_program_without_its_steps(gw: ServerThread) -> None:
     post(gw, program_id="a")
     post(gw, program_id="b", stream=True)
     body = httpx.get(f"{gw.url}/profiles").json()
@@ -80,7 +83,7 @@ def test_profiles_lists_every_program_without_its_steps(gw) -> None:
     assert by_id["b"]["steps_total"] == 1 and by_id["b"]["completion_tokens"] == 5
 
 
-def test_a_final_call_is_in_the_profile_of_its_released_program(gw) -> None:
+def test_a_final_call_is_in_the_profile_of_its_released_program(gw: ServerThread) -> None:
     dynamo = {"session_type_id": "swe", "session_id": "s", "trajectory_id": "f"}
     post(gw, nvext={"agent_context": dynamo})
     post(gw, nvext={"agent_context": {**dynamo, "trajectory_final": True}})
@@ -88,7 +91,7 @@ def test_a_final_call_is_in_the_profile_of_its_released_program(gw) -> None:
     assert view["release_reason"] == "final" and view["steps_total"] == 2
 
 
-def test_an_unknown_profile_is_a_404_naming_the_program(gw) -> None:
+def test_an_unknown_profile_is_a_404_naming_the_program(gw: ServerThread) -> None:
     r = httpx.get(f"{gw.url}/profiles/nobody")
     assert r.status_code == 404 and r.json()["error"]["code"] == "profile_not_found"
 

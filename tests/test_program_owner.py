@@ -61,19 +61,19 @@ def owned_stack(**server: Any) -> Iterator[Stack]:
 
 
 @pytest.fixture
-def stack():
+def stack() -> Iterator[Stack]:
     with owned_stack() as s:
         yield s
 
 
-def test_the_key_that_started_a_program_keeps_using_it(stack) -> None:
+def test_the_key_that_started_a_program_keeps_using_it(stack: Stack) -> None:
     stack.chat("sk-alice", "agent-1")
     answer = stack.chat("sk-alice", "agent-1")
     assert answer.choices[0].message.content == "tok tok "
     assert len(stack.engine.received) == 2
 
 
-def test_another_key_gets_403_naming_the_program_id(stack) -> None:
+def test_another_key_gets_403_naming_the_program_id(stack: Stack) -> None:
     stack.chat("sk-alice", "agent-1")
     with pytest.raises(openai.PermissionDeniedError) as info:
         stack.chat("sk-mallory", "agent-1")
@@ -84,7 +84,7 @@ def test_another_key_gets_403_naming_the_program_id(stack) -> None:
     assert len(stack.engine.received) == 1  # the refused request never reached the engine
 
 
-def test_a_request_without_the_key_gets_403_for_an_owned_program(stack) -> None:
+def test_a_request_without_the_key_gets_403_for_an_owned_program(stack: Stack) -> None:
     stack.chat("sk-alice", "agent-1")
     r = httpx.post(
         f"{stack.url}/v1/chat/completions",
@@ -94,7 +94,7 @@ def test_a_request_without_the_key_gets_403_for_an_owned_program(stack) -> None:
     assert r.json()["error"]["code"] == "program_owned_by_another_key"
 
 
-def test_a_first_request_without_the_key_gets_401_and_binds_nothing(stack) -> None:
+def test_a_first_request_without_the_key_gets_401_and_binds_nothing(stack: Stack) -> None:
     r = httpx.post(
         f"{stack.url}/v1/chat/completions",
         json={"model": "m", "messages": MESSAGES, "program_id": "agent-1"},
@@ -105,12 +105,12 @@ def test_a_first_request_without_the_key_gets_401_and_binds_nothing(stack) -> No
     stack.chat("sk-alice", "agent-1")  # still free for the first client that has a key
 
 
-def test_requests_without_a_program_id_need_no_key(stack) -> None:
+def test_requests_without_a_program_id_need_no_key(stack: Stack) -> None:
     r = httpx.post(f"{stack.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
     assert r.status_code == 200
 
 
-def test_the_owner_binding_holds_a_digest_never_the_key(stack) -> None:
+def test_the_owner_binding_holds_a_digest_never_the_key(stack: Stack) -> None:
     stack.chat("sk-alice-distinctive", "agent-1")
     owners = stack.app.core.owners.owners
     (digest,) = owners._owner.values()
@@ -119,7 +119,7 @@ def test_the_owner_binding_holds_a_digest_never_the_key(stack) -> None:
     assert "sk-alice-distinctive" not in listing
 
 
-def test_another_key_cannot_release_the_program(stack) -> None:
+def test_another_key_cannot_release_the_program(stack: Stack) -> None:
     stack.chat("sk-alice", "agent-1")
     r = stack.release("agent-1", {"Authorization": "Bearer sk-mallory"})
     assert r.status_code == 403
@@ -127,7 +127,7 @@ def test_another_key_cannot_release_the_program(stack) -> None:
     assert httpx.get(f"{stack.url}/programs/agent-1").status_code == 200
 
 
-def test_the_owner_releases_and_the_id_is_free_again(stack) -> None:
+def test_the_owner_releases_and_the_id_is_free_again(stack: Stack) -> None:
     stack.chat("sk-alice", "agent-1")
     r = stack.release("agent-1", {"Authorization": "Bearer sk-alice"})
     assert r.status_code == 200 and r.json()["released"] is True
@@ -136,7 +136,7 @@ def test_the_owner_releases_and_the_id_is_free_again(stack) -> None:
         stack.chat("sk-alice", "agent-1")
 
 
-def test_a_final_request_frees_the_id(stack) -> None:
+def test_a_final_request_frees_the_id(stack: Stack) -> None:
     stack.chat("sk-alice", "agent-1", {"X-Dynamo-Session-Final": "true"})
     assert stack.chat("sk-bob", "agent-1").choices
 

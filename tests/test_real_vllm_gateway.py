@@ -4,11 +4,12 @@ by the engine's own log of the request fields it ignored."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
-from asgi_servers import serving
+from asgi_servers import ServerThread, serving
 from real_vllm import RealVllm
 
 from thunder_mw.middleware.app import create_app
@@ -18,7 +19,7 @@ PROMPT = [{"role": "user", "content": "Summarise the repository layout in one li
 
 
 @pytest.fixture(scope="module")
-def gateway(vllm_engine: RealVllm):
+def gateway(vllm_engine: RealVllm) -> Iterator[ServerThread]:
     config = ThunderConfig(backends=[{"name": "vllm-0", "url": vllm_engine.url}])
     with serving(create_app(config)) as gw:
         yield gw
@@ -30,7 +31,7 @@ def _ignored_after(vllm_engine, offset: int) -> set[str]:
     return vllm_engine.ignored_fields_since(offset)
 
 
-def test_engine_capacity_is_discovered(gateway, vllm_engine: RealVllm) -> None:
+def test_engine_capacity_is_discovered(gateway: ServerThread, vllm_engine: RealVllm) -> None:
     health = httpx.get(f"{gateway.url}/health").json()
     backend = health["backends"][0]
     assert backend["healthy"] is True
@@ -39,13 +40,13 @@ def test_engine_capacity_is_discovered(gateway, vllm_engine: RealVllm) -> None:
 
 
 @pytest.fixture
-def client(gateway):
+def client(gateway: ServerThread) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as client:
         yield client
 
 
 def test_openai_client_non_streaming_through_thunder_mw(
-    gateway, vllm_engine: RealVllm, client
+    gateway: ServerThread, vllm_engine: RealVllm, client: openai.OpenAI
 ) -> None:
     offset = vllm_engine.log_offset()
     answer = client.chat.completions.create(
@@ -64,7 +65,9 @@ def test_openai_client_non_streaming_through_thunder_mw(
     assert not ignored & {"program_id", "docker_ids"}, ignored
 
 
-def test_openai_client_streaming_through_thunder_mw(gateway, vllm_engine: RealVllm, client) -> None:
+def test_openai_client_streaming_through_thunder_mw(
+    gateway: ServerThread, vllm_engine: RealVllm, client: openai.OpenAI
+) -> None:
     offset = vllm_engine.log_offset()
     chunks = list(
         client.chat.completions.create(
@@ -87,7 +90,9 @@ def test_openai_client_streaming_through_thunder_mw(gateway, vllm_engine: RealVl
     assert not ignored & {"program_id", "nvext"}, ignored
 
 
-def test_dynamo_context_is_stripped_before_the_engine(gateway, vllm_engine: RealVllm) -> None:
+def test_dynamo_context_is_stripped_before_the_engine(
+    gateway: ServerThread, vllm_engine: RealVllm
+) -> None:
     offset = vllm_engine.log_offset()
     body = {
         "model": vllm_engine.model,
@@ -105,7 +110,9 @@ def test_dynamo_context_is_stripped_before_the_engine(gateway, vllm_engine: Real
     assert not ignored & {"nvext", "vllm_xargs", "agent_context"}, ignored
 
 
-def test_prefix_cache_hits_are_captured_for_a_program(gateway, vllm_engine: RealVllm) -> None:
+def test_prefix_cache_hits_are_captured_for_a_program(
+    gateway: ServerThread, vllm_engine: RealVllm
+) -> None:
     vllm_engine.reset_prefix_cache()
     prompt = " ".join(f"word{i}" for i in range(400))
     body = {"model": vllm_engine.model, "prompt": prompt, "max_tokens": 1, "program_id": "real-3"}
@@ -183,7 +190,7 @@ STRIPPED = {"program_id", "docker_ids", "extra_body", "nvext", "vllm_xargs", "me
 
 
 @pytest.fixture(scope="module")
-def all_forms_gateway(vllm_engine: RealVllm):
+def all_forms_gateway(vllm_engine: RealVllm) -> Iterator[ServerThread]:
     conventions = ["thunderagent", "dynamo_body", "dynamo_headers", "vllm_router", "litellm",
                    "coding_agents"]  # fmt: skip
     config = ThunderConfig(
@@ -196,7 +203,7 @@ def all_forms_gateway(vllm_engine: RealVllm):
 
 @pytest.mark.parametrize("form", list(DYNAMO_FORMS))
 def test_the_real_engine_answers_each_form_with_the_context_stripped(
-    form, all_forms_gateway, vllm_engine: RealVllm
+    form, all_forms_gateway: ServerThread, vllm_engine: RealVllm
 ) -> None:
     path, fields, headers, program, parent = DYNAMO_FORMS[form]
     if path == "/v1/responses":

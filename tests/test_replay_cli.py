@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
 import pytest
-from asgi_servers import serving
+from asgi_servers import ServerThread, serving
 from real_vllm import RealVllm
 
 from thunder_mw.benchmarks.replay import Replayer
@@ -25,7 +26,7 @@ SIM = {"type": "sim", "sim": {"time_scale": 50.0, "profile": "instant"}}
 
 
 @pytest.fixture(scope="module")
-def gateway():
+def gateway() -> Iterator[ServerThread]:
     config = ThunderConfig(backends=[{**SIM, "name": "s0"}, {**SIM, "name": "s1"}])
     with serving(create_app(config)) as server:
         yield server
@@ -37,7 +38,9 @@ def replay(tmp_path, *argv: str) -> tuple[int, dict]:
     return code, json.loads(output.read_text())
 
 
-def test_a_replay_through_thunder_mw_reads_the_engines_behind_it(gateway, tmp_path: Path) -> None:
+def test_a_replay_through_thunder_mw_reads_the_engines_behind_it(
+    gateway: ServerThread, tmp_path: Path
+) -> None:
     code, report = replay(
         tmp_path,
         "--url",
@@ -60,7 +63,7 @@ def test_a_replay_through_thunder_mw_reads_the_engines_behind_it(gateway, tmp_pa
     assert httpx.get(f"{gateway.url}/programs").json()["count"] == 0
 
 
-def test_a_trace_file_replays_its_programs(gateway, tmp_path: Path) -> None:
+def test_a_trace_file_replays_its_programs(gateway: ServerThread, tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
     save_trace(generate("chat", 2, seed=7, prefix="t"), trace)
     code, report = replay(
@@ -86,7 +89,7 @@ def test_the_progress_bar_ends_with_every_call_and_program_done() -> None:
     assert f"{calls}/{calls} calls, 3/3 programs, 0 failed" in lines[-1]
 
 
-def test_replayer_reports_progress_after_every_call(gateway) -> None:
+def test_replayer_reports_progress_after_every_call(gateway: ServerThread) -> None:
     seen: list[int] = []
     replayer = Replayer(gateway.url, time_scale=50, progress=lambda r: seen.append(r.calls_done))
     programs = generate("chat", 2, seed=3)

@@ -88,7 +88,9 @@ def test_the_public_program_view_carries_no_internal_fields(
         ("/dashboard/state", views.DashboardState),
     ],
 )
-def test_each_route_answers_its_struct(answers: dict[str, httpx.Response], path, struct) -> None:
+def test_each_route_answers_its_struct(
+    answers: dict[str, httpx.Response], path: str, struct: type[msgspec.Struct]
+) -> None:
     answer = answers[path]
     assert answer.status_code == 200
     msgspec.json.decode(answer.content, type=struct, strict=True)

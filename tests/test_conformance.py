@@ -45,7 +45,7 @@ def test_self_run_of_the_full_profile_passes_and_writes_both_reports(
 @pytest.mark.slow  # `--self` starts a `thunder-mw serve` process
 @pytest.mark.parametrize("profile", [p for p in PROFILES if p != "full"])
 def test_self_run_passes_every_narrower_profile(
-    profile, capsys: pytest.CaptureFixture[str]
+    profile: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert conformance("--self", "--profile", profile) == 0, capsys.readouterr().out
 

@@ -96,8 +96,11 @@ def test_sglang_flavour_publishes_server_info() -> None:
         ({"a": "é"}, {"a": "e"}, "$.a: expected 'é'"),
     ],
 )
-def test_first_difference_names_where_two_documents_differ(expected, actual, where) -> None:
-    assert first_difference(expected, actual).startswith(where)
+def test_first_difference_names_where_two_documents_differ(
+    expected: object, actual: object, where: str
+) -> None:
+    difference = first_difference(expected, actual)
+    assert difference is not None and difference.startswith(where)
 
 
 def test_first_difference_can_ignore_key_order_only() -> None:

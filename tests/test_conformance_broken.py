@@ -120,7 +120,9 @@ def test_a_thunderagent_like_gateway_passes_the_thunderagent_profile() -> None:
         "no_context.byte_identical",
     ],
 )
-def test_a_thunderagent_like_gateway_fails_what_only_the_full_profile_expects(check_id) -> None:
+def test_a_thunderagent_like_gateway_fails_what_only_the_full_profile_expects(
+    check_id: str,
+) -> None:
     result = run_against(THUNDERAGENT_LIKE, only=[check_id])
     assert statuses(result) == {check_id: "fail"}
 

@@ -68,7 +68,7 @@ def _links(page: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_relative_link_points_at_an_existing_file(page) -> None:
+def test_every_relative_link_points_at_an_existing_file(page: Path) -> None:
     broken = []
     for target in _links(page):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:

@@ -15,7 +15,7 @@ def test_a_rid_with_a_program_prefix_names_the_program() -> None:
 
 
 @pytest.mark.parametrize("rid", ["plain-rid", "::x", "prog::", None, 17, []])
-def test_a_rid_without_the_convention_names_no_program(rid) -> None:
+def test_a_rid_without_the_convention_names_no_program(rid: object) -> None:
     assert program_from_rid({"rid": rid}) is None
 
 

@@ -46,7 +46,7 @@ def test_a_request_that_does_not_fit_waits_and_then_runs(tight: ServerThread) ->
 @pytest.mark.slow  # ~3 s: holds behind a 3 s stream
 def test_releasing_a_program_while_its_request_is_held_answers_409(tight: ServerThread) -> None:
     hog = start_hog(tight.url)
-    answer: dict = {}
+    answer: dict[str, httpx.Response] = {}
 
     def held() -> None:
         answer["r"] = httpx.post(

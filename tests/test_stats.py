@@ -37,6 +37,6 @@ def test_no_values_have_no_percentile() -> None:
 
 
 @pytest.mark.parametrize("q", [0, -1, 100.5])
-def test_a_percentile_outside_0_to_100_is_refused(q) -> None:
+def test_a_percentile_outside_0_to_100_is_refused(q: float) -> None:
     with pytest.raises(ValueError, match="outside"):
         percentile([1, 2, 3], q)

@@ -79,7 +79,9 @@ def test_context_grows_by_previous_output_and_tool_result() -> None:
         ("chat", (2, 4), (220, 340)),
     ],
 )
-def test_presets_match_their_calibration(preset, turns, output) -> None:
+def test_presets_match_their_calibration(
+    preset: str, turns: tuple[int, int], output: tuple[int, int]
+) -> None:
     shape = summarise(generate(preset, 200, seed=0))
     assert turns[0] <= shape.turns_mean <= turns[1]
     assert output[0] <= shape.output_tokens_mean <= output[1]

@@ -4,15 +4,23 @@ unplanned, never held; and requests that could only run alone, held briefly then
 from __future__ import annotations
 
 import pytest
-from test_scheduler_core import ctx, info, make, run_step
+from test_scheduler_core import _program, ctx, info, make, run_step
 
 from thunder_mw.middleware.request_body import BodyError, decode_object
 from thunder_mw.policies import context_limit
-from thunder_mw.policies.core import Forward, Hold, Paused, Reject, RequestInfo, Resumed
+from thunder_mw.policies.core import (
+    Forward,
+    Hold,
+    Paused,
+    Reject,
+    RequestInfo,
+    Resumed,
+    SchedulerCore,
+)
 from thunder_mw.policies.program_table import ProgramState
 
 
-def engines(core, max_model_len=None):
+def engines(core: SchedulerCore, max_model_len: int | None = None) -> SchedulerCore:
     for backend in core.backends.values():
         backend.max_model_len = max_model_len
     return core
@@ -32,7 +40,7 @@ def test_max_tokens_past_every_model_length_is_refused_without_touching_anyone()
     assert "200000 in the completion" in decision.message
     assert actions == []
     assert core.table.get("huge") is None  # no program was made for it
-    assert core.table.get("busy").state is ProgramState.ACTIVE
+    assert _program(core, "busy").state is ProgramState.ACTIVE
     assert core.counters["context_length_refusals"] == 1
 
 
@@ -67,16 +75,16 @@ def test_past_the_model_length_by_the_estimate_only_goes_to_the_engine_unplanned
     assert isinstance(decision, Forward) and not decision.planned
     assert decision.backend == "b1"  # the longest model length
     assert actions == [] and core.table.get("long") is None
-    assert sum(b.reserved for b in core.backends.values()) == core.table.get("busy").reserved_tokens
+    assert sum(b.reserved for b in core.backends.values()) == _program(core, "busy").reserved_tokens
 
 
 def test_a_known_program_sent_unplanned_goes_home_when_home_serves_as_long_a_model() -> None:
     core = engines(make(capacities=(10_000, 10_000)), max_model_len=2048)
     home = run_step(core, "a", 1000, 0)
-    reserved = core.table.get("a").reserved_tokens
+    reserved = _program(core, "a").reserved_tokens
     decision, _ = core.on_request(ctx("a"), info(4000), 2)
     assert isinstance(decision, Forward) and not decision.planned and decision.backend == home
-    assert core.table.get("a").reserved_tokens == reserved  # its reservation did not grow
+    assert _program(core, "a").reserved_tokens == reserved  # its reservation did not grow
 
 
 def test_larger_than_every_kv_cache_by_the_estimate_is_held_alone_then_placed() -> None:
@@ -103,7 +111,7 @@ def test_a_request_that_merely_waits_for_room_is_not_alone_and_leaves_on_its_dea
 
 
 def test_only_the_prompt_bearing_fields_count_toward_the_floor() -> None:
-    body = {
+    body: dict[str, object] = {
         "model": "m",
         "messages": [{"role": "system", "content": "ab"}, {"role": "user", "content": "cde"}],
         "tools": [{"type": "function", "function": {"name": "fg"}}],

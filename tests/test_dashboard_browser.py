@@ -8,8 +8,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -42,7 +43,10 @@ def browser() -> str:
     return path
 
 
-def chat(program_id: str, max_tokens: int, **extra) -> dict:
+T = TypeVar("T")
+
+
+def chat(program_id: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
     return {
         "model": "sim-model",
         "messages": [{"role": "user", "content": f"{program_id} " * 40}],
@@ -53,11 +57,11 @@ def chat(program_id: str, max_tokens: int, **extra) -> dict:
     }
 
 
-def programs(gw) -> dict[str, dict]:
+def programs(gw: ServerThread) -> dict[str, dict[str, Any]]:
     return {p["program_id"]: p for p in httpx.get(f"{gw.url}/programs").json()["programs"]}
 
 
-def until(predicate, timeout_s: float = 20.0, what: str = "condition"):
+def until(predicate: Callable[[], T], timeout_s: float = 20.0, what: str = "condition") -> T:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
@@ -72,12 +76,12 @@ class Scenario:
     a short call each; then one program per engine starts a long streaming call that needs
     nearly all of its engine, so the others are paused and their next requests wait."""
 
-    def __init__(self, gw) -> None:
+    def __init__(self, gw: ServerThread) -> None:
         self.gw = gw
         self.threads: list[threading.Thread] = []
         self.waiters: list[str] = []
 
-    def run(self, body: dict) -> None:
+    def run(self, body: dict[str, Any]) -> None:
         def go() -> None:
             asyncio.run(self._post(body))
 
@@ -85,7 +89,7 @@ class Scenario:
         thread.start()
         self.threads.append(thread)
 
-    async def _post(self, body: dict) -> None:
+    async def _post(self, body: dict[str, Any]) -> None:
         async with httpx.AsyncClient(base_url=self.gw.url, timeout=120) as client:
             async with client.stream("POST", "/v1/chat/completions", json=body) as r:
                 async for _ in r.aiter_raw():

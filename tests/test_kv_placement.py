@@ -3,9 +3,11 @@ and the shared prefix the live gateway keys requests by."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from thunder_mw.middleware.call_state import RequestBody
 from thunder_mw.middleware.live_scheduler import request_info
-from thunder_mw.policies.core import Forward, Hold, RequestInfo, SchedulerCore
+from thunder_mw.policies.core import Decision, Forward, Hold, RequestInfo, SchedulerCore
 from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.prefix_index import PrefixIndex
@@ -14,16 +16,31 @@ from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
 CHARS_PER_TOKEN = 4
-WITH = [{"admission": {}}, {"state_aware_pause": {}}, {"kv_placement": {}}, {"migration": {}}]
-WITHOUT = [{"admission": {}}, {"state_aware_pause": {}}, {"migration": {}}]
+WITH: list[dict[str, Any]] = [
+    {"admission": {}},
+    {"state_aware_pause": {}},
+    {"kv_placement": {}},
+    {"migration": {}},
+]
+WITHOUT: list[dict[str, Any]] = [{"admission": {}}, {"state_aware_pause": {}}, {"migration": {}}]
 
 
-def make(policies, capacities=(100_000, 100_000)) -> SchedulerCore:
+def make(
+    policies: list[dict[str, Any]], capacities: tuple[int, ...] = (100_000, 100_000)
+) -> SchedulerCore:
     labels = [(f"b{i}", c) for i, c in enumerate(capacities)]
     return SchedulerCore(labels, build_pipeline(policies), chars_per_token=CHARS_PER_TOKEN)
 
 
-def send(core, pid, tokens, prefix, now, prefix_tokens=2000, **kw):
+def send(
+    core: SchedulerCore,
+    pid: str,
+    tokens: int,
+    prefix: str | None,
+    now: float,
+    prefix_tokens: int = 2000,
+    **kw: Any,
+) -> Decision:
     info = RequestInfo(
         prompt_chars=(tokens - 1) * CHARS_PER_TOKEN,
         max_tokens=10,
@@ -34,7 +51,9 @@ def send(core, pid, tokens, prefix, now, prefix_tokens=2000, **kw):
     return core.on_request(ctx, info, now)[0]
 
 
-def placed(core, pid, tokens, prefix, now, **kw) -> str:
+def placed(
+    core: SchedulerCore, pid: str, tokens: int, prefix: str | None, now: float, **kw: Any
+) -> str:
     decision = send(core, pid, tokens, prefix, now, **kw)
     assert isinstance(decision, Forward), decision
     return decision.backend
@@ -108,7 +127,7 @@ def test_the_prefix_index_forgets_the_least_recently_used_past_capacity() -> Non
     assert index.tokens_held("b0") == 300
 
 
-def _info(data: dict) -> RequestInfo:
+def _info(data: dict[str, Any]) -> RequestInfo:
     import msgspec
 
     return request_info(RequestBody(data, msgspec.json.encode(data)))

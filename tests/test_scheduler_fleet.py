@@ -4,18 +4,10 @@ and caches that go cold when weights are updated (pure, simulated clock)."""
 from __future__ import annotations
 
 import pytest
-from test_scheduler_core import ctx, info, make, of, run_step
+from test_scheduler_core import _program, ctx, info, make, of, run_step
 
-from thunder_mw.policies.core import BackendMetrics, Forward, Hold, Reject, Resumed, SchedulerCore
-from thunder_mw.policies.program_table import Program, ProgramState, Usage
-
-
-def _program(core: SchedulerCore, program_id: str) -> Program:
-    """The core's entry for `program_id` (the test fails here if it has none)."""
-    program = core.table.get(program_id)
-    assert program is not None, program_id
-    return program
-
+from thunder_mw.policies.core import BackendMetrics, Forward, Hold, Reject, Resumed
+from thunder_mw.policies.program_table import ProgramState, Usage
 
 # ------------------------------------------------------------------ adding
 

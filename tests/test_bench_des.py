@@ -7,14 +7,15 @@ import dataclasses
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bench_schema import RECORD_KEYS
 
 from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
-from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, simulate
+from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, _Program, simulate
 from thunder_mw.benchmarks.scenarios import POLICIES
-from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, generate
+from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, ProgramSpec, generate
 from thunder_mw.policies.core import Resumed
 
 # swe-agent's shape with short answers, so a run past the knee takes a fraction of a second.
@@ -35,7 +36,7 @@ def bench(*argv: str) -> int:
     return run_bench(parser.parse_args(list(argv)))
 
 
-def swe(n: int = 12):
+def swe(n: int = 12) -> list[ProgramSpec]:
     return generate(TINY_SWE, n, seed=1, max_context_tokens=8192)
 
 
@@ -106,7 +107,7 @@ def test_an_unknown_policy_is_refused(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "sticky", "thunderagent", "thunder-mw"])
-def test_every_program_completes_past_the_knee(policy) -> None:
+def test_every_program_completes_past_the_knee(policy: str) -> None:
     result = simulate(swe(), POLICIES[policy], SMALL, Arrivals("closed", 8), policy)
     m = result.metrics
     assert m["programs_completed"] == 12 and m["programs_failed"] == 0
@@ -128,11 +129,11 @@ def test_round_robin_sends_each_call_of_a_program_to_the_next_engine() -> None:
     sim = Simulation(swe(2), POLICIES["round_robin"], SMALL, Arrivals("closed", 1))
     original = sim._dispatch
 
-    def spy(run, label, *rest) -> None:
+    def spy(run: _Program, label: str, *rest: Any) -> None:
         forwards.append((run.spec.program_id, label))
         original(run, label, *rest)
 
-    sim._dispatch = spy  # type: ignore[method-assign]
+    sim._dispatch = spy  # type: ignore[method-assign,assignment]  # a spy on this one instance
     sim.run()
     first = [label for pid, label in forwards if pid == "p0"]
     assert len(set(first)) == 2

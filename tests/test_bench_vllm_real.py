@@ -53,7 +53,8 @@ def report(vllm_engine: RealVllm, tmp_path_factory: pytest.TempPathFactory) -> d
         ]
     )
     assert run_bench(args) == 0
-    return json.loads(output.read_text())
+    report: dict[str, Any] = json.loads(output.read_text())
+    return report
 
 
 def test_result_document_has_the_regimes_schema(report: dict[str, Any]) -> None:
@@ -185,10 +186,10 @@ def test_the_old_wave_overflowed_only_while_the_engine_was_slow() -> None:
     )
     base = get_profile("cpu-tiny")
     figures = {}
-    for slow in (1.0, 4.0):
-        name = f"cpu-tiny-x{slow:g}"
+    for slowdown in (1.0, 4.0):
+        name = f"cpu-tiny-x{slowdown:g}"
         PROFILES[name] = replace(
-            base, **{k: getattr(base, k) * slow for k in ("a", "b", "c", "d", "e", "f")}
+            base, **{k: getattr(base, k) * slowdown for k in ("a", "b", "c", "d", "e", "f")}
         )
         cluster = ClusterConfig(
             engines=1,
@@ -198,9 +199,9 @@ def test_the_old_wave_overflowed_only_while_the_engine_was_slow() -> None:
             max_num_batched_tokens=2048,
             max_model_len=2048,
             profile=name,
-            call_overhead_s=0.015 * slow,
+            call_overhead_s=0.015 * slowdown,
         )
-        figures[slow] = simulate(programs, POLICIES["round_robin"], cluster, Arrivals()).metrics
+        figures[slowdown] = simulate(programs, POLICIES["round_robin"], cluster, Arrivals()).metrics
         del PROFILES[name]
     fast, slow = figures[1.0], figures[4.0]
     assert fast["prefix_hit_rate"] > 0.5 and fast["preemptions"] <= 1

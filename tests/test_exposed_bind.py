@@ -41,7 +41,7 @@ def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ------------------------------------------------------------------ binding beyond loopback
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "2001:db8::7", "gw.example"])
-def test_a_non_loopback_host_without_an_admin_token_is_refused(tmp_path: Path, host) -> None:
+def test_a_non_loopback_host_without_an_admin_token_is_refused(tmp_path: Path, host: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, f"server:\n  port: 8300\n  host: '{host}'\n"))
     [problem] = info.value.problems
@@ -76,7 +76,7 @@ def test_allow_unauthenticated_admin_lets_an_exposed_host_start_without_a_token(
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "::1", "localhost", "LocalHost"])
-def test_loopback_hosts_need_no_token(tmp_path: Path, host) -> None:
+def test_loopback_hosts_need_no_token(tmp_path: Path, host: str) -> None:
     assert load_config(write(tmp_path, f"server:\n  host: '{host}'\n")).server.host == host
 
 
@@ -86,7 +86,7 @@ def test_the_refusal_holds_for_configs_built_in_code_too() -> None:
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "config").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_shipped_config_still_loads_and_binds_loopback(path) -> None:
+def test_every_shipped_config_still_loads_and_binds_loopback(path: Path) -> None:
     assert load_config(path).server.host == "127.0.0.1"
 
 
@@ -122,7 +122,7 @@ def test_the_state_section_defaults_to_memory_with_no_url(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("scheme", ["redis", "rediss"])
-def test_redis_and_rediss_urls_are_accepted(tmp_path: Path, scheme) -> None:
+def test_redis_and_rediss_urls_are_accepted(tmp_path: Path, scheme: str) -> None:
     url = REDIS_URL.replace("rediss://", f"{scheme}://")
     state = load_config(redis_config(tmp_path, url)).state
     assert state.url is not None and state.url.get_secret_value() == url
@@ -145,7 +145,7 @@ def test_the_memory_backend_takes_no_url(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "url", [f"http://:{REDIS_PASSWORD}@r:6379", f"redis://:{REDIS_PASSWORD}@r:x"]
 )
-def test_a_url_that_is_not_redis_is_refused_without_echoing_it(tmp_path: Path, url) -> None:
+def test_a_url_that_is_not_redis_is_refused_without_echoing_it(tmp_path: Path, url: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(redis_config(tmp_path, url))
     assert info.value.problems[0].startswith("state.url (line 3): ")

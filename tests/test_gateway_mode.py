@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 from asgi_servers import serving
 from fake_engine import FakeEngine
@@ -12,12 +14,12 @@ from thunder_mw.middleware.app import ThunderMiddleware
 from thunder_mw.schemas.config import ThunderConfig
 
 
-def make_gateway(engine_url: str) -> tuple[FastAPI, list[dict]]:
-    seen: list[dict] = []
+def make_gateway(engine_url: str) -> tuple[ThunderMiddleware, list[dict[str, Any]]]:
+    seen: list[dict[str, Any]] = []
     app = FastAPI()
 
     @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> dict:
+    async def chat(request: Request) -> dict[str, Any]:
         body = await request.json()
         call = call_state(request.scope)
         assert call.context is not None and call.backend_url is not None
@@ -31,13 +33,13 @@ def make_gateway(engine_url: str) -> tuple[FastAPI, list[dict]]:
             }
         )
         async with httpx.AsyncClient(base_url=call.backend_url) as client:
-            answer = (await client.post("/v1/chat/completions", json=body)).json()
+            answer: dict[str, Any] = (await client.post("/v1/chat/completions", json=body)).json()
         usage = answer["usage"]
         report_usage(request.scope, usage["prompt_tokens"], usage["completion_tokens"])
         return answer
 
     @app.get("/own-route")
-    async def own() -> dict:
+    async def own() -> dict[str, Any]:
         return {"mine": True}
 
     config = ThunderConfig(backends=[{"name": "engine", "url": engine_url}])

@@ -8,11 +8,13 @@ import json
 import os
 import re
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from asgi_servers import serving
+from asgi_servers import ServerThread, serving
 from real_vllm import MODEL_DIR, RealVllm, missing_prerequisites, start_vllm
 
 from thunder_mw.cli import main as cli
@@ -41,12 +43,12 @@ def plan(*argv: str) -> tuple[int, str]:
     return status, out.getvalue()
 
 
-def plan_json(*argv: str) -> tuple[int, dict]:
+def plan_json(*argv: str) -> tuple[int, dict[str, Any]]:
     status, text = plan(*argv, "--json")
     return status, json.loads(text)
 
 
-def write_model(folder: Path, config: dict, shards: dict[str, int] | None = None) -> Path:
+def write_model(folder: Path, config: dict[str, Any], shards: dict[str, int] | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
     for name, size in (shards or {}).items():
@@ -250,7 +252,7 @@ def test_emitted_config_is_plain_yaml_with_explanatory_comments() -> None:
 
 
 # ---------------------------------------------------------------------- --engine: simulator
-def sim(flavor: str, num_blocks: int, block_size: int = 16):
+def sim(flavor: str, num_blocks: int, block_size: int = 16) -> AbstractContextManager[ServerThread]:
     return serving(
         create_sim_app(
             SimEngineSettings(flavor=flavor, num_blocks=num_blocks, block_size=block_size)
@@ -259,7 +261,7 @@ def sim(flavor: str, num_blocks: int, block_size: int = 16):
 
 
 @pytest.mark.parametrize("flavor", ["vllm", "sglang"])
-def test_plan_matches_a_simulator_sized_like_the_worked_example(flavor) -> None:
+def test_plan_matches_a_simulator_sized_like_the_worked_example(flavor: str) -> None:
     # 163,840 planned tokens = 10,240 blocks of 16.
     with sim(flavor, 10_240) as engine:
         status, report = plan_json(*WORKED_EXAMPLE, "--block-size", "16", "--engine", engine.url)

@@ -71,7 +71,7 @@ def wait_until_up(url: str, process: subprocess.Popen[bytes]) -> None:
 @pytest.mark.slow  # `thunder-mw` processes
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_debug_logs_with_access_log_hold_no_secret(
-    engine: FakeEngine, tmp_path: Path, log_format
+    engine: FakeEngine, tmp_path: Path, log_format: str
 ) -> None:
     port = free_port()
     config = write_config(tmp_path, engine.url, port, log_format)
@@ -131,7 +131,9 @@ def test_backend_urls_with_credentials_are_refused(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ the filter itself
-def record(msg: str, args: tuple[object, ...] = (), exc: BaseException | None = None):
+def record(
+    msg: str, args: tuple[object, ...] = (), exc: BaseException | None = None
+) -> logging.LogRecord:
     exc_info = (type(exc), exc, exc.__traceback__) if exc else None
     return logging.LogRecord("t", logging.INFO, __file__, 1, msg, args, exc_info)
 

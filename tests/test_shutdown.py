@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -39,7 +40,7 @@ def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path
         url = f"http://127.0.0.1:{port}"
         try:
             wait_until_healthy(url)
-            results: dict[str, object] = {}
+            results: dict[str, tuple[Any, ...]] = {}
 
             def stream() -> None:
                 body = {**BIG, "stream": True, "program_id": "hog", "max_tokens": 800}
@@ -66,8 +67,8 @@ def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=40)
-    status, body, waited = results["held"]  # type: ignore[misc]
+    status, body, waited = results["held"]
     assert status == 503 and body["error"]["code"] == "shutting_down"
     assert waited < 5  # answered at shutdown, not when the stream ended
-    stream_status, raw = results["stream"]  # type: ignore[misc]
+    stream_status, raw = results["stream"]
     assert stream_status == 200 and raw.rstrip().endswith(b"data: [DONE]")

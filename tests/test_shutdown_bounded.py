@@ -21,6 +21,7 @@ from asgi_servers import serving
 from fake_engine import FakeEngine, Received
 
 from thunder_mw.benchmarks.server_process import wait_until_healthy
+from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.sim.ports import free_port
 
 pytestmark = pytest.mark.slow  # `thunder-mw serve` processes, signalled
@@ -33,7 +34,7 @@ CALL = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "program_
 class SilentEngine(FakeEngine):
     """Answers probes; never answers a chat call (it waits until its client goes away)."""
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
             await super().__call__(scope, receive, send)
             return

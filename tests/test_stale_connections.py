@@ -60,7 +60,8 @@ class Gateway:
 
     def healthy(self) -> bool:
         """The engine's health as the pool publishes it (/health)."""
-        return self.client.get(f"{self.url}/health").json()["backends"][0]["healthy"]
+        healthy: bool = self.client.get(f"{self.url}/health").json()["backends"][0]["healthy"]
+        return healthy
 
     def healthy_in_core(self) -> bool:
         """The engine's health as the scheduler counts it."""
@@ -80,7 +81,9 @@ class Gateway:
 
 
 @contextmanager
-def gateway(engine: ClosingEngine, keep_alive_s: float = LONG_KEEP_ALIVE_S, **server: Any):
+def gateway(
+    engine: ClosingEngine, keep_alive_s: float = LONG_KEEP_ALIVE_S, **server: Any
+) -> Iterator[Gateway]:
     config = ThunderConfig(
         backends=[{"name": "e", "url": engine.url, "keep_alive_s": keep_alive_s}],
         # Only the start-up probe: what decides health here is the calls and their own probes.
@@ -348,7 +351,9 @@ def _programs(n: int, calls: int) -> list[ProgramSpec]:
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
-def test_the_replay_client_resends_requests_lost_on_a_connection_the_server_closed(stream) -> None:
+def test_the_replay_client_resends_requests_lost_on_a_connection_the_server_closed(
+    stream: bool,
+) -> None:
     # The stand-in plays a server that closes every pooled connection under the next request,
     # the release at the end of each program included.
     with ClosingEngine(close_reused=True) as server:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -21,7 +22,7 @@ from thunder_mw.schemas.config import ThunderConfig
 HUGE_PROMPT = "word " * 300_000  # ~300k words: past any engine here whatever the tokenizer
 
 
-def _sim(name: str) -> dict:
+def _sim(name: str) -> dict[str, Any]:
     # The demo's engines (config/demo.yaml): 98,304 tokens of KV, max_model_len 32,768.
     sim = {"num_blocks": 6144, "block_size": 16, "max_model_len": 32768, "time_scale": 10.0}
     return {"name": name, "type": "sim", "sim": sim}
@@ -47,7 +48,7 @@ def client(demo_gateway: ServerThread) -> Iterator[openai.OpenAI]:
 
 
 def _refused(
-    client: openai.OpenAI, program_id: str, **body
+    client: openai.OpenAI, program_id: str, **body: Any
 ) -> tuple[openai.BadRequestError, float]:
     started = time.monotonic()
     with pytest.raises(openai.BadRequestError) as err:
@@ -66,7 +67,7 @@ def _refused(
     ],
 )
 def test_max_tokens_past_the_model_length_is_refused_at_once_and_nobody_pauses(
-    demo_gateway: ServerThread, client: openai.OpenAI, max_tokens, code
+    demo_gateway: ServerThread, client: openai.OpenAI, max_tokens: int, code: str
 ) -> None:
     for i in range(3):
         client.chat.completions.create(
@@ -97,7 +98,7 @@ def test_a_prompt_past_every_engine_is_refused_at_once(
 
 
 # ---------------------------------------------------------------------- bounds on held requests
-def _gateway(engine_url: str, **server) -> ThunderConfig:
+def _gateway(engine_url: str, **server: Any) -> ThunderConfig:
     return ThunderConfig(
         server=server,
         backends=[{"name": "e", "url": engine_url, "capacity_tokens": 1000}],
@@ -185,7 +186,7 @@ def real_gateway(vllm_engine: RealVllm) -> Iterator[ServerThread]:
     ids=["max_tokens", "prompt_past_model_length", "huge_prompt"],
 )
 def test_the_real_engine_and_the_gateway_refuse_the_same_bodies_in_under_a_second(
-    real_gateway: ServerThread, vllm_engine: RealVllm, body
+    real_gateway: ServerThread, vllm_engine: RealVllm, body: dict[str, Any]
 ) -> None:
     body = {"model": vllm_engine.model, **body}
     direct = httpx.post(f"{vllm_engine.url}/v1/chat/completions", json=body, timeout=60)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -20,12 +21,14 @@ from thunder_mw.observability.decisions import DecisionLog
 from thunder_mw.observability.log_format import JsonFormatter
 from thunder_mw.observability.metrics import GatewayMetrics
 from thunder_mw.policies.core import (
+    Action,
     BackendMetrics,
     Paused,
     ReclaimTools,
     Reject,
     Released,
     Resumed,
+    SchedulerCore,
 )
 from thunder_mw.schemas.config import ThunderConfig
 
@@ -37,7 +40,7 @@ TIGHT_POLICIES = [  # whole-context accounting, no yielding: the pause these tes
 ]
 
 
-def scrape(gw) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def scrape(gw: ServerThread) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = httpx.get(f"{gw.url}/metrics").text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -46,7 +49,7 @@ def scrape(gw) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def names(samples) -> set[str]:
+def names(samples: Iterable[tuple[str, Any]]) -> set[str]:
     return {name for name, _ in samples}
 
 
@@ -90,7 +93,7 @@ def test_engine_signals_are_re_exported_from_the_probe(engine: FakeEngine) -> No
     assert samples[("thunder_mw_backend_imbalance_ratio", (("source", "engine"),))] == 0
 
 
-async def _feed(core, metrics) -> None:
+async def _feed(core: SchedulerCore, metrics: BackendMetrics) -> None:
     core.on_backend("e0", metrics=metrics, now=time.monotonic())
 
 
@@ -172,7 +175,7 @@ def test_a_held_request_is_counted_in_the_queue_histogram_and_as_a_pause(
     assert resumed >= 1
 
 
-def _decision_samples(*actions) -> dict:
+def _decision_samples(*actions: Action) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     metrics = GatewayMetrics()
     decisions = DecisionLog(metrics.registry, metrics.programs_released, log_decisions=False)
     for action in actions:
@@ -225,7 +228,7 @@ def test_decisions_are_logged_with_program_backend_and_reason(
     with caplog.at_level(logging.INFO, logger="thunder_mw.decisions"):
         httpx.post(f"{gw.url}/v1/chat/completions", json={**SMALL, "program_id": "p"})
     admit = [r for r in caplog.records if r.name == "thunder_mw.decisions"]
-    assert admit and admit[0].thunder == {
+    assert admit and admit[0].thunder == {  # type: ignore[attr-defined]  # the logger's `extra`
         "decision": "admit",
         "program_id": "p",
         "backend": "e0",

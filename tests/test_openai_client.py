@@ -35,6 +35,7 @@ def test_non_streaming_call_with_extra_body(
         extra_body={"program_id": "agent-1", "docker_ids": ["sandbox-1"]},
     )
     assert answer.choices[0].message.content == "tok tok tok tok "
+    assert answer.usage is not None
     assert answer.usage.completion_tokens == 4
     sent = engine.last().body
     assert "program_id" not in sent and "docker_ids" not in sent and sent["max_tokens"] == 4
@@ -84,4 +85,5 @@ def test_invalid_program_id_raises_a_typed_error_naming_the_field(
         client.chat.completions.create(
             model="fake-model", messages=[], extra_body={"program_id": "   "}
         )
+    assert isinstance(info.value.body, dict)
     assert info.value.body["param"] == "program_id"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -31,14 +32,15 @@ def gw() -> Iterator[ServerThread]:
             yield server
 
 
-def post(gw, **body) -> httpx.Response:
+def post(gw: ServerThread, **body: Any) -> httpx.Response:
     return httpx.post(f"{gw.url}/v1/chat/completions", json={**CHAT, **body}, timeout=30)
 
 
-def profile(gw, program_id: str) -> dict:
+def profile(gw: ServerThread, program_id: str) -> dict[str, Any]:
     r = httpx.get(f"{gw.url}/profiles/{program_id}")
     assert r.status_code == 200, r.text
-    return r.json()
+    view: dict[str, Any] = r.json()
+    return view
 
 
 # ------------------------------------------------------------------ over the wire
@@ -181,6 +183,7 @@ def test_a_quiet_gateway_lets_released_profiles_go_on_its_tick() -> None:
             r = httpx.post(f"{server.url}/programs/release", json={"program_id": "p"})
             assert r.json()["released"] is True
             store = app.core.observability.profiles
+            assert store is not None
             deadline = time.monotonic() + 10
             while len(store) and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -12,15 +12,17 @@ import openai
 import pytest
 from asgi_servers import serving
 from fake_engine import FakeEngine
+from openai.types.chat import ChatCompletionMessageParam
 
 from thunder_mw.middleware.app import ThunderMiddleware, create_app
 from thunder_mw.middleware.call_state import STATE_KEY, CallState
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import Rejected, SchedulingMiddleware
+from thunder_mw.middleware.types import Message
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import ThunderConfig
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
 class Stack:
@@ -78,6 +80,7 @@ def test_another_key_gets_403_naming_the_program_id(stack: Stack) -> None:
     with pytest.raises(openai.PermissionDeniedError) as info:
         stack.chat("sk-mallory", "agent-1")
     error = info.value.body
+    assert isinstance(error, dict)
     assert info.value.status_code == 403
     assert error["code"] == "program_owned_by_another_key" and error["param"] == "program_id"
     assert error["type"] == "permission_error"
@@ -184,12 +187,12 @@ class _RefusingScheduler:
 
 
 def _call(mw: SchedulingMiddleware, key: bytes) -> int:
-    sent: list[dict[str, Any]] = []
+    sent: list[Message] = []
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Message:
         return {"type": "http.disconnect"}
 
     call = CallState()
@@ -200,7 +203,8 @@ def _call(mw: SchedulingMiddleware, key: bytes) -> int:
         "state": {STATE_KEY: call},
     }
     asyncio.run(mw(scope, receive, send))
-    return sent[0]["status"]
+    status: int = sent[0]["status"]
+    return status
 
 
 def test_a_first_request_that_never_ran_leaves_no_owner() -> None:

@@ -72,6 +72,7 @@ def test_a_wrong_method_is_the_gateways_405_in_the_openai_error_object(
         client.get("/chat/completions", cast_to=object)
     assert info.value.status_code == 405
     assert info.value.response.headers["allow"] == "POST"
+    assert isinstance(info.value.body, dict)
     assert set(info.value.body) == {"message", "type", "param", "code"}
     assert info.value.body["code"] == "method_not_allowed"
 
@@ -86,6 +87,7 @@ def test_a_program_whose_calls_vllm_refuses_holds_nothing_and_expires(
             max_tokens=8,
             extra_body={"program_id": "refused"},
         )
+    assert isinstance(info.value.body, dict)
     assert "no-such-model" in info.value.body["message"]  # vLLM's own 404, relayed
     seen = httpx.get(f"{gateway}/programs/refused").json()
     assert seen["failures"] == 1 and seen["reserved_tokens"] == 0 and seen["in_flight"] == 0

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
 from asgi_servers import ServerThread, serving
+from openai.types.chat import ChatCompletionMessageParam
 from real_vllm import RealVllm
 
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
 
-PROMPT = [{"role": "user", "content": "Summarise the repository layout in one line."}]
+PROMPT: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Summarise the repository layout in one line."}
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +29,7 @@ def gateway(vllm_engine: RealVllm) -> Iterator[ServerThread]:
         yield gw
 
 
-def _ignored_after(vllm_engine, offset: int) -> set[str]:
+def _ignored_after(vllm_engine: RealVllm, offset: int) -> set[str]:
     # vLLM writes its "ignored fields" line when it parses the request; give the log a moment.
     time.sleep(0.3)
     return vllm_engine.ignored_fields_since(offset)
@@ -56,6 +60,7 @@ def test_openai_client_non_streaming_through_thunder_mw(
         temperature=0,
         extra_body={"program_id": "real-1", "docker_ids": ["sandbox-a"], "ignore_eos": True},
     )
+    assert answer.usage is not None
     assert answer.usage.completion_tokens == 8 and answer.usage.prompt_tokens > 0
     assert answer.choices[0].message.content
     program = httpx.get(f"{gateway.url}/programs/real-1").json()
@@ -130,7 +135,7 @@ def test_prefix_cache_hits_are_captured_for_a_program(
 # CONTROL, a field vLLM does not read: the engine logging it as ignored proves that its log
 # would show a context field that got through.
 CONTROL = "x_thunder_control"
-DYNAMO_FORMS = {
+DYNAMO_FORMS: dict[str, tuple[str, dict[str, Any], dict[str, str], str, str | None]] = {
     "program_id+docker_ids": (
         "/v1/chat/completions", {"program_id": "f-ta", "docker_ids": ["box-f"]}, {}, "f-ta", None
     ),
@@ -203,7 +208,7 @@ def all_forms_gateway(vllm_engine: RealVllm) -> Iterator[ServerThread]:
 
 @pytest.mark.parametrize("form", list(DYNAMO_FORMS))
 def test_the_real_engine_answers_each_form_with_the_context_stripped(
-    form, all_forms_gateway: ServerThread, vllm_engine: RealVllm
+    form: str, all_forms_gateway: ServerThread, vllm_engine: RealVllm
 ) -> None:
     path, fields, headers, program, parent = DYNAMO_FORMS[form]
     if path == "/v1/responses":

@@ -53,11 +53,13 @@ def generate(url: str, program: str, step: int, tokens: int = 8, **extra: Any) -
 
 
 def home(url: str, program: str) -> str | None:
-    return httpx.get(f"{url}/programs/{program}", timeout=10).json()["backend"]
+    backend: str | None = httpx.get(f"{url}/programs/{program}", timeout=10).json()["backend"]
+    return backend
 
 
 def in_flight(url: str) -> int:
-    return httpx.get(f"{url}/generation", timeout=10).json()["in_flight_calls"]
+    calls: int = httpx.get(f"{url}/generation", timeout=10).json()["in_flight_calls"]
+    return calls
 
 
 def wait_for(condition: Any, timeout_s: float = 10.0) -> None:

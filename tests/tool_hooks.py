@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from docker.models.containers import Container
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
 
 CALLS: list[tuple[str | None, str, str]] = []
 

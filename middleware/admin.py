@@ -1,6 +1,7 @@
 """The admin API (health, programs, release, sandboxes, profiles, dashboard, Prometheus
-metrics) as a Starlette router of small endpoints, built from the operation table in
-middleware/openapi.py; errors keep the gateway's OpenAI-style JSON shape."""
+metrics, engine control) as a Starlette router of small endpoints, built from the routes of
+middleware/openapi.py (the canonical ones and the alias table); errors keep the gateway's
+OpenAI-style JSON shape."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from starlette.routing import Match, Route
 
 from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.errors import error_body, send_error
-from thunder_mw.middleware.openapi import OPERATIONS, admin_openapi_json
+from thunder_mw.middleware.openapi import ROUTES, admin_openapi_json
 from thunder_mw.middleware.request_body import BodyError, ClientLeft, decode_object, read_body
 from thunder_mw.middleware.scheduling import Rejected, Scheduler
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
@@ -66,7 +67,7 @@ def _admin_paths() -> tuple[frozenset[str], tuple[str, ...]]:
     under a root that has routes below it (`/programs/...`), so an unknown subpath gets the
     admin API's 404 instead of being forwarded to an engine."""
     exact, trees = set(), set()
-    for op in OPERATIONS:
+    for op in ROUTES:
         root = "/" + op.path.split("/")[1]
         if "{" not in op.path:
             exact.add(op.path)
@@ -237,11 +238,11 @@ class AdminRoutes:
                 Middleware(
                     AdminTokenGuard,
                     token=admin_token,
-                    public=frozenset((op.method, op.path) for op in OPERATIONS if op.public),
-                    query_token_paths=frozenset(op.path for op in OPERATIONS if op.dashboard_token),
+                    public=frozenset((op.method, op.path) for op in ROUTES if op.public),
+                    query_token_paths=frozenset(op.path for op in ROUTES if op.dashboard_token),
                 )
             )
-        self.routes = [_Route(op.path, self._endpoint(op.endpoint), op.method) for op in OPERATIONS]
+        self.routes = [_Route(op.path, self._endpoint(op.endpoint), op.method) for op in ROUTES]
         self.app = Starlette(
             routes=self.routes,
             middleware=middleware,

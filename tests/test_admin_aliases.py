@@ -44,7 +44,7 @@ def served_by(app: ThunderGateway, method: str, path: str) -> Any:
     raise AssertionError(f"no route serves {method} {path}")
 
 
-def test_every_alias_names_one_canonical_route_and_is_none_itself():
+def test_every_alias_names_one_canonical_route_and_is_none_itself() -> None:
     assert len(CANONICAL) == len(OPERATIONS), "a canonical route is listed twice"
     keys = [(alias.method, alias.path) for alias in ALIASES]
     assert len(set(keys)) == len(keys), "an alias is listed twice"
@@ -58,7 +58,7 @@ def test_every_alias_names_one_canonical_route_and_is_none_itself():
     assert {op.family for op in OPERATIONS} == set(FAMILIES)
 
 
-def test_the_router_serves_each_alias_by_its_canonical_route_or_its_own_shape():
+def test_the_router_serves_each_alias_by_its_canonical_route_or_its_own_shape() -> None:
     app = ThunderGateway(config())
     for alias in ALIASES:
         canonical = CANONICAL[alias.canonical]
@@ -71,7 +71,7 @@ def test_the_router_serves_each_alias_by_its_canonical_route_or_its_own_shape():
         assert endpoint == expected, f"{alias.method} {alias.path}"
 
 
-def test_the_openapi_document_lists_each_canonical_route_once_and_marks_each_alias():
+def test_the_openapi_document_lists_each_canonical_route_once_and_marks_each_alias() -> None:
     document = admin_openapi(__version__)
     canonical: list[str] = []
     aliases: dict[str, str] = {}
@@ -104,7 +104,7 @@ def test_the_openapi_document_lists_each_canonical_route_once_and_marks_each_ali
         ("POST /wake_up", "POST /generation/wake_up"),
     ],
 )
-def test_an_alias_as_is_answers_as_its_canonical_route(alias: str, canonical: str):
+def test_an_alias_as_is_answers_as_its_canonical_route(alias: str, canonical: str) -> None:
     async def run() -> None:
         app = ThunderGateway(config())
         try:
@@ -124,7 +124,7 @@ def test_an_alias_as_is_answers_as_its_canonical_route(alias: str, canonical: st
     asyncio.run(run())
 
 
-def test_the_architecture_page_shows_both_tables():
+def test_the_architecture_page_shows_both_tables() -> None:
     page = ARCHITECTURE.read_text()
     section = page.split("## The admin API", 1)[1].split("\n## ", 1)[0]
     for op in OPERATIONS:

@@ -42,6 +42,7 @@ scalars); conformance/registry.py records it in the router's profile.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import platform
@@ -67,7 +68,7 @@ from thunder_mw.benchmarks.replay import (
     single_token_words,
     thunder_identity,
 )
-from thunder_mw.benchmarks.scenarios import POLICIES, Scenario
+from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS, Scenario
 from thunder_mw.benchmarks.vllm_cpu import DEAR_MODEL_DIR, MODEL_DIR, RealVllm, start_vllm
 from thunder_mw.benchmarks.workloads import (
     PRESETS,
@@ -670,26 +671,57 @@ def run_regime(
         "overflow": overflow_check(policies, peak_sum, kv_tokens, ideal),
         "paired": paired_ratios(runs),
         "agreement": agreement(policies, sims),
-        "simulated": {
-            name: {
-                k: m.get(k)
-                for k in (
-                    "steps_per_min",
-                    "prefix_hit_rate",
-                    "preemptions",
-                    "makespan_s",
-                    "engine_busy",
-                    "mean_batch",
-                    "engine_seconds",
-                )
-            }
-            for name, m in sims.items()
-        },
+        "simulated": simulated_figures(sims),
         "targets": regime_targets(regime.name, runs),
         "runs": runs,
         "engine_start_s": start_s,
         "wall_s": round(time.perf_counter() - started, 1),
     }
+
+
+SIMULATED_KEYS = (
+    "steps_per_min",
+    "prefix_hit_rate",
+    "preemptions",
+    "makespan_s",
+    "engine_busy",
+    "mean_batch",
+    "engine_seconds",
+)
+
+
+def simulated_figures(sims: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The `simulated` part of a regime: each stand-in's figures the document keeps."""
+    return {name: {k: m.get(k) for k in SIMULATED_KEYS} for name, m in sims.items()}
+
+
+def resimulate(report: dict[str, Any]) -> dict[str, Any]:
+    """`report` with each regime's `simulated` and `agreement` recomputed by the DES as the
+    code stands, from what the regime recorded of its run (seed, programs, KV blocks,
+    context limit, the profile fitted on its engine and its per-call overhead); the real
+    runs and their figures are kept as they are. For a change to a stand-in or to the
+    simulator, without the engine."""
+    scenario = SCENARIOS[report["scenario"]]
+    out = copy.deepcopy(report)
+    for name, doc in out["regimes"].items():
+        regime, config, fitted = REGIMES[name], doc["config"], doc["simulated_with"]
+        # The coefficients the run recorded (an in-situ fit lives in its document only).
+        profile = f"{fitted['profile']}-recorded"
+        PROFILES[profile] = StepCost(**fitted["coefficients"], source=f"{name}: recorded")
+        limit = config["max_model_len"]
+        programs = regime_programs(
+            replace(scenario, kv_tokens=config["kv_tokens"], max_model_len=limit),
+            regime,
+            report["seed"],
+            config["programs"],
+        )
+        cluster = sim_cluster(
+            regime, config["kv_blocks"], limit, profile, fitted["call_overhead_s"]
+        )
+        sims = {s: simulated(system_named(s), programs, cluster) for s in doc["runs"]}
+        doc["simulated"] = simulated_figures(sims)
+        doc["agreement"] = agreement(doc["policies"], sims)
+    return out
 
 
 @contextmanager

@@ -214,6 +214,17 @@ def test_progress_ttl_pauses_a_program_still_acting_when_its_ttl_expires() -> No
     assert core.backends["b0"].reserved == 0
 
 
+def test_a_zero_ttl_pauses_the_program_as_its_call_ends_not_at_the_next_tick() -> None:
+    core = ttl_core(capacity=2000, immature_ttl_s=0.0)
+    send(core, "a", 1500, 0)
+    decision, _ = core.on_request(ctx("b"), info(1500), 0.5)
+    assert isinstance(decision, Hold)
+    actions = answer(core, "a", 1500, 1)  # no tick in between: the answer itself frees a's room
+    assert [(p.program_id, p.reason) for p in of(actions, Paused)] == [("a", "ttl_expired")]
+    assert [r.program_id for r in of(actions, Resumed)] == ["b"]
+    assert not of(core.on_tick(1.25), Paused)  # nothing left armed for the tick
+
+
 def test_progress_ttl_leaves_a_program_that_returned_in_time() -> None:
     core = ttl_core()
     send(core, "a", 1000, 0)

@@ -257,3 +257,20 @@ def test_the_old_wave_overflowed_only_while_the_engine_was_slow() -> None:
     assert fast["prefix_hit_rate"] > 0.5 and fast["preemptions"] <= 1
     assert slow["prefix_hit_rate"] < 0.35 and slow["preemptions"] >= 3
     assert slow["makespan_s"] > 2 * fast["makespan_s"]
+
+
+def test_the_ranking_check_counts_only_pairs_the_real_runs_tell_apart() -> None:
+    def runs(*steps: float) -> list[dict[str, Any]]:
+        return [{"repeat": i, "steps_per_min": s} for i, s in enumerate(steps)]
+
+    real = {
+        "fast": runs(110, 112, 111, 109, 113),
+        "slow": runs(90, 91, 92, 89, 90),
+        "noisy": runs(80, 130, 95, 120, 85),  # overlaps both: a tie either way
+    }
+    alike = vllm_real.pairwise_order(real, {"fast": 2.0, "slow": 1.0, "noisy": 0.5})
+    assert alike == {"told_apart": 1, "ordered_alike": 1, "contradicted": []}
+    reversed_ = vllm_real.pairwise_order(real, {"fast": 1.0, "slow": 2.0, "noisy": 3.0})
+    assert reversed_["told_apart"] == 1
+    assert reversed_["ordered_alike"] == 0
+    assert reversed_["contradicted"][0]["pair"] == ["fast", "slow"]

@@ -29,10 +29,10 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from asgi_servers import serving
-from docker_fixtures import docker_client, sandbox  # noqa: F401  (fixtures for test_tools_*)
-from fake_engine import FakeEngine
-from real_vllm import RealVllm, missing_prerequisites, start_vllm
+from support.asgi_servers import serving
+from support.docker_fixtures import docker_client, sandbox  # noqa: F401  (fixtures for test_tools_*)
+from support.fake_engine import FakeEngine
+from support.real_vllm import RealVllm, missing_prerequisites, start_vllm
 
 # Set by .ci/run: there a missing real engine is a failure, never a silent skip.
 REQUIRE_REAL_ENV = "THUNDER_MW_REQUIRE_REAL"

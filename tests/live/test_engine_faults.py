@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from support.asgi_servers import ServerThread, serving
 from support.fake_engine import FakeEngine
 from support.held_requests import BIG, start_hog, wait_for
+from support.polling import wait_until
 
 from thunder_mw.engines.pool import SUSPECT_RECHECK_S, BackendPool
 from thunder_mw.middleware.app import ThunderGateway, create_app
@@ -86,12 +86,6 @@ class Gateway:
             ]
         )
         return active
-
-    def until(self, condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            assert time.monotonic() < deadline, f"never happened: {what}"
-            time.sleep(0.02)
 
 
 def _program(core: SchedulerCore, program_id: str) -> Program:
@@ -180,7 +174,7 @@ def test_a_slow_engine_stays_schedulable_after_a_first_byte_timeout() -> None:
         with gateway([{"name": "slow", "url": es.url}], server={"first_byte_timeout_s": 0.3}) as gw:
             assert gw.chat("p").status_code == 504
             # The failure opened the circuit; the probe it triggered found /health fine.
-            gw.until(lambda: healthy_in_pool(gw, "slow"), "the circuit closes again")
+            wait_until(lambda: healthy_in_pool(gw, "slow"), 10, message="the circuit closes again")
             again = gw.chat("p")
             accounting = gw.accounting("slow")
     assert again.status_code == 504  # scheduled on it again (not 503 "no backend")
@@ -248,7 +242,9 @@ def test_a_program_held_while_its_engine_goes_away_runs_on_the_other_engine() ->
                 wait_for(gw.url, "held", waiting=1)
                 # a stops listening (refuses new connections) and lets hog-a's stream finish.
                 server_a.server.should_exit = True
-                gw.until(lambda: not gw.accounting("a")["healthy"], "a's circuit opens")
+                wait_until(
+                    lambda: not gw.accounting("a")["healthy"], 10, message="a's circuit opens"
+                )
                 for hog in hogs:
                     hog.join()
                 held.join(timeout=30)
@@ -275,13 +271,15 @@ def test_a_restarted_engine_is_rediscovered_with_its_new_capacity_and_used_again
             assert gw.chat("p").status_code == 200
             assert gw.accounting("e")["capacity"] == 1600
             first.stop()
-            gw.until(lambda: not gw.accounting("e")["healthy"], "the circuit opens")
+            wait_until(lambda: not gw.accounting("e")["healthy"], 10, message="the circuit opens")
             down = gw.chat("p")
             during = gw.accounting("e")
 
             after = FakeEngine(num_blocks=50, block_size=16)  # restarted with 800 tokens
             with serving(after, port):
-                gw.until(lambda: gw.accounting("e")["capacity"] == 800, "capacity re-read")
+                wait_until(
+                    lambda: gw.accounting("e")["capacity"] == 800, 10, message="capacity re-read"
+                )
                 pool_view = httpx.get(f"{gw.url}/health").json()["backends"][0]
                 again = gw.chat("p")
                 program = gw.program("p")

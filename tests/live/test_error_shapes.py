@@ -14,6 +14,7 @@ import openai
 import pytest
 from support.asgi_servers import serving
 from support.fake_engine import FakeEngine
+from support.polling import wait_until
 
 from thunder_mw.middleware.app import ThunderMiddleware, create_app
 from thunder_mw.schemas.config import ThunderConfig
@@ -169,12 +170,12 @@ def test_a_program_whose_only_call_failed_holds_nothing_and_expires_soon(
     assert seen["failures"] == 1 and seen["steps"] == 0
     assert seen["reserved_tokens"] == 0 and seen["in_flight"] == 0
     # gc_hooks.failed_ttl_s after the failure (not idle_ttl_s, 30 minutes) it is gone.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        answer = httpx.get(f"{gateway}/programs/doomed")
-        if answer.status_code == 404:
-            break
-        time.sleep(0.05)
+    wait_until(
+        lambda: httpx.get(f"{gateway}/programs/doomed").status_code == 404,
+        10,
+        message="program doomed to expire",
+    )
+    answer = httpx.get(f"{gateway}/programs/doomed")
     assert answer.status_code == 404
     assert answer.json()["error"]["code"] == "program_not_found"
 
@@ -207,20 +208,24 @@ def test_a_first_call_abandoned_mid_stream_frees_its_reservation_at_once_then_ex
             next(chunks)
             during = httpx.get(f"{gw.url}/programs/left").json()
             assert during["in_flight"] == 1 and during["reserved_tokens"] > 500
-        deadline = time.monotonic() + 5
-        seen = during
-        while seen["in_flight"] and time.monotonic() < deadline:
-            seen = httpx.get(f"{gw.url}/programs/left").json()
+        seen = wait_until(
+            lambda: (
+                (view := httpx.get(f"{gw.url}/programs/left").json())["in_flight"] == 0 and view
+            ),
+            5,
+            interval_s=0,
+            message="the abandoned call to end",
+        )
         # The client went away: the call ended as failed and its reservation went with it.
         assert seen["in_flight"] == 0 and seen["failures"] == 1
         assert seen["reserved_tokens"] == 0
         assert httpx.get(f"{gw.url}/health").json()["programs"] == 1
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            gone = httpx.get(f"{gw.url}/programs/left")
-            if gone.status_code == 404:
-                break
-            time.sleep(0.05)
+        wait_until(
+            lambda: httpx.get(f"{gw.url}/programs/left").status_code == 404,
+            10,
+            message="program left to expire",
+        )
+        gone = httpx.get(f"{gw.url}/programs/left")
         assert gone.status_code == 404
 
 

@@ -11,6 +11,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from support.asgi_servers import ServerThread, serving
 from support.fake_engine import FakeEngine
+from support.polling import wait_until
 
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
@@ -167,9 +168,11 @@ def test_client_disconnect_cancels_the_upstream_request(engine: FakeEngine) -> N
             chunks = r.iter_raw()
             next(chunks)
             assert httpx.get(f"{gw.url}/programs/p").json()["in_flight"] == 1
-        deadline = time.monotonic() + 5
-        while engine.disconnects == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(
+            lambda: engine.disconnects,
+            5,
+            message="the engine to see the disconnect",
+        )
         program = httpx.get(f"{gw.url}/programs/p").json()
     assert engine.disconnects == 1
     assert program["in_flight"] == 0 and program["phase"] == "acting"

@@ -14,6 +14,7 @@ import pytest
 from support.asgi_servers import ServerThread, serving
 from support.fake_engine import FakeEngine
 from support.held_requests import BIG, start_hog, wait_for
+from support.polling import wait_until
 from support.real_vllm import RealVllm
 
 from thunder_mw.middleware.app import create_app
@@ -34,10 +35,11 @@ def demo_gateway() -> Iterator[ServerThread]:
         backends=[_sim("sim-0"), _sim("sim-1")], tools={"docker": {"enabled": False}}
     )
     with serving(create_app(config)) as gw:
-        deadline = time.monotonic() + 10
-        while not all(b["healthy"] for b in httpx.get(f"{gw.url}/health").json()["backends"]):
-            assert time.monotonic() < deadline, "the simulated engines never became healthy"
-            time.sleep(0.05)
+        wait_until(
+            lambda: all(b["healthy"] for b in httpx.get(f"{gw.url}/health").json()["backends"]),
+            10,
+            message="the simulated engines to become healthy",
+        )
         yield gw
 
 
@@ -169,10 +171,14 @@ def test_a_request_that_could_only_run_alone_is_placed_after_a_short_hold() -> N
 def real_gateway(vllm_engine: RealVllm) -> Iterator[ServerThread]:
     config = ThunderConfig(backends=[{"name": "vllm-0", "url": vllm_engine.url}])
     with serving(create_app(config)) as gw:
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{gw.url}/health").json()["backends"][0]["capacity_tokens"] is None:
-            assert time.monotonic() < deadline, "the engine's capacity was never read"
-            time.sleep(0.1)
+        wait_until(
+            lambda: (
+                httpx.get(f"{gw.url}/health").json()["backends"][0]["capacity_tokens"] is not None
+            ),
+            30,
+            interval_s=0.1,
+            message="the engine's capacity to be read",
+        )
         yield gw
 
 

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from support.asgi_servers import ServerThread, serving, serving_gateway
 from support.fake_engine import FakeEngine
+from support.polling import wait_until
 
 from thunder_mw.benchmarks.workloads import load_trace
 from thunder_mw.middleware.app import create_app
@@ -184,9 +185,7 @@ def test_a_quiet_gateway_lets_released_profiles_go_on_its_tick() -> None:
             assert r.json()["released"] is True
             store = app.core.observability.profiles
             assert store is not None
-            deadline = time.monotonic() + 10
-            while len(store) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until(lambda: len(store) == 0, 10, message="the profile to be dropped")
             assert len(store) == 0  # nothing asked for /profiles in between
 
 

@@ -10,7 +10,6 @@ import contextlib
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -24,6 +23,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from support.asgi_servers import ServerThread, serving
 from support.fake_engine import FakeEngine
+from support.polling import wait_until
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
@@ -204,10 +204,14 @@ def guarded(app: ASGIApp, max_head_bytes: int) -> Iterator[str]:
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    while not server.started:
+
+    def started() -> bool:
         if not thread.is_alive():
             raise RuntimeError("server died during start-up")
-        time.sleep(0.01)  # uvicorn offers no start-up event to wait on from another thread
+        return server.started
+
+    # uvicorn offers no start-up event to wait on from another thread.
+    wait_until(started, 20, interval_s=0.01, message="the guarded server to start")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

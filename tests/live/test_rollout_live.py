@@ -5,13 +5,13 @@ program lost, and a weight-update cycle holds new calls until the engines are up
 from __future__ import annotations
 
 import concurrent.futures
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from support.asgi_servers import ServerThread, serving
+from support.polling import wait_until
 
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
@@ -60,13 +60,6 @@ def home(url: str, program: str) -> str | None:
 def in_flight(url: str) -> int:
     calls: int = httpx.get(f"{url}/generation", timeout=10).json()["in_flight_calls"]
     return calls
-
-
-def wait_for(condition: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def backends(url: str) -> dict[str, dict[str, Any]]:
@@ -135,14 +128,14 @@ def test_a_drained_engine_finishes_its_calls_and_leaves_with_no_program_lost(
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         # A long call in flight on sim-0 while it drains: it must finish there.
         long_call = pool.submit(generate, url, on_sim0[0], 1, 600)
-        wait_for(lambda: in_flight(url) == 1)
+        wait_until(lambda: in_flight(url) == 1, 10)
         drained = httpx.delete(f"{url}/backends/sim-0", timeout=10)
         assert drained.status_code == 202 and drained.json()["backend"]["draining"] is True
         assert "sim-0" in backends(url)  # still there: its call runs
         steps = [pool.submit(generate, url, p, 1) for p in programs if p != on_sim0[0]]
         answers = [f.result() for f in steps] + [long_call.result()]
     assert [a.status_code for a in answers] == [200] * len(programs)
-    wait_for(lambda: "sim-0" not in backends(url))
+    wait_until(lambda: "sim-0" not in backends(url), 10)
     for p in programs:
         view = httpx.get(f"{url}/programs/{p}", timeout=10).json()
         assert view["steps"] == 2 and view["failures"] == 0
@@ -157,17 +150,17 @@ def test_a_weight_update_cycle_holds_new_calls_and_releases_them_after(
     assert generate(url, "warm", 0).status_code == 200
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         running = pool.submit(generate, url, "runner", 0, 2000)
-        wait_for(lambda: in_flight(url) == 1)
+        wait_until(lambda: in_flight(url) == 1, 10)
         update = pool.submit(
             httpx.post,
             f"{url}/weights/update",
             json={"mode": "wait", "model_path": "/ckpt/step-1", "weight_version": "v1"},
             timeout=60,
         )
-        wait_for(lambda: httpx.get(f"{url}/generation", timeout=10).json()["paused"])
+        wait_until(lambda: httpx.get(f"{url}/generation", timeout=10).json()["paused"], 10)
         assert in_flight(url) == 1  # the running call goes on
         held = pool.submit(generate, url, "late", 0)
-        wait_for(lambda: httpx.get(f"{url}/generation", timeout=10).json()["held_calls"] == 1)
+        wait_until(lambda: httpx.get(f"{url}/generation", timeout=10).json()["held_calls"] == 1, 10)
         assert not held.done()  # held at the gate, not failed
         result = update.result()
         finished = running.result()

@@ -11,6 +11,7 @@ import pytest
 from support.asgi_servers import ServerThread, serving, serving_gateway
 from support.fake_engine import FakeEngine
 from support.held_requests import BIG, SMALL, start_hog, wait_for
+from support.polling import wait_until
 
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
@@ -78,10 +79,11 @@ def test_a_client_that_gives_up_while_held_leaves_the_queue(tight: ServerThread)
     thread = threading.Thread(target=impatient)
     thread.start()
     thread.join()
-    deadline = time.monotonic() + 5
-    while httpx.get(f"{tight.url}/programs/gone").status_code != 404:
-        assert time.monotonic() < deadline, "the abandoned program stayed queued"
-        time.sleep(0.05)
+    wait_until(
+        lambda: httpx.get(f"{tight.url}/programs/gone").status_code == 404,
+        5,
+        message="the abandoned program to leave the queue",
+    )
     hog.join()
     # The hog's program is unaffected and nothing is left reserved for the one that left.
     assert httpx.get(f"{tight.url}/programs/hog").json()["phase"] == "acting"

@@ -6,12 +6,12 @@ import logging
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from support.fake_engine import FakeEngine
+from support.polling import wait_until
 
 from thunder_mw.cli.config_loader import load_config
 from thunder_mw.observability.redaction import SecretRedactor, config_secrets
@@ -55,17 +55,15 @@ def exercise(url: str) -> dict[str, str]:
 
 
 def wait_until_up(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def up() -> bool:
         if process.poll() is not None:
             raise RuntimeError("gateway exited during start-up")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)  # polling a child process: there is no event to await
-    raise RuntimeError("gateway did not start within 60 s")
+        return httpx.get(f"{url}/health", timeout=1).status_code == 200
+
+    # Polling a child process: there is no event to await.
+    wait_until(
+        up, 60, interval_s=0.1, message="the gateway to start", ignoring=(httpx.TransportError,)
+    )
 
 
 @pytest.mark.slow  # `thunder-mw` processes

@@ -16,6 +16,7 @@ import pytest
 from support.asgi_servers import serving
 from support.fake_engine import FakeEngine
 from support.held_requests import BIG
+from support.polling import wait_until
 
 from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.sim.ports import free_port
@@ -55,12 +56,18 @@ def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path
 
             hog = threading.Thread(target=stream)
             hog.start()
-            while httpx.get(f"{url}/programs/hog").status_code != 200:
-                time.sleep(0.02)
+            wait_until(
+                lambda: httpx.get(f"{url}/programs/hog").status_code == 200,
+                30,
+                message="the hog's program to exist",
+            )
             waiter = threading.Thread(target=held)
             waiter.start()
-            while httpx.get(f"{url}/programs/held").json().get("waiting") != 1:
-                time.sleep(0.02)
+            wait_until(
+                lambda: httpx.get(f"{url}/programs/held").json().get("waiting") == 1,
+                30,
+                message="the held call to wait",
+            )
             proc.send_signal(signal.SIGTERM)
             waiter.join(timeout=10)
             hog.join(timeout=30)

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from support.asgi_servers import serving
 from support.fake_engine import FakeEngine, Received
+from support.polling import wait_until
 
 from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.middleware.types import Receive, Scope, Send
@@ -91,13 +92,6 @@ def call_in_background(url: str, body: dict[str, Any]) -> tuple[threading.Thread
     return thread, result
 
 
-def wait_for(condition: Any, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
 def exit_after(proc: subprocess.Popen[bytes], sig: int, timeout_s: float = 60) -> float:
     started = time.monotonic()
     proc.send_signal(sig)
@@ -109,7 +103,7 @@ def test_sigterm_exits_within_shutdown_timeout_while_a_call_never_finishes(tmp_p
     engine = SilentEngine()
     with serving(engine) as es, gateway(tmp_path, 3, one_backend(es.url)) as (proc, url):
         thread, result = call_in_background(url, CALL)
-        wait_for(lambda: engine.received)  # the call is at the engine, which never answers
+        wait_until(lambda: engine.received, 15)  # the call is at the engine, which never answers
         signalled = time.monotonic()
         took = exit_after(proc, signal.SIGTERM)
         thread.join(timeout=5)
@@ -130,7 +124,7 @@ def test_sigterm_stops_the_demo_while_its_embedded_engine_never_finishes_a_call(
     # 6 s: calls get 3 s, the stop (the embedded engine's 1 s among it) the other 3 s.
     with gateway(tmp_path, 6, f"[{sim}]") as (proc, url):
         thread, result = call_in_background(url, {**CALL, "model": "sim-model"})
-        wait_for(lambda: httpx.get(f"{url}/programs/p").json().get("in_flight") == 1)
+        wait_until(lambda: httpx.get(f"{url}/programs/p").json().get("in_flight") == 1, 15)
         signalled = time.monotonic()
         took = exit_after(proc, signal.SIGTERM)
         thread.join(timeout=5)
@@ -146,10 +140,10 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
     engine = SilentEngine()
     with serving(engine) as es, gateway(tmp_path, 600, one_backend(es.url)) as (proc, url):
         thread, result = call_in_background(url, CALL)
-        wait_for(lambda: engine.received)
+        wait_until(lambda: engine.received, 15)
         proc.send_signal(signal.SIGINT)
         log = tmp_path / "gateway.log"
-        wait_for(lambda: "Waiting for connections to close" in log.read_text())
+        wait_until(lambda: "Waiting for connections to close" in log.read_text(), 15)
         took = exit_after(proc, signal.SIGINT, timeout_s=30)
         thread.join(timeout=5)
     assert took < EXIT_SLACK_S, f"exited {took:.1f} s after the second Ctrl-C"

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import msgspec
+from support.polling import wait_until_async
 
 from thunder_mw.middleware.app import ThunderGateway
 from thunder_mw.schemas.config import ThunderConfig
@@ -74,13 +75,6 @@ def metric(text: str, name: str) -> float:
     return 0.0
 
 
-async def until(done: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await done():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
 @contextlib.asynccontextmanager
 async def gateway(config: ThunderConfig) -> AsyncIterator[tuple[ThunderGateway, httpx.AsyncClient]]:
     """The gateway in process and a client of it, once both engines are probed."""
@@ -103,7 +97,7 @@ async def ready(client: httpx.AsyncClient) -> None:
         backends = (await client.get("/backends")).json()["backends"]
         return all(b["healthy"] and b["capacity_tokens"] for b in backends)
 
-    await until(done)
+    await wait_until_async(done, 10)
 
 
 async def acting(client: httpx.AsyncClient, program: str) -> None:
@@ -114,7 +108,7 @@ async def acting(client: httpx.AsyncClient, program: str) -> None:
         closed: bool = view["phase"] == "acting" and view["in_flight"] == 0
         return closed
 
-    await until(done)
+    await wait_until_async(done, 10)
 
 
 def test_a_program_moved_while_acting_is_warmed_and_its_next_call_hits_the_cache() -> None:
@@ -135,7 +129,7 @@ def test_a_program_moved_while_acting_is_warmed_and_its_next_call_hits_the_cache
             async def warmed() -> bool:
                 return ok + " 1.0" in (await client.get("/metrics")).text
 
-            await until(warmed)
+            await wait_until_async(warmed, 10)
             assert (await client.get("/programs/p")).json()["backend"] == other
 
             messages += [
@@ -191,6 +185,6 @@ def test_the_byte_budget_evicts_the_least_recent_programs_prompt() -> None:
             async def counted() -> bool:
                 return none % other in (await client.get("/metrics")).text
 
-            await until(counted)
+            await wait_until_async(counted, 10)
 
     asyncio.run(run())

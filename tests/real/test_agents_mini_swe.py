@@ -5,13 +5,13 @@ the final flag and on idle expiry; the engines are simulated in scripted agent m
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 from support.asgi_servers import serving
+from support.polling import wait_until
 
 from thunder_mw.benchmarks.mini_swe_agent import (
     AgentRun,
@@ -65,15 +65,6 @@ def _reclaimed(url: str) -> dict[str, float]:
     return found
 
 
-def _until(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()
-
-
 def test_mini_swe_agent_runs_through_the_gateway_and_its_containers_are_reclaimed(
     tmp_path: Path, docker_client: docker.DockerClient
 ) -> None:
@@ -112,8 +103,13 @@ def test_mini_swe_agent_runs_through_the_gateway_and_its_containers_are_reclaime
 
             # Every container is gone, reclaimed by the gateway for the reason its run gave.
             want = {"release": 2.0, "final": 1.0, "expired": 1.0}
-            assert _until(lambda: _reclaimed(gw.url) == want, IDLE_TTL_S + 30), _reclaimed(gw.url)
-            assert _until(lambda: not leftover_containers(prefix), 30)
+            assert wait_until(
+                lambda: _reclaimed(gw.url) == want,
+                IDLE_TTL_S + 30,
+                interval_s=0.2,
+                message=lambda: f"every container reclaimed as {want}: {_reclaimed(gw.url)}",
+            )
+            assert wait_until(lambda: not leftover_containers(prefix), 30, interval_s=0.2)
             forget_containers(runs)
     finally:
         for cid in leftover_containers(prefix):

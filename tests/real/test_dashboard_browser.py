@@ -7,15 +7,15 @@ import asyncio
 import os
 import re
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 from support.asgi_servers import ServerThread, serving, serving_gateway
 from support.fake_engine import FakeEngine
+from support.polling import wait_until
 
 from thunder_mw.benchmarks.dashboard_demo import chromium, find_chromium
 from thunder_mw.middleware.app import create_app
@@ -43,9 +43,6 @@ def browser() -> str:
     return path
 
 
-T = TypeVar("T")
-
-
 def chat(program_id: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
     return {
         "model": "sim-model",
@@ -59,16 +56,6 @@ def chat(program_id: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
 
 def programs(gw: ServerThread) -> dict[str, dict[str, Any]]:
     return {p["program_id"]: p for p in httpx.get(f"{gw.url}/programs").json()["programs"]}
-
-
-def until(predicate: Callable[[], T], timeout_s: float = 20.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Scenario:
@@ -106,7 +93,11 @@ class Scenario:
         self.waiters = [pid for pids in by_backend.values() for pid in pids[1:]]
         for hog in hogs:
             self.run(chat(hog, 900, stream=True))
-        until(lambda: all(programs(self.gw)[h]["in_flight"] for h in hogs), what="hogs running")
+        wait_until(
+            lambda: all(programs(self.gw)[h]["in_flight"] for h in hogs),
+            20,
+            message="hogs running",
+        )
         for waiter in self.waiters:
             self.run(chat(waiter, 4))
 
@@ -127,9 +118,10 @@ def loaded_gateway() -> Iterator[tuple[ServerThread, Scenario]]:
     with serving(create_app(config)) as gw:
         scenario = Scenario(gw)
         scenario.start()
-        until(
+        wait_until(
             lambda: any(p["state"] == "paused" and p["waiting"] for p in programs(gw).values()),
-            what="a paused program with a held request",
+            20,
+            message="a paused program with a held request",
         )
         yield gw, scenario
         scenario.join()

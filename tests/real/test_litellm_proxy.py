@@ -10,7 +10,6 @@ import secrets
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ import openai
 import pytest
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
+from support.polling import wait_until
 
 from thunder_mw.benchmarks.server_process import stop_process, wait_until_healthy
 from thunder_mw.sim.ports import free_port
@@ -60,16 +60,18 @@ def _sim_engine(port: int, seed: int, tmp_path: Path) -> Iterator[str]:
 
 
 def _wait_for(url: str, timeout_s: float, log: Path, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-    raise AssertionError(f"{url} did not answer (exit {proc.poll()}); log:\n{tail}")
+    def answered_or_exited() -> bool:
+        return proc.poll() is not None or httpx.get(url, timeout=2).status_code == 200
+
+    def failure() -> str:
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+        return f"{url} to answer (exit {proc.poll()}); log:\n{tail}"
+
+    wait_until(
+        answered_or_exited, timeout_s, interval_s=0.25, message=failure, ignoring=(httpx.HTTPError,)
+    )
+    if proc.poll() is not None:
+        raise AssertionError(failure())
 
 
 @contextmanager

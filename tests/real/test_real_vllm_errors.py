@@ -5,13 +5,13 @@ refuses holds nothing and expires after `gc_hooks.failed_ttl_s`."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 from support.asgi_servers import serving
+from support.polling import wait_until
 from support.real_vllm import RealVllm
 
 from thunder_mw.middleware.app import create_app
@@ -91,10 +91,10 @@ def test_a_program_whose_calls_vllm_refuses_holds_nothing_and_expires(
     assert "no-such-model" in info.value.body["message"]  # vLLM's own 404, relayed
     seen = httpx.get(f"{gateway}/programs/refused").json()
     assert seen["failures"] == 1 and seen["reserved_tokens"] == 0 and seen["in_flight"] == 0
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        gone = httpx.get(f"{gateway}/programs/refused")
-        if gone.status_code == 404:
-            break
-        time.sleep(0.05)
+    wait_until(
+        lambda: httpx.get(f"{gateway}/programs/refused").status_code == 404,
+        10,
+        message="program refused to expire",
+    )
+    gone = httpx.get(f"{gateway}/programs/refused")
     assert gone.status_code == 404

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import httpx
 import pytest
 from support.asgi_servers import ServerThread, serving
 from support.fake_engine import FakeEngine
+from support.polling import wait_until
 from support.real_vllm import RealVllm, missing_prerequisites, start_vllm
 
 from thunder_mw.middleware.app import ThunderGateway, create_app
@@ -117,8 +117,10 @@ def _until(
             "victim": victim.state if victim else None,
         }
 
-    deadline = time.monotonic() + 10
-    while not done(view := gw.call(snapshot())):
-        assert time.monotonic() < deadline, f"never settled: {view}"
-        time.sleep(0.02)
-    return view
+    views: list[dict[str, Any]] = []
+
+    def settled() -> dict[str, Any] | None:
+        views.append(gw.call(snapshot()))
+        return views[-1] if done(views[-1]) else None
+
+    return wait_until(settled, 10, message=lambda: f"the view to settle: {views[-1]}")

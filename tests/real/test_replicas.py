@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from support.polling import wait_until
 
 from thunder_mw.benchmarks.live import Gateway
 from thunder_mw.benchmarks.replica_stack import (
@@ -170,16 +171,26 @@ def test_a_killed_replica_loses_nothing_but_its_requests_and_its_reservations_ex
     # What a wrote in the background after those calls ended (within milliseconds) is there
     # before the kill; a kill inside that window loses those counters, not the programs.
     for program, steps in (("kept", 5), ("other", 1)):
-        deadline = time.monotonic() + 10
-        while record_steps(client, program) != steps and time.monotonic() < deadline:
-            time.sleep(0.01)
+
+        def written(program: str = program, steps: int = steps) -> bool:
+            return record_steps(client, program) == steps
+
+        wait_until(
+            written,
+            10,
+            interval_s=0.01,
+            message=f"{program}'s record at {steps} steps",
+        )
         assert record_steps(client, program) == steps
     kill_replica(a)
     # Its lease is not renewed any more: its reservations stop counting once it lapses
     # (at most lease_ttl_s after its last renewal), reaped by b's next look at the engine.
-    deadline = time.monotonic() + 30
-    while holders(client) & held_by_a and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(
+        lambda: not holders(client) & held_by_a,
+        30,
+        interval_s=0.1,
+        message="the killed replica's reservations to lapse",
+    )
     assert not holders(client) & held_by_a
     # Through nginx, every request now reaches b, which carries on with the same placement
     # and the counters a left.
@@ -239,18 +250,19 @@ def test_redis_down_fails_open_or_closed_as_configured(
     # Redis back (empty: it kept nothing on disk): both replicas write their programs again.
     back = RedisServer(redis_server.port).start()
     stack.callback(back.close)
-    deadline = time.monotonic() + 30
-    status = 0
-    while time.monotonic() < deadline:
-        status = step(closed.url, "after", 20).status_code
-        if status == 200:
-            break
-        time.sleep(0.2)
-    assert status == 200
+    wait_until(
+        lambda: step(closed.url, "after", 20).status_code == 200,
+        30,
+        interval_s=0.2,
+        message="a 200 from the replica once Redis is back",
+    )
     client = back.client()
-    deadline = time.monotonic() + 30
-    while client.get("thunder-mw:prog:during-open") is None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(
+        lambda: client.get("thunder-mw:prog:during-open") is not None,
+        30,
+        interval_s=0.1,
+        message="during-open's record written again",
+    )
     assert client.get("thunder-mw:prog:during-open") is not None
 
 
@@ -274,9 +286,12 @@ def test_a_program_bound_to_a_key_on_one_replica_is_refused_to_another_key_on_th
         )
 
     assert as_key(a.url, "key-1").status_code == 200
-    deadline = time.monotonic() + 10
-    while record_steps(redis_server.client(), "owned") != 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(
+        lambda: record_steps(redis_server.client(), "owned") == 1,
+        10,
+        interval_s=0.01,
+        message="owned's record at 1 step",
+    )
     refused = as_key(b.url, "key-2")
     assert refused.status_code == 403
     assert refused.json()["error"]["code"] == "program_owned_by_another_key"
@@ -294,9 +309,12 @@ def test_every_replica_answers_for_a_program_another_one_holds(
     client = redis_server.client()
     for _ in range(2):
         assert step(a.url, "seen", 20).status_code == 200
-    deadline = time.monotonic() + 10
-    while record_steps(client, "seen") != 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(
+        lambda: record_steps(client, "seen") == 2,
+        10,
+        interval_s=0.01,
+        message="seen's record at 2 steps",
+    )
     on_a, on_b = view(a.url, "seen"), view(b.url, "seen")
     # The same view on both, from a's table on a and from the shared record on b, naming a
     # as the replica that holds it.
@@ -333,7 +351,10 @@ def test_every_replica_answers_for_a_program_another_one_holds(
     # Released on a: its record goes, and b answers 404 too.
     released = httpx.post(f"{a.url}/programs/release", json={"program_id": "seen"}, timeout=10)
     assert released.json()["released"] is True
-    deadline = time.monotonic() + 10
-    while client.get("thunder-mw:prog:seen") is not None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(
+        lambda: client.get("thunder-mw:prog:seen") is None,
+        10,
+        interval_s=0.01,
+        message="seen's record to go",
+    )
     assert httpx.get(f"{b.url}/programs/seen", timeout=10).status_code == 404

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +16,7 @@ from support import tool_hooks
 from support.asgi_servers import ServerThread
 from support.docker_fixtures import IMAGE, TEST_LABEL, exists
 from support.fake_engine import FakeEngine
+from support.polling import wait_until
 
 from thunder_mw.middleware.app import ThunderGateway, create_app
 from thunder_mw.schemas.config import ThunderConfig
@@ -79,16 +79,6 @@ def release(gw: HasUrl, program_id: str) -> httpx.Response:
     return httpx.post(f"{gw.url}/programs/release", json={"program_id": program_id}, timeout=30)
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    """Polls the engine: its effects arrive over its API, there is no event to await."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def error(r: httpx.Response) -> dict[str, Any]:
     body: dict[str, Any] = r.json()["error"]
     return body
@@ -107,7 +97,7 @@ def test_adopted_container_is_listed_and_removed_on_release(
         listed = httpx.get(f"{gw.url}/programs/p1").json()["containers"]
         assert [c["id"] for c in listed] == [box.id] and listed[0]["state"] == "owned"
         assert release(gw, "p1").json() == {"program_id": "p1", "released": True}
-        assert wait_for(lambda: not exists(docker_client, box.id))
+        assert wait_until(lambda: not exists(docker_client, box.id), 30)
 
 
 def test_adoption_is_idempotent_across_a_programs_requests(
@@ -134,7 +124,7 @@ def test_release_removes_the_image_once_no_container_uses_it(
     with gateway(engine, tmp_path, remove_images=True) as gw:
         assert step(gw, "p1", [box.id]).status_code == 200
         release(gw, "p1")
-        assert wait_for(lambda: not docker_client.images.list(filters={"reference": tag}))
+        assert wait_until(lambda: not docker_client.images.list(filters={"reference": tag}), 30)
     assert docker_client.images.get(IMAGE)  # the base image other tests use is untouched
 
 
@@ -148,7 +138,7 @@ def test_trajectory_final_reclaims_the_programs_containers(
     with gateway(engine, tmp_path) as gw:
         r = step(gw, "p1", [box.id], **{"X-Dynamo-Session-Final": "true"})
         assert r.status_code == 200
-        assert wait_for(lambda: not exists(docker_client, box.id))
+        assert wait_until(lambda: not exists(docker_client, box.id), 30)
 
 
 def test_idle_expiry_reclaims_the_programs_containers(
@@ -161,7 +151,7 @@ def test_idle_expiry_reclaims_the_programs_containers(
     policies = [{"gc_hooks": {"idle_ttl_s": 0.3, "reclaim": ["stop", "remove"]}}]
     with gateway(engine, tmp_path, policies, server={"tick_interval_s": 0.05}) as gw:
         assert step(gw, "p1", [box.id]).status_code == 200
-        assert wait_for(lambda: not exists(docker_client, box.id))
+        assert wait_until(lambda: not exists(docker_client, box.id), 30)
         assert httpx.get(f"{gw.url}/programs/p1").status_code == 404
 
 
@@ -176,7 +166,7 @@ def test_custom_hook_runs_before_the_container_is_removed(
     with gateway(engine, tmp_path, reclaim=["support.tool_hooks:record", "stop", "remove"]) as gw:
         step(gw, "p1", [box.id])
         release(gw, "p1")
-        assert wait_for(lambda: not exists(docker_client, box.id))
+        assert wait_until(lambda: not exists(docker_client, box.id), 30)
     assert tool_hooks.CALLS == [(box.id, "p1", "release")]
 
 
@@ -192,7 +182,7 @@ def test_reclaim_metrics_count_reclaimed_containers(
         metrics = httpx.get(f"{gw.url}/metrics").text
         assert 'thunder_mw_tool_containers{state="owned"} 1.0' in metrics
         release(gw, "p1")
-        assert wait_for(lambda: not exists(docker_client, box.id))
+        assert wait_until(lambda: not exists(docker_client, box.id), 30)
         metrics = httpx.get(f"{gw.url}/metrics").text
         assert 'thunder_mw_tool_containers_reclaimed_total{reason="release"} 1.0' in metrics
 
@@ -297,11 +287,11 @@ def test_engine_outage_keeps_serving_and_retries_the_reclaim(
             tools = httpx.get(f"{gw.url}/health").json()["tools"]["docker"]
             return not tools["engine_up"] and bool(tools["reclaims_failing"])
 
-        assert wait_for(reported)
+        assert wait_until(reported, 30)
         assert step(gw, "p2", []).status_code == 200
         assert exists(docker_client, box.id)
         gw.tools.engine._client = real
-        assert wait_for(lambda: not exists(docker_client, box.id))
+        assert wait_until(lambda: not exists(docker_client, box.id), 30)
         health = httpx.get(f"{gw.url}/health").json()["tools"]["docker"]
         assert health["engine_up"] and health["reclaims_failing"] == []
 
@@ -337,7 +327,7 @@ def test_warm_pool_hands_out_faster_than_a_cold_start(
 ) -> None:
     run = uuid.uuid4().hex
     with gateway(engine, tmp_path, templates=[_template(run, 1)]) as gw:
-        assert wait_for(lambda: gw.tools.status()["pool_ready"]["box"] == 1)
+        assert wait_until(lambda: gw.tools.status()["pool_ready"]["box"] == 1, 30)
         url = f"{gw.url}/programs/{{}}/sandboxes"
         warm = httpx.post(url.format("p-warm"), json={"template": "box"}, timeout=60).json()
         cold = httpx.post(url.format("p-cold"), json={"template": "box"}, timeout=60).json()
@@ -349,9 +339,9 @@ def test_warm_pool_hands_out_faster_than_a_cold_start(
         listed = httpx.get(f"{gw.url}/programs/p-warm").json()["containers"]
         assert [c["id"] for c in listed] == [warm["container_id"]]
         assert release(gw, "p-warm").json()["released"] is True
-        assert wait_for(lambda: not exists(docker_client, warm["container_id"]))
+        assert wait_until(lambda: not exists(docker_client, warm["container_id"]), 30)
         release(gw, "p-cold")
-    assert wait_for(lambda: not _ours(docker_client, run))
+    assert wait_until(lambda: not _ours(docker_client, run), 30)
 
 
 def test_a_handed_out_sandbox_is_adopted_by_its_programs_requests(
@@ -365,7 +355,7 @@ def test_a_handed_out_sandbox_is_adopted_by_its_programs_requests(
         assert step(gw, "p1", [box["container_id"]]).status_code == 200
         assert step(gw, "p2", [box["name"]]).status_code == 409
         release(gw, "p1")
-        assert wait_for(lambda: not exists(docker_client, box["container_id"]))
+        assert wait_until(lambda: not exists(docker_client, box["container_id"]), 30)
 
 
 def test_unknown_template_is_a_404(
@@ -381,7 +371,7 @@ def test_pool_containers_are_reclaimed_on_shutdown(
 ) -> None:
     run = uuid.uuid4().hex
     with gateway(engine, tmp_path, templates=[_template(run, 2)]) as gw:
-        assert wait_for(lambda: gw.tools.status()["pool_ready"]["box"] == 2)
+        assert wait_until(lambda: gw.tools.status()["pool_ready"]["box"] == 2, 30)
         assert len(_ours(docker_client, run)) == 2
     assert _ours(docker_client, run) == []
 
@@ -410,6 +400,6 @@ def test_a_container_started_with_rm_is_reclaimed_without_a_retry(
             def gone(box: Container = box) -> bool:
                 return not exists(docker_client, box.id)
 
-            assert wait_for(gone)
+            assert wait_until(gone, 30)
     finally:
         engine.close()

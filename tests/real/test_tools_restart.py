@@ -17,7 +17,8 @@ import httpx
 import yaml
 from support.docker_fixtures import IMAGE, TEST_LABEL, exists
 from support.fake_engine import FakeEngine
-from test_tools_docker import step, wait_for
+from support.polling import wait_until
+from test_tools_docker import step
 
 from thunder_mw.sim.ports import free_port
 
@@ -41,7 +42,7 @@ def gateway_process(config_path: Path, port: int) -> Iterator[subprocess.Popen[b
             except httpx.HTTPError:
                 return False
 
-        assert wait_for(healthy, 60), "gateway did not start"
+        assert wait_until(healthy, 60, message="the gateway to start")
         yield proc
     finally:
         if proc.poll() is None:
@@ -98,7 +99,7 @@ def test_sigkill_then_restart_reclaims_orphans_and_touches_nothing_else(
     assert exists(docker_client, owned.id)  # killed: it reclaimed nothing
     started = time.monotonic()
     with gateway_process(path, port):
-        assert wait_for(lambda: not exists(docker_client, owned.id))
+        assert wait_until(lambda: not exists(docker_client, owned.id), 30)
         waited = time.monotonic() - started
     assert waited >= 1.0  # not before the grace period
     assert exists(docker_client, bystander.id)
@@ -121,7 +122,7 @@ def test_a_program_that_returns_within_the_grace_period_keeps_its_container(
         time.sleep(1.5)  # past the grace period: a live program's container must stay
         assert exists(docker_client, box.id)
         httpx.post(f"{_Gw(port).url}/programs/release", json={"program_id": "p1"})
-        assert wait_for(lambda: not exists(docker_client, box.id))
+        assert wait_until(lambda: not exists(docker_client, box.id), 30)
 
 
 def test_sigkill_while_the_warm_pool_fills_leaks_no_container(
@@ -137,10 +138,10 @@ def test_sigkill_while_the_warm_pool_fills_leaks_no_container(
         return found
 
     with gateway_process(path, port) as proc:
-        assert wait_for(lambda: len(ours()) >= 1)
+        assert wait_until(lambda: len(ours()) >= 1, 30)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     assert ours()  # the kill left pool containers behind
     with gateway_process(path, port):
-        assert wait_for(lambda: len(ours()) == 3)  # the old ones went, a new pool came
-    assert wait_for(lambda: ours() == [], 10)
+        assert wait_until(lambda: len(ours()) == 3, 30)  # the old ones went, a new pool came
+    assert wait_until(lambda: ours() == [], 10)

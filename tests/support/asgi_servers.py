@@ -10,6 +10,7 @@ from typing import Any, Self, TypeVar
 
 import uvicorn
 
+from support.polling import wait_until
 from thunder_mw.middleware.app import create_app
 from thunder_mw.middleware.types import ASGIApp
 from thunder_mw.schemas.config import ThunderConfig
@@ -48,14 +49,15 @@ class ServerThread:
 
     def start(self) -> Self:
         self._thread.start()
-        # 20 s: a loaded 2-core machine (CI beside other jobs) has been seen past 5 s.
-        for _ in range(2000):
-            if self.server.started:
-                return self
+
+        def started() -> bool:
             if not self._thread.is_alive():
                 raise RuntimeError("server thread died during startup")
-            threading.Event().wait(0.01)
-        raise RuntimeError("server did not start within 20 s")
+            return self.server.started
+
+        # 20 s: a loaded 2-core machine (CI beside other jobs) has been seen past 5 s.
+        wait_until(started, 20, interval_s=0.01, message=f"the server on {self.url} to start")
+        return self
 
     def stop(self) -> None:
         self.server.should_exit = True

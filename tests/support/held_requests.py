@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import httpx
+
+from support.polling import wait_until
 
 BIG = {"model": "m", "messages": [{"role": "user", "content": "x " * 400}], "max_tokens": 8}
 SMALL = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
@@ -24,22 +25,23 @@ def start_hog(url: str, program_id: str = "hog") -> threading.Thread:
 
     thread = threading.Thread(target=run)
     thread.start()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def started() -> bool:
         r = httpx.get(f"{url}/programs/{program_id}")
-        if r.status_code == 200 and r.json()["in_flight"]:
-            return thread
-        time.sleep(0.02)
-    raise AssertionError(f"{program_id} never started")
+        return r.status_code == 200 and bool(r.json()["in_flight"])
+
+    wait_until(started, 5, message=f"{program_id} to start")
+    return thread
 
 
 def wait_for(url: str, program_id: str, **fields: object) -> dict[str, Any]:
     """The program's view once every field has the given value (5 s at most)."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def reached() -> dict[str, Any] | None:
         r = httpx.get(f"{url}/programs/{program_id}")
         if r.status_code == 200 and all(r.json()[k] == v for k, v in fields.items()):
             view: dict[str, Any] = r.json()
             return view
-        time.sleep(0.02)
-    raise AssertionError(f"{program_id} never reached {fields}")
+        return None
+
+    return wait_until(reached, 5, message=f"{program_id} to reach {fields}")

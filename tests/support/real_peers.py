@@ -7,7 +7,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from support.asgi_servers import free_port
+from support.polling import wait_until
 from thunder_mw.benchmarks.server_process import stop_process
 
 REQUIRE_REAL_ENV = "THUNDER_MW_REQUIRE_REAL"
@@ -84,14 +84,16 @@ def running_peer(peer: Peer, backend_port: int, log: Path) -> Iterator[str]:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def listening() -> bool:
             if process.poll() is not None:
                 raise RuntimeError(f"{peer.name} exited: {log.read_text(errors='replace')[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
                 httpx.get(f"{url}/health", timeout=1)
-                break  # listening (its workers may still be starting: the suite waits)
-            time.sleep(0.2)
+                return True  # listening (its workers may still be starting: the suite waits)
+            return False
+
+        wait_until(listening, 30, interval_s=0.2, message=f"{peer.name} to listen on {url}")
         yield url
     finally:
         stop_process(process)

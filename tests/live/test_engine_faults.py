@@ -21,7 +21,6 @@ from support.polling import wait_until
 
 from thunder_mw.engines.pool import SUSPECT_RECHECK_S, BackendPool
 from thunder_mw.middleware.app import ThunderGateway, create_app
-from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.policies.core import RequestInfo, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Program, ProgramState, Usage
@@ -108,41 +107,12 @@ def healthy_in_pool(gw: Gateway, label: str) -> bool:
     return healthy
 
 
-class SilentEngine:
-    """An engine that accepts calls and never answers them (its headers too, unless
-    `headers_first`: then an event stream starts and no event ever comes)."""
-
-    def __init__(self, headers_first: bool = False) -> None:
-        self.headers_first = headers_first
-        self.abandoned = threading.Event()  # the gateway gave up and closed the connection
-        self.url = ""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        while (await receive()).get("more_body"):
-            pass
-        if not scope["path"].startswith("/v1/"):
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"{}"})
-            return
-        if self.headers_first:
-            headers = [(b"content-type", b"text/event-stream")]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        self.abandoned.set()
-
-
 # ------------------------------------------------------------------ slow engine: first byte
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_an_engine_silent_past_the_first_byte_timeout_gets_a_504_and_frees_the_reservation(
     stream: bool,
 ) -> None:
-    silent = SilentEngine(headers_first=stream)
+    silent = FakeEngine(silent=True, headers_first=stream, report_capacity=False)
     with serving(silent) as es:
         with gateway([{"name": "slow", "url": es.url}], server={"first_byte_timeout_s": 0.5}) as gw:
             r = gw.chat("p", stream=stream)
@@ -169,7 +139,7 @@ def test_a_stream_slower_overall_than_the_first_byte_timeout_is_not_cut(engine: 
 
 
 def test_a_slow_engine_stays_schedulable_after_a_first_byte_timeout() -> None:
-    silent = SilentEngine()
+    silent = FakeEngine(silent=True, report_capacity=False)
     with serving(silent) as es:
         with gateway([{"name": "slow", "url": es.url}], server={"first_byte_timeout_s": 0.3}) as gw:
             assert gw.chat("p").status_code == 504

@@ -18,11 +18,10 @@ from typing import Any
 import httpx
 import pytest
 from support.asgi_servers import serving
-from support.fake_engine import FakeEngine, Received
+from support.fake_engine import FakeEngine
 from support.polling import wait_until
 
 from thunder_mw.benchmarks.server_process import wait_until_healthy
-from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.sim.ports import free_port
 
 pytestmark = pytest.mark.slow  # `thunder-mw serve` processes, signalled
@@ -30,18 +29,6 @@ pytestmark = pytest.mark.slow  # `thunder-mw serve` processes, signalled
 # Past the bound, the time a loaded 2-core machine may take to end and reap a process.
 EXIT_SLACK_S = 1.5
 CALL = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "program_id": "p"}
-
-
-class SilentEngine(FakeEngine):
-    """Answers probes; never answers a chat call (it waits until its client goes away)."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
-            await super().__call__(scope, receive, send)
-            return
-        self.received.append(Received(scope["path"], scope["method"], {}, b""))
-        while (await receive())["type"] != "http.disconnect":
-            pass
 
 
 @contextmanager
@@ -100,7 +87,7 @@ def exit_after(proc: subprocess.Popen[bytes], sig: int, timeout_s: float = 60) -
 
 
 def test_sigterm_exits_within_shutdown_timeout_while_a_call_never_finishes(tmp_path: Path) -> None:
-    engine = SilentEngine()
+    engine = FakeEngine(silent=True)  # never answers a call
     with serving(engine) as es, gateway(tmp_path, 3, one_backend(es.url)) as (proc, url):
         thread, result = call_in_background(url, CALL)
         wait_until(lambda: engine.received, 15)  # the call is at the engine, which never answers
@@ -137,7 +124,7 @@ def test_sigterm_stops_the_demo_while_its_embedded_engine_never_finishes_a_call(
 
 
 def test_a_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
-    engine = SilentEngine()
+    engine = FakeEngine(silent=True)  # never answers a call
     with serving(engine) as es, gateway(tmp_path, 600, one_backend(es.url)) as (proc, url):
         thread, result = call_in_background(url, CALL)
         wait_until(lambda: engine.received, 15)

@@ -1,9 +1,15 @@
-"""A small in-test OpenAI-compatible engine that records what it received (unit tests only)."""
+"""The tests' one in-process OpenAI-compatible engine: records what it received, answers
+deterministically, and misbehaves on request (errors, delays, dropped or silent calls).
+
+Fault injectors that an ASGI app cannot be stay beside it: `closing_engine.py` closes
+keep-alive connections at a chosen byte on a raw socket, `conformance_broken_servers.py` is a
+flawed gateway (not an engine) and `passthrough_proxy.py` a proxy that reads nothing."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +46,12 @@ class FakeEngine:
     status: int = 200
     report_capacity: bool = True
     health_status: int = 200  # what /health answers (503: an engine whose core died)
+    # Accept every call and never answer it (its headers too, unless `headers_first`: then
+    # an event stream starts and no event ever comes); `abandoned` is set once the client
+    # gives up and closes the connection. The probe routes still answer.
+    silent: bool = False
+    headers_first: bool = False
+    abandoned: threading.Event = field(default_factory=threading.Event)
     received: list[Received] = field(default_factory=list)
     url: str = ""  # where it listens, once served (conftest's `engine` fixture sets it)
 
@@ -92,6 +104,9 @@ class FakeEngine:
             )
             return
         self.received.append(Received(path, scope["method"], headers, raw))
+        if self.silent:
+            await self._say_nothing(receive, send)
+            return
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.status != 200:
@@ -136,6 +151,13 @@ class FakeEngine:
             )
             return
         await _json(send, 200, {"echo": path, "method": scope["method"], "bytes": len(raw)})
+
+    async def _say_nothing(self, receive: Any, send: Any) -> None:
+        if self.headers_first:
+            headers = [(b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await _wait_disconnect(receive)
+        self.abandoned.set()
 
     async def _stream(
         self,

@@ -26,6 +26,9 @@ class Peer:
     name: str  # also its conformance profile
     executable: str
     version: str  # the one pinned in pyproject.toml's `peers` extra
+    # vllm-router binds its port only once a worker answers (it logs "Waiting for 1 unique
+    # hosts ... to become healthy"); smg listens at once.
+    listens_before_workers: bool = True
 
     def command(self, backend_url: str, port: int, metrics_port: int) -> list[str]:
         common = [
@@ -59,7 +62,7 @@ class Peer:
         ]
 
 
-VLLM_ROUTER = Peer("vllm-router", "vllm-router", "0.1.17")
+VLLM_ROUTER = Peer("vllm-router", "vllm-router", "0.1.17", listens_before_workers=False)
 SMG = Peer("smg", "smg", "1.13.0")
 
 
@@ -76,7 +79,9 @@ def require(peer: Peer) -> str:
 
 @contextlib.contextmanager
 def running_peer(peer: Peer, backend_port: int, log: Path) -> Iterator[str]:
-    """Starts the peer in front of 127.0.0.1:backend_port; yields its URL once it listens."""
+    """Starts the peer in front of 127.0.0.1:backend_port; yields its URL once it listens, or
+    at once for a peer that listens only once its workers answer: there the caller starts the
+    backend and waits for the peer (the conformance suite's `wait_s`)."""
     require(peer)
     port, metrics_port = free_port(), free_port()
     command = peer.command(f"http://127.0.0.1:{backend_port}", port, metrics_port)
@@ -93,7 +98,8 @@ def running_peer(peer: Peer, backend_port: int, log: Path) -> Iterator[str]:
                 return True  # listening (its workers may still be starting: the suite waits)
             return False
 
-        wait_until(listening, 30, interval_s=0.2, message=f"{peer.name} to listen on {url}")
+        if peer.listens_before_workers:
+            wait_until(listening, 30, interval_s=0.2, message=f"{peer.name} to listen on {url}")
         yield url
     finally:
         stop_process(process)

@@ -19,7 +19,7 @@ on 2026-11-30 the same 66 calls took 8.8 s: calls finished before others arrived
 them nearly alone and its LRU cache kept most prefixes (0.64, 1 preemption). The same late
 arrival that hid the overflow in the simulator validation (benchmarks/sim_validation.py).
 The simulator on that wave: 0.59, 0 preemptions, 8.5 s with `cpu-tiny`; 0.27, 5, 18.2 s with
-every cost 4x higher (tests/test_bench_vllm_real.py).
+every cost 4x higher (tests/real/test_bench_vllm_real.py).
 
 Systems (each run on the same engine, prefix cache reset before it, runs interleaved: every
 repeat runs each system once, the order rotated, so load from other processes falls on all):

@@ -1,0 +1,63 @@
+"""The dependency rule of docs/architecture.md, checked on every module's imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# The layers under the CLI, data to middleware.
+_BELOW_CLI = frozenset(
+    {"schemas", "policies", "sim", "engines", "tools", "observability", "state", "middleware"}
+)
+# What each top-level folder may import of thunder_mw (besides itself).
+ALLOWED: dict[str, frozenset[str]] = {
+    "schemas": frozenset(),
+    "policies": frozenset({"schemas"}),
+    "sim": frozenset({"schemas", "policies"}),
+    "engines": frozenset({"schemas", "policies", "sim"}),
+    "tools": frozenset({"schemas", "policies"}),
+    # The shared state store (Redis) under the live scheduler: an I/O component.
+    "state": frozenset({"schemas", "policies"}),
+    "observability": frozenset({"schemas", "policies", "engines"}),
+    "middleware": frozenset({"schemas", "policies", "engines", "tools", "observability", "state"}),
+    # The CLI assembles everything; the conformance suite drives a gateway the CLI builds.
+    "cli": _BELOW_CLI | {"conformance", "benchmarks"},
+    "conformance": _BELOW_CLI | {"cli"},
+}
+# The package's own `__init__` exports gateway mode's names, lazily.
+TOP_LEVEL = frozenset(ALLOWED) | {"benchmarks"}
+
+
+def _imports(path: Path) -> set[str]:
+    """The thunder_mw subpackages a module imports (at any depth, lazily or not)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "thunder_mw" and len(parts) > 1 and parts[1] in TOP_LEVEL:
+                found.add(parts[1])
+    return found
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_a_folder_imports_only_the_layers_below_it(folder: str) -> None:
+    wrong = {
+        f"{path.relative_to(ROOT)} imports thunder_mw.{other}"
+        for path in (ROOT / folder).rglob("*.py")
+        for other in _imports(path) - ALLOWED[folder] - {folder}
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_the_checker_sees_a_wrong_import(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from thunder_mw.benchmarks.des import simulate\n")
+    assert _imports(module) == {"benchmarks"}

@@ -85,7 +85,7 @@ def gateway_config(args: argparse.Namespace, engine_urls: list[str]) -> dict[str
             {"name": f"sim-{i}", "type": "vllm", "url": url} for i, url in enumerate(engine_urls)
         ],
         "policies": [
-            {"admission": {}},
+            {"admission": {"overflow": "hold"}},
             {"state_aware_pause": {}},
             {"migration": {}},
             {"gc_hooks": {"idle_ttl_s": args.ttl_s}},

@@ -35,7 +35,7 @@ from thunder_mw.policies.core import (
     SchedulerCore,
 )
 from thunder_mw.policies.kv_placement import KvPlacement
-from thunder_mw.policies.pipeline import build_pipeline
+from thunder_mw.policies.pipeline import PipelineSettings, build_pipeline
 from thunder_mw.policies.program_table import Program, Usage
 from thunder_mw.schemas.config import ServerSettings
 
@@ -95,7 +95,7 @@ class LiveScheduler:
     def __init__(
         self,
         pool: BackendPool,
-        policies: list[dict[str, Any]] | None,
+        policies: PipelineSettings | None,
         clock: Callable[[], float] = time.monotonic,
         tick_interval_s: float = 1.0,
         limits: HoldLimits | None = None,

@@ -34,6 +34,7 @@ from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import ClientGone, Rejected
 from thunder_mw.middleware.types import Receive
 from thunder_mw.policies.core import Action, ReclaimTools, Released
+from thunder_mw.policies.pipeline import PipelineSettings
 from thunder_mw.policies.program_table import Phase, Program, ProgramState
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.state.redis_store import (
@@ -56,7 +57,7 @@ class SharedScheduler(LiveScheduler):
     def __init__(
         self,
         pool: BackendPool,
-        policies: list[dict[str, Any]] | None,
+        policies: PipelineSettings | None,
         store: RedisStore,
         on_unavailable: str,
         clock: Callable[[], float] = time.monotonic,

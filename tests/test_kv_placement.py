@@ -14,8 +14,13 @@ from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
 CHARS_PER_TOKEN = 4
-WITH = [{"admission": {}}, {"state_aware_pause": {}}, {"kv_placement": {}}, {"migration": {}}]
-WITHOUT = [{"admission": {}}, {"state_aware_pause": {}}, {"migration": {}}]
+WITH = [
+    {"admission": {"overflow": "hold"}},
+    {"state_aware_pause": {}},
+    {"kv_placement": {}},
+    {"migration": {}},
+]
+WITHOUT = [{"admission": {"overflow": "hold"}}, {"state_aware_pause": {}}, {"migration": {}}]
 
 
 def make(policies, capacities=(100_000, 100_000)) -> SchedulerCore:

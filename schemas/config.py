@@ -31,8 +31,10 @@ log = logging.getLogger("thunder_mw.config")
 class _Section(BaseModel):
     # A typo in a YAML key must be an error at start-up, not a silently ignored setting.
     model_config = ConfigDict(extra="forbid")
-    # Old key -> its new name: still read (each field's validation_alias), with a warning.
+    # Old key -> its new name: still read (each field's validation_alias), with a warning
+    # that names the key by its place in the YAML (`section`).
     renamed: ClassVar[dict[str, str]] = {}
+    section: ClassVar[str] = ""
 
     @model_validator(mode="before")
     @classmethod
@@ -47,7 +49,9 @@ class _Section(BaseModel):
                         "set `{new}` only (`{old}` is its deprecated name)",
                         {"field": old, "old": old, "new": new},
                     )
-                log.warning("config: `%s` is deprecated, write `%s`", old, new)
+                log.warning(
+                    "config: `%s%s` is deprecated, write `%s%s`", cls.section, old, cls.section, new
+                )
         return data
 
 
@@ -79,6 +83,7 @@ DEFAULT_CONVENTIONS: tuple[Convention, ...] = (
 
 class ServerSettings(_Section):
     renamed = {"keep_alive_s": "client_keep_alive_s"}
+    section = "server."
 
     host: str = Field(
         "127.0.0.1",
@@ -375,6 +380,7 @@ class CapacityPlanSettings(_Section):
 
 class BackendSettings(_Section):
     renamed = {"keep_alive_s": "pool_keep_alive_s"}
+    section = "backends[]."
 
     name: str | None = Field(None, description="Name used in logs and labels (default: url).")
     type: Literal["vllm", "sglang", "sim"] = Field("vllm", description="Engine flavour.")

@@ -82,6 +82,17 @@ class AdmissionParams(StageParams):
         "recompute, as a share of its capacity (a host KV tier comes on top).",
     )
 
+    @model_validator(mode="after")
+    def _hysteresis(self) -> AdmissionParams:
+        # Checked with the rest of the config, so check-config names it (not the first start).
+        if self.low_watermark > self.high_watermark:
+            raise PydanticCustomError(
+                "watermarks",
+                "low_watermark must not exceed high_watermark",
+                {"field": "low_watermark"},
+            )
+        return self
+
 
 class PauseParams(StageParams):
     victim: Literal["cost_benefit", "shortest_first"] = Field(

@@ -147,6 +147,15 @@ def test_a_third_party_stage_is_checked_by_its_own_params_at_load(tmp_path):
     ]
 
 
+def test_watermarks_the_wrong_way_round_are_an_error_at_load(tmp_path):
+    problems = problems_of(
+        tmp_path, "policies:\n  - admission: {high_watermark: 0.8, low_watermark: 0.9}\n"
+    )
+    assert problems == [
+        "policies[0].admission.low_watermark (line 2): low_watermark must not exceed high_watermark"
+    ]
+
+
 # ---------------------------------------------------------------------- renamed keys
 def test_the_old_keep_alive_names_are_read_with_a_warning(tmp_path, caplog):
     text = "server:\n  keep_alive_s: 10\nbackends:\n  - url: http://a:1\n    keep_alive_s: 2\n"

@@ -28,13 +28,13 @@ from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usag
 from thunder_mw.policies.stages import Stage
 
 # Re-exported: stage authors and older code import these names from here.
-from thunder_mw.schemas.stage_settings import BatchGainParams as BatchGainParams
-from thunder_mw.schemas.stage_settings import ContinuumTtlParams as ContinuumTtlParams
-from thunder_mw.schemas.stage_settings import KvAwareParams as KvAwareParams
-from thunder_mw.schemas.stage_settings import ProgramBindingParams as ProgramBindingParams
-from thunder_mw.schemas.stage_settings import ProgramGateParams as ProgramGateParams
-from thunder_mw.schemas.stage_settings import ProgressTtlParams as ProgressTtlParams
-from thunder_mw.schemas.stage_settings import StageParams as StageParams
+from thunder_mw.schemas.stage_params import BatchGainParams as BatchGainParams
+from thunder_mw.schemas.stage_params import ContinuumTtlParams as ContinuumTtlParams
+from thunder_mw.schemas.stage_params import KvAwareParams as KvAwareParams
+from thunder_mw.schemas.stage_params import ProgramBindingParams as ProgramBindingParams
+from thunder_mw.schemas.stage_params import ProgramGateParams as ProgramGateParams
+from thunder_mw.schemas.stage_params import ProgressTtlParams as ProgressTtlParams
+from thunder_mw.schemas.stage_params import StageParams as StageParams
 
 if TYPE_CHECKING:
     from thunder_mw.policies.core import BackendState, SchedulerCore

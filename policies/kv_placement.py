@@ -20,8 +20,8 @@ from thunder_mw.policies.program_table import Program, ProgramState
 from thunder_mw.policies.stages import Stage
 
 # Re-exported: stage authors and older code import these names from here.
-from thunder_mw.schemas.stage_settings import KvPlacementParams as KvPlacementParams
-from thunder_mw.schemas.stage_settings import StageParams as StageParams
+from thunder_mw.schemas.stage_params import KvPlacementParams as KvPlacementParams
+from thunder_mw.schemas.stage_params import StageParams as StageParams
 
 if TYPE_CHECKING:
     from thunder_mw.policies.core import BackendState, SchedulerCore

@@ -14,6 +14,7 @@ from thunder_mw.policies.speculative_prefill import SpeculativePrefill
 from thunder_mw.policies.stages import BUILTIN_STAGES as CORE_STAGES
 from thunder_mw.policies.stages import Stage
 from thunder_mw.schemas.pipeline_presets import DEFAULT_PIPELINE, PRESETS
+from thunder_mw.schemas.stage_params import StageParams
 from thunder_mw.schemas.stage_settings import (
     DEFAULT_STAGES,
     PIPELINE,
@@ -21,7 +22,6 @@ from thunder_mw.schemas.stage_settings import (
     PipelineEntry,
     PresetReference,
     StageEntry,
-    StageParams,
     entry_error,
     expand_presets,
 )

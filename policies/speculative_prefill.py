@@ -22,8 +22,8 @@ from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usag
 from thunder_mw.policies.stages import Stage
 
 # Re-exported: stage authors and older code import these names from here.
-from thunder_mw.schemas.stage_settings import SpeculativePrefillParams as SpeculativePrefillParams
-from thunder_mw.schemas.stage_settings import StageParams as StageParams
+from thunder_mw.schemas.stage_params import SpeculativePrefillParams as SpeculativePrefillParams
+from thunder_mw.schemas.stage_params import StageParams as StageParams
 
 if TYPE_CHECKING:
     from thunder_mw.policies.core import SchedulerCore

@@ -24,11 +24,11 @@ from thunder_mw.policies.program_table import Program, ProgramState, Usage
 from thunder_mw.policies.resident import resident_ratio
 
 # Re-exported: stage authors and older code import these names from here.
-from thunder_mw.schemas.stage_settings import AdmissionParams as AdmissionParams
-from thunder_mw.schemas.stage_settings import GcParams as GcParams
-from thunder_mw.schemas.stage_settings import MigrationParams as MigrationParams
-from thunder_mw.schemas.stage_settings import PauseParams as PauseParams
-from thunder_mw.schemas.stage_settings import StageParams as StageParams
+from thunder_mw.schemas.stage_params import AdmissionParams as AdmissionParams
+from thunder_mw.schemas.stage_params import GcParams as GcParams
+from thunder_mw.schemas.stage_params import MigrationParams as MigrationParams
+from thunder_mw.schemas.stage_params import PauseParams as PauseParams
+from thunder_mw.schemas.stage_params import StageParams as StageParams
 
 if TYPE_CHECKING:
     from thunder_mw.policies.core import BackendState, SchedulerCore

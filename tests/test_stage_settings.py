@@ -12,9 +12,9 @@ from thunder_mw.cli.config_loader import ConfigError, load_config
 from thunder_mw.policies.pipeline import BUILTIN_STAGES, build_pipeline
 from thunder_mw.schemas.config import ThunderConfig
 from thunder_mw.schemas.pipeline_presets import DEFAULT_PIPELINE, PRESETS
+from thunder_mw.schemas.stage_params import AdmissionParams
 from thunder_mw.schemas.stage_settings import (
     STAGE_SETTINGS,
-    AdmissionParams,
     AdmissionSetting,
     CustomStageSetting,
     PresetReference,

@@ -2,7 +2,7 @@
 
     thunder-mw bench --scenario swe-agent-knee [--mode des|live] [--policies a,b]
                      [--output PATH] [--results-dir DIR] [--seed N]
-    thunder-mw bench --scenario vllm-cpu-real [--regimes cheap,dear] [--repeats N]
+    thunder-mw bench --scenario vllm-cpu-real [--regimes cheap,dear] [--repeats N] [--resimulate]
     thunder-mw bench --scenario idle-gaps [--output PATH]   (python -m ...idle_gaps for options)
     thunder-mw bench --scenario mini-swe-agent [--programs 32] [--seeds 3]   (needs Docker)
     thunder-mw bench --scenario fuzz [--seed N] [--output PATH]   (python -m ...fuzz for options)
@@ -15,10 +15,12 @@ Runs are independent, so they go to a pool of worker processes (`--jobs`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -119,6 +121,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "with one --regimes entry, the engine of that regime).",
     )
     live.add_argument(
+        "--resimulate",
+        action="store_true",
+        help="vllm-cpu-real: rerun only the simulator's half on the result file's recorded "
+        "runs (their programs, KV blocks and fitted profiles) and rewrite its `simulated` "
+        "and `agreement`; the real runs are kept, no engine is started.",
+    )
+    live.add_argument(
         "--regimes",
         default="cheap,dear",
         help="vllm-cpu-real: comma-separated regimes (cheap: tiny model, dear: the "
@@ -148,42 +157,9 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.repeats is None:
         real = args.scenario in SCENARIOS and SCENARIOS[args.scenario].engine == "vllm-cpu"
         args.repeats = 5 if real else 3
-    if args.scenario == IDLE_GAPS:
-        from thunder_mw.benchmarks import idle_gaps
-
-        output = ["--output", str(args.output)] if args.output else []
-        return idle_gaps.main(["--seed", str(args.seed), *output])
-    if args.scenario == FUZZ:
-        from thunder_mw.benchmarks import fuzz
-
-        output = ["--output", str(args.output)] if args.output else []
-        return fuzz.main(["--seed", str(args.seed), *output])
-    if args.scenario == ROLLOUT:
-        from thunder_mw.benchmarks import rollout
-
-        return rollout.main(
-            ["--seed", str(args.seed), *(["--output", str(args.output)] if args.output else [])]
-        )
-    if args.scenario == PROXY_OVERHEAD:
-        from thunder_mw.benchmarks import proxy_overhead
-
-        if args.output is None:
-            args.output = args.results_dir / proxy_overhead.DEFAULT_OUTPUT.name
-        proxy_overhead.run(args)
-        return 0
-    if args.scenario == LIVE_PEERS:
-        from thunder_mw.benchmarks import peers
-
-        return peers.run_bench(args)
-    if args.scenario == MINI_SWE_AGENT:
-        from thunder_mw.benchmarks import mini_swe_agent
-
-        # --programs: concurrent runs; its engines run in real time (python -m ... --help).
-        argv = ["--seed", str(args.seed)]
-        argv += ["--runs", str(args.programs)] if args.programs else []
-        argv += ["--seeds", str(args.seeds)] if args.seeds else []
-        argv += ["--output", str(args.output)] if args.output else []
-        return mini_swe_agent.main(argv + (["--no-plots"] if args.no_plots else []))
+    harness = _HARNESSES.get(args.scenario)
+    if harness is not None:
+        return harness(args)
     scenario = _with_overrides(SCENARIOS[args.scenario], args)
     policies = args.policies.split(",") if args.policies else list(scenario.policies)
     if scenario.engine == "vllm-cpu":
@@ -194,6 +170,69 @@ def run_bench(args: argparse.Namespace) -> int:
         return 2
     if args.mode == "live":
         return _run_live(scenario, policies, args)
+    return _run_des(scenario, policies, args)
+
+
+def _output_argv(args: argparse.Namespace) -> list[str]:
+    return ["--output", str(args.output)] if args.output else []
+
+
+def _run_idle_gaps(args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import idle_gaps
+
+    return idle_gaps.main(["--seed", str(args.seed), *_output_argv(args)])
+
+
+def _run_fuzz(args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import fuzz
+
+    return fuzz.main(["--seed", str(args.seed), *_output_argv(args)])
+
+
+def _run_rollout(args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import rollout
+
+    return rollout.main(["--seed", str(args.seed), *_output_argv(args)])
+
+
+def _run_proxy_overhead(args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import proxy_overhead
+
+    if args.output is None:
+        args.output = args.results_dir / proxy_overhead.DEFAULT_OUTPUT.name
+    proxy_overhead.run(args)
+    return 0
+
+
+def _run_live_peers(args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import peers
+
+    return peers.run_bench(args)
+
+
+def _run_mini_swe_agent(args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import mini_swe_agent
+
+    # --programs: concurrent runs; its engines run in real time (python -m ... --help).
+    argv = ["--seed", str(args.seed)]
+    argv += ["--runs", str(args.programs)] if args.programs else []
+    argv += ["--seeds", str(args.seeds)] if args.seeds else []
+    argv += _output_argv(args)
+    return mini_swe_agent.main(argv + (["--no-plots"] if args.no_plots else []))
+
+
+# The scenarios with a harness of their own (not a Scenario of the DES/live harness).
+_HARNESSES: dict[str, Callable[[argparse.Namespace], int]] = {
+    IDLE_GAPS: _run_idle_gaps,
+    FUZZ: _run_fuzz,
+    ROLLOUT: _run_rollout,
+    PROXY_OVERHEAD: _run_proxy_overhead,
+    LIVE_PEERS: _run_live_peers,
+    MINI_SWE_AGENT: _run_mini_swe_agent,
+}
+
+
+def _run_des(scenario: Scenario, policies: list[str], args: argparse.Namespace) -> int:
     output = args.output or args.results_dir / f"{scenario.name}.json"
     report = run_scenario(
         scenario,
@@ -253,6 +292,8 @@ def _run_live(scenario: Scenario, policies: list[str], args: argparse.Namespace)
 def _run_real(scenario: Scenario, systems: list[str], args: argparse.Namespace) -> int:
     from thunder_mw.benchmarks import vllm_real
 
+    if args.resimulate:
+        return _resimulate_real(args.output or args.results_dir / f"{scenario.name}.json", args)
     regimes = args.regimes.split(",")
     unknown = [r for r in regimes if r not in vllm_real.REGIMES]
     if unknown:
@@ -284,6 +325,22 @@ def _run_real(scenario: Scenario, systems: list[str], args: argparse.Namespace) 
     if not args.no_plots:
         for path in vllm_real.write_plots(report, output.with_suffix("")):
             print(f"plot: {path}")
+    return 0
+
+
+def _resimulate_real(path: Path, args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import vllm_real
+
+    if not path.is_file():
+        print(f"--resimulate reads a result file: {path} does not exist", file=sys.stderr)
+        return 2
+    report = vllm_real.resimulate(json.loads(path.read_text()))
+    _write_report(report, path)
+    print(vllm_real.format_report(report))
+    print(f"\nsimulated and agreement rewritten in {path}")
+    if not args.no_plots:
+        for plot in vllm_real.write_plots(report, path.with_suffix("")):
+            print(f"plot: {plot}")
     return 0
 
 

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from thunder_mw.engines.pool import Backend, BackendPool
@@ -33,8 +33,7 @@ from thunder_mw.middleware.live_scheduler import HoldLimits, LiveScheduler, _unt
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import ClientGone, Rejected
 from thunder_mw.middleware.types import Receive
-from thunder_mw.policies.core import Action, ReclaimTools, Released
-from thunder_mw.policies.pipeline import PipelineSettings
+from thunder_mw.policies.core import Action, ReclaimTools, Released, SchedulerCore
 from thunder_mw.policies.program_table import Phase, Program, ProgramState
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.state.redis_store import (
@@ -57,14 +56,26 @@ class SharedScheduler(LiveScheduler):
     def __init__(
         self,
         pool: BackendPool,
-        policies: PipelineSettings | None,
+        core: SchedulerCore,
         store: RedisStore,
         on_unavailable: str,
         clock: Callable[[], float] = time.monotonic,
         tick_interval_s: float = 1.0,
         limits: HoldLimits | None = None,
+        *,
+        listeners: Sequence[Callable[[Action], None]] = (),
+        tick_listeners: Sequence[Callable[[], None]] = (),
+        ownership: ProgramOwnership | None = None,
     ) -> None:
-        super().__init__(pool, policies, clock, tick_interval_s, limits)
+        super().__init__(
+            pool,
+            core,
+            clock,
+            tick_interval_s,
+            limits,
+            listeners=listeners,
+            tick_listeners=tick_listeners,
+        )
         self.store = store
         self.replica_id = store.replica_id
         self.fail_closed = on_unavailable == "fail_closed"
@@ -85,8 +96,8 @@ class SharedScheduler(LiveScheduler):
         self._refreshing = False
         self._refresh_again = False
         self._was_down = False
-        # Set by the app where `agent_context.program_owner: header`: bindings are shared.
-        self.ownership: ProgramOwnership | None = None
+        # Where `agent_context.program_owner: header`: bindings are shared.
+        self.ownership = ownership
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:

@@ -38,7 +38,7 @@ __all__ = [
 
 # What a pipeline is built from: a loaded config's validated `policies:`, or the same list
 # in YAML form (the benchmarks' variants, tests).
-PipelineSettings = Sequence[PipelineEntry] | Sequence[Mapping[str, Any]]
+PipelineSettings = Sequence[PipelineEntry | Mapping[str, Any]]
 
 # Every stage a `policies:` list may name: thunder-mw's, the original's rules and the
 # baselines users run (policies/baselines.py). Each one's params are validated by the

@@ -15,29 +15,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import Field
-
 from thunder_mw.policies.prefix_index import PrefixIndex
 from thunder_mw.policies.program_table import Program, ProgramState
-from thunder_mw.policies.stages import Stage, StageParams
+from thunder_mw.policies.stages import Stage
+
+# Re-exported: stage authors and older code import these names from here.
+from thunder_mw.schemas.stage_params import KvPlacementParams as KvPlacementParams
+from thunder_mw.schemas.stage_params import StageParams as StageParams
 
 if TYPE_CHECKING:
     from thunder_mw.policies.core import BackendState, SchedulerCore
-
-
-class KvPlacementParams(StageParams):
-    overlap_weight: float = Field(
-        1.0,
-        ge=0,
-        description="A cached prefix token is worth this many tokens of room: the engine "
-        "chosen has the most `room + weight x cached prefix tokens` (0: most room only).",
-    )
-    index_fraction: float = Field(
-        1.0,
-        gt=0,
-        description="The prefix index forgets an engine's least recently used prefixes past "
-        "this x its KV capacity.",
-    )
 
 
 class KvPlacement(Stage):

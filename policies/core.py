@@ -303,11 +303,16 @@ class SchedulerCore:
     ) -> tuple[Decision, list[Action]]:
         """A request of `ctx.program_id` arrived: forward it, hold it, or reject it."""
         self._actions = []
-        if not any(b.healthy for b in self.backends.values()):
+        healthy = [b for b in self.backends.values() if b.healthy]
+        if not healthy:
             # Fail fast rather than hold a client on a fleet that is entirely down.
             reject = Reject(ctx.program_id, 503, "no_backend", "no healthy backend is available")
             return reject, []
-        too_large = self._too_large(ctx, info)
+        known = self.table.get(ctx.program_id)
+        # The prompt's estimate on the program's engine (`touch` below keeps its engine).
+        home = known.backend if known is not None else None
+        prompt = self.tokens.prompt_tokens(info.prompt_chars, home)
+        too_large = self._too_large(ctx, info, healthy, known, prompt)
         if too_large is not None:
             return too_large, []
         program, created = self.table.touch(ctx, now)
@@ -323,7 +328,7 @@ class SchedulerCore:
         if info.prefix_key is not None:
             program.prefix_key = info.prefix_key
             program.prefix_tokens = self.tokens.prompt_tokens(info.prefix_chars, program.backend)
-        request_tokens = self._request_tokens(program, info)
+        request_tokens = self._request_tokens(program, info, prompt)
         # Stages see the arriving request's footprint (route decides per request on it).
         program.request_tokens = request_tokens
         for stage in self.stages:
@@ -687,13 +692,19 @@ class SchedulerCore:
         return self.tool_time.expected(program.session_type, program.tool_time_ema_s)
 
     # ================================================================ mechanics
-    def _too_large(self, ctx: AgentContext, info: RequestInfo) -> Reject | Forward | None:
+    def _too_large(
+        self,
+        ctx: AgentContext,
+        info: RequestInfo,
+        eligible: list[BackendState],
+        known: Program | None,
+        prompt: int,
+    ) -> Reject | Forward | None:
         """A request past every healthy engine's limit never waits for room (it would wait
-        forever, and pause others for it): refused, or sent to an engine unplanned."""
-        eligible = [b for b in self.backends.values() if b.healthy]
-        known = self.table.get(ctx.program_id)
+        forever, and pause others for it): refused, or sent to an engine unplanned.
+        `eligible`: the healthy engines; `known`: its program, if any; `prompt`: the
+        estimate of its prompt's tokens."""
         home = known.backend if known is not None else None
-        prompt = self.tokens.prompt_tokens(info.prompt_chars, home)
         if known is not None:
             prompt = max(prompt, known.context_tokens)
         estimate = prompt + (info.max_tokens or 0)
@@ -727,8 +738,7 @@ class SchedulerCore:
         actions, self._actions = self._actions, []
         return actions
 
-    def _request_tokens(self, program: Program, info: RequestInfo) -> int:
-        prompt = self.tokens.prompt_tokens(info.prompt_chars, program.backend)
+    def _request_tokens(self, program: Program, info: RequestInfo, prompt: int) -> int:
         output = (
             info.max_tokens
             or program.expected_output_tokens

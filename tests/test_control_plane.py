@@ -90,7 +90,9 @@ async def pooled() -> AsyncIterator[tuple[HangingEngine, BackendPool]]:
 
 
 @pytest.mark.anyio
-async def test_a_probe_does_not_wait_behind_forwarded_calls_for_a_pooled_connection(pooled):
+async def test_a_probe_does_not_wait_behind_forwarded_calls_for_a_pooled_connection(
+    pooled: tuple[HangingEngine, BackendPool],
+) -> None:
     engine, pool = pooled
     backend = pool.get("e")
     assert backend is not None and backend.engine is not None and backend.healthy
@@ -105,7 +107,9 @@ async def test_a_probe_does_not_wait_behind_forwarded_calls_for_a_pooled_connect
 
 
 @pytest.mark.anyio
-async def test_admin_calls_carry_the_engine_key_a_json_body_and_the_query(pooled):
+async def test_admin_calls_carry_the_engine_key_a_json_body_and_the_query(
+    pooled: tuple[HangingEngine, BackendPool],
+) -> None:
     engine, pool = pooled
     backend = pool.get("e")
     assert backend is not None and backend.engine is not None
@@ -129,7 +133,9 @@ async def test_admin_calls_carry_the_engine_key_a_json_body_and_the_query(pooled
 
 
 @pytest.mark.anyio
-async def test_an_engine_that_refuses_connections_is_an_upstream_error(pooled):
+async def test_an_engine_that_refuses_connections_is_an_upstream_error(
+    pooled: tuple[HangingEngine, BackendPool],
+) -> None:
     engine, pool = pooled
     backend = pool.get("e")
     assert backend is not None and backend.engine is not None

@@ -21,7 +21,7 @@ SIM = {"name": "sim", "type": "sim", "sim": {"num_blocks": 512, "time_scale": 10
 
 
 # ------------------------------------------------------------------ aiohttp 3.14.5
-def test_aiohttp_keeps_the_idle_timeout_in_the_attribute_the_connector_shortens():
+def test_aiohttp_keeps_the_idle_timeout_in_the_attribute_the_connector_shortens() -> None:
     """engines/pooled_connections.py shortens `_keepalive_timeout` when an engine announces
     `Keep-Alive: timeout=N` (aiohttp has no public setter). aiohttp reads it at each pool
     checkout; tests/test_stale_connections.py's announced-timeout test shows the effect."""
@@ -41,7 +41,7 @@ def test_aiohttp_keeps_the_idle_timeout_in_the_attribute_the_connector_shortens(
 
 
 # ------------------------------------------------------------------ uvicorn 0.54.0
-def test_uvicorn_httptools_protocol_has_the_hooks_the_bounded_head_overrides():
+def test_uvicorn_httptools_protocol_has_the_hooks_the_bounded_head_overrides() -> None:
     """cli/bounded_head.py subclasses uvicorn's httptools protocol (uvicorn bounds no head
     with httptools; its h11 protocol does, but h11 is the slower parser). The hooks it
     overrides must still be the ones uvicorn calls; tests/test_request_head_limits.py checks
@@ -58,7 +58,7 @@ def test_uvicorn_httptools_protocol_has_the_hooks_the_bounded_head_overrides():
 
 
 # ------------------------------------------------------------------ Starlette 1.10.0
-def test_starlette_route_keeps_the_pattern_and_methods_the_admin_routes_rewrite():
+def test_starlette_route_keeps_the_pattern_and_methods_the_admin_routes_rewrite() -> None:
     """middleware/admin.py's `_Route` rewrites a Route's `path_regex` (`$` to `\\Z`, with
     DOTALL) and its `methods` (no implied HEAD): both are attributes Starlette matches with."""
     route = Route("/programs/{program_id:path}", lambda request: None, methods=["GET"])
@@ -83,7 +83,7 @@ def _answers(requests: list[tuple[str, str]]) -> list[httpx.Response]:
     return asyncio.run(go())
 
 
-def test_an_admin_id_is_any_text_to_the_end_of_the_path_and_head_is_no_get():
+def test_an_admin_id_is_any_text_to_the_end_of_the_path_and_head_is_no_get() -> None:
     """With Starlette's own pattern a newline in an id matched no route (`.` stops at it) and
     `$` matched before a trailing one; the rewritten pattern hands the whole id over. HEAD on
     a GET route is a 405 naming GET, as for any method the API does not describe."""

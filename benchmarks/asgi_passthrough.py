@@ -1,12 +1,13 @@
 """Reference points for the gateway's design: a bare ASGI pass-through on uvicorn, per HTTP client.
 
-thunder-mw is an ASGI app served by uvicorn that forwards with httpx; these pass-throughs
+thunder-mw is an ASGI app served by uvicorn that forwards with aiohttp; these pass-throughs
 do nothing but forward, so the proxy-overhead benchmark can separate what the server
 stack and the client library cost from what thunder-mw's own work costs:
 `httpx` (httpx's default transport), `httpx-aiohttp` (httpx's API on the aiohttp
-transport, as thunder-mw does) and `aiohttp` (aiohttp's client directly). Run it in its
-own process: `python -m thunder_mw.benchmarks.asgi_passthrough --client C --upstream URL`
-prints `PORT <n>` once it listens.
+transport, a package of the test extra) and `aiohttp` (aiohttp's client directly, as
+thunder-mw forwards). Run it in its own process
+(`python -m thunder_mw.benchmarks.asgi_passthrough --client C --upstream URL`); it prints
+`PORT <n>` once it listens.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 import aiohttp
 import httpx
 import uvicorn
-from httpx_aiohttp import AiohttpTransport
 
 CLIENTS = ("httpx", "httpx-aiohttp", "aiohttp")
 _DROP = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection", b"keep-alive"})
@@ -41,6 +41,9 @@ class _Upstream:
         if self.kind == "httpx":
             self._httpx = httpx.AsyncClient(base_url=self.upstream, limits=limits, timeout=60)
         elif self.kind == "httpx-aiohttp":
+            # Imported here: the package is the test extra's, needed by this target alone.
+            from httpx_aiohttp import AiohttpTransport
+
             transport = AiohttpTransport(limits=limits, trust_env=False)
             self._httpx = httpx.AsyncClient(base_url=self.upstream, transport=transport, timeout=60)
         else:

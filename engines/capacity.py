@@ -9,14 +9,16 @@ config.json and the replica's memory (the pure arithmetic is policies/capacity_p
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 import msgspec
 
+from thunder_mw.engines.client import UpstreamError, control_request
 from thunder_mw.engines.exposition import Exposition, read_exposition
 from thunder_mw.policies.capacity_plan import (
     GiB,
@@ -126,18 +128,22 @@ def exposition_capacity(page: Exposition) -> int | None:
 def read_engine_capacity(url: str, timeout_s: float = 10.0) -> EngineCapacity:
     """The KV capacity an engine reports (blocking; for the `plan` command): /metrics first,
     then /server_info (or /get_server_info, its name in SGLang releases before it)."""
-    url = url.rstrip("/")
+    return asyncio.run(_read_engine_capacity(url.rstrip("/"), timeout_s))
+
+
+async def _read_engine_capacity(url: str, timeout_s: float) -> EngineCapacity:
     result = EngineCapacity(url=url)
     try:
-        with httpx.Client(base_url=url, timeout=timeout_s, trust_env=False) as client:
-            metrics = client.get("/metrics")
-            if metrics.status_code == 200 and capacity_from_metrics(metrics.content, result):
+        # The gateway's own engine client stack (engines/client.py), for one command.
+        async with aiohttp.ClientSession() as session:
+            metrics = await control_request(session, "GET", url + "/metrics", timeout_s=timeout_s)
+            if metrics.status == 200 and capacity_from_metrics(metrics.body, result):
                 return result
             for path in ("/server_info", "/get_server_info"):
-                info = client.get(path)
-                if info.status_code == 200 and capacity_from_server_info(info.json(), result):
+                info = await control_request(session, "GET", url + path, timeout_s=timeout_s)
+                if info.status == 200 and capacity_from_server_info(json.loads(info.body), result):
                     return result
-    except (httpx.HTTPError, ValueError, OSError) as exc:
+    except (UpstreamError, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
         return result
     result.error = "reports no KV capacity (no vllm:cache_config_info, no max_total_num_tokens)"

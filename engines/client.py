@@ -1,18 +1,21 @@
-"""The data-plane client of one engine: pooled keep-alive HTTP/1.1 on aiohttp.
+"""The one HTTP client of an engine, on aiohttp: forwarded calls (the data plane) on pooled
+keep-alive HTTP/1.1, and probes, model lists and admin calls (the control plane).
 
 The hot path does not go through httpx: `benchmarks/results/proxy-overhead.json` measures
 the httpx API (even on its aiohttp transport) at about half the throughput of aiohttp used
-directly, which is the one per-request cost a Python pass-through cannot hide. httpx stays
-for the control plane (probes, model lists), where its API matters more than microseconds.
+directly, which is the one per-request cost a Python pass-through cannot hide. The control
+plane takes the same client rather than a second stack: one library, one set of errors and
+timeouts, one place that knows how an engine's connections behave.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from thunder_mw.engines.pooled_connections import (
     KeepAliveConnector,
@@ -82,6 +85,57 @@ class UpstreamResponse:
 
     def release(self) -> None:
         self._response.release()
+
+
+class ControlAnswer(msgspec.Struct, frozen=True):
+    """A control-plane answer, read whole."""
+
+    status: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+async def control_request(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    *,
+    timeout_s: float,
+    headers: Mapping[str, str] | None = None,
+    query: Mapping[str, str] | None = None,
+    json: Any = None,
+    connect_timeout_s: float | None = None,
+) -> ControlAnswer:
+    """One call whose whole answer is read (decompressed: a /metrics page may come gzipped);
+    a failure to connect, a timeout (`connect_timeout_s`, default `timeout_s`, to connect,
+    then `timeout_s` between bytes) or a broken answer is an UpstreamError. `json`: a body to
+    encode (None: no body)."""
+    data = None if json is None else msgspec.json.encode(json)
+    sent = dict(headers or {})
+    if data is not None:
+        sent.setdefault("Content-Type", "application/json")
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=connect_timeout_s or timeout_s, sock_read=timeout_s
+    )
+    try:
+        async with session.request(
+            method,
+            url,
+            params=query,
+            data=data,
+            headers=sent,
+            timeout=timeout,
+            allow_redirects=False,
+            auto_decompress=True,
+        ) as response:
+            return ControlAnswer(response.status, await response.read())
+    except aiohttp.ClientConnectorError as exc:
+        raise UpstreamError(f"connection refused: {exc!r}", before_any_byte=True) from exc
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise UpstreamError(f"{method} {url}: {exc!r}", timeout=_is_timeout(exc)) from exc
 
 
 class EngineClient:
@@ -173,6 +227,48 @@ class EngineClient:
         if keep_alive is not None and self._connector is not None:
             self._connector.honour_keep_alive_header(keep_alive)
         return UpstreamResponse(response, deadline, self._first_byte_timeout_s)
+
+    async def control(
+        self,
+        method: str,
+        target: str,
+        *,
+        timeout_s: float,
+        headers: Mapping[str, str] | None = None,
+        query: Mapping[str, str] | None = None,
+        json: Any = None,
+        connect_timeout_s: float | None = None,
+    ) -> ControlAnswer:
+        """A control-plane call (a probe, the model list, a pause or weight update).
+
+        It goes on a connection of its own (the session resends use), not the forwarding
+        pool, for two reasons: a probe must never queue behind forwarded calls for a pooled
+        connection (a pool full of long streams would time out /health and take a busy but
+        healthy engine out), nor go out on an idle one the engine is closing (the failed
+        probe would do the same). A few connections per `probe_interval_s` cost nothing;
+        this keeps one pool of kept-alive connections per engine, the data plane's."""
+        return await control_request(
+            self._fresh(),
+            method,
+            self.base_url + target,
+            timeout_s=timeout_s,
+            headers=headers,
+            query=query,
+            json=json,
+            connect_timeout_s=connect_timeout_s,
+        )
+
+    async def get(
+        self,
+        target: str,
+        *,
+        timeout_s: float,
+        headers: Mapping[str, str] | None = None,
+        connect_timeout_s: float | None = None,
+    ) -> ControlAnswer:
+        return await self.control(
+            "GET", target, timeout_s=timeout_s, headers=headers, connect_timeout_s=connect_timeout_s
+        )
 
     async def aclose(self) -> None:
         if self._session is not None:

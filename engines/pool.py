@@ -1,8 +1,9 @@
 """The engines thunder-mw forwards to: pooled clients, health circuits and capacity discovery.
 
-Each backend gets one httpx.AsyncClient on the aiohttp transport (pooled keep-alive; httpx's
-default transport costs ~4x the CPU per proxied request). A probe loop re-reads health and
-KV capacity, so an engine that starts late or restarts is picked up again. Health comes from
+Each backend gets one engine client on aiohttp (engines/client.py): forwarded calls on its
+pool of kept-alive connections, probes, model lists and admin calls on connections of their
+own (why: `EngineClient.control`). A probe loop re-reads health and KV capacity, so an
+engine that starts late or restarts is picked up again. Health comes from
 evidence: a failed call makes an engine suspect and probes it; it is marked down when the
 probe fails, a connection is refused, or `failures_to_open` calls fail in a row.
 """
@@ -16,9 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import httpx
 import msgspec
-from httpx_aiohttp import AiohttpTransport
 
 from thunder_mw.engines.capacity import (
     exposition_capacity,
@@ -26,7 +25,7 @@ from thunder_mw.engines.capacity import (
     planned_capacity,
     server_info_capacity,
 )
-from thunder_mw.engines.client import EngineClient
+from thunder_mw.engines.client import EngineClient, UpstreamError
 from thunder_mw.engines.exposition import Exposition, read_exposition
 from thunder_mw.policies.core import BackendMetrics
 from thunder_mw.schemas.config import BackendSettings, ServerSettings
@@ -93,8 +92,8 @@ class Backend:
         self.label = label
         self.url = url
         self.flavor = settings.sim.flavor if settings.type == "sim" else settings.type
-        self.client: httpx.AsyncClient | None = None  # control plane: probes, model lists
-        self.engine: EngineClient | None = None  # data plane: forwarded requests
+        # Forwarded requests (the data plane) and probes, model lists, admin calls.
+        self.engine: EngineClient | None = None
         self.healthy = False
         # The current run of failed calls (no call answered since) and when it began.
         self.consecutive_failures = 0
@@ -111,6 +110,14 @@ class Backend:
             if settings.api_key
             else None
         )
+
+    @property
+    def control_headers(self) -> dict[str, str] | None:
+        """The engine's API key on a control-plane call, where one is configured."""
+        if self.auth_header is None:
+            return None
+        name, value = self.auth_header
+        return {name.decode("latin-1"): value.decode("latin-1")}
 
     @property
     def capacity_tokens(self) -> int | None:
@@ -196,8 +203,6 @@ class BackendPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for b in self.backends:
-            if b.client is not None:
-                await b.client.aclose()
             if b.engine is not None:
                 await b.engine.aclose()
         for engine in self._embedded.values():
@@ -213,7 +218,6 @@ class BackendPool:
         backend = Backend(settings, url, label)
         if settings.plan is not None:
             backend.planned_capacity = await asyncio.to_thread(planned_capacity, settings.plan)
-        backend.client = self._client(url, settings.pool_keep_alive_s)
         backend.engine = EngineClient(
             url,
             max_connections=self._server.max_connections_per_backend,
@@ -267,8 +271,6 @@ class BackendPool:
         log.info("backend %s removed", label)
 
     async def _close(self, backend: Backend) -> None:
-        if backend.client is not None:
-            await backend.client.aclose()
         if backend.engine is not None:
             await backend.engine.aclose()
         engine = self._embedded.pop(backend.label, None)
@@ -285,26 +287,6 @@ class BackendPool:
         self._embedded[label] = engine
         log.info("embedded simulated engine %s serving at %s", label, url)
         return url
-
-    def _client(self, url: str, keep_alive_s: float) -> httpx.AsyncClient:
-        # Probes come every probe_interval_s (5 s), the very idle time at which uvicorn closes
-        # a connection: the control plane retires its connections as early as the data plane.
-        limits = httpx.Limits(
-            max_connections=self._server.max_connections_per_backend,
-            max_keepalive_connections=self._server.max_connections_per_backend,
-            keepalive_expiry=keep_alive_s,
-        )
-        timeout = httpx.Timeout(
-            connect=self._server.connect_timeout_s,
-            read=self._server.read_timeout_s,
-            write=self._server.read_timeout_s,
-            pool=self._server.read_timeout_s,
-        )
-        return httpx.AsyncClient(
-            base_url=url,
-            transport=AiohttpTransport(limits=limits, trust_env=False),
-            timeout=timeout,
-        )
 
     # ------------------------------------------------------------------ queries
     def configured(self) -> list[tuple[str, int | None]]:
@@ -365,7 +347,7 @@ class BackendPool:
         """Probe `backend` now rather than at the next interval (a call on it failed), so a
         dead engine's programs leave it within a round trip, not a probe interval."""
         label = backend.label
-        if backend.client is None or self._stopping:
+        if backend.engine is None or self._stopping:
             return
         if label in self._suspect_probes:
             # The check in flight may have passed /health before this failure happened.
@@ -409,14 +391,14 @@ class BackendPool:
         """Health, then capacity and live signals; a failed probe opens the circuit, a good
         one closes it. Capacity is re-read every time: a restarted engine may have changed.
         `notify=False`: the listeners are not told (a backend not yet listed)."""
-        assert backend.client is not None
+        assert backend.engine is not None
         metrics: BackendMetrics | None = None
         started = time.monotonic()
         try:
-            r = await backend.client.get("/health", timeout=self._server.connect_timeout_s)
-            if r.status_code != 200:
-                raise httpx.HTTPError(f"/health answered {r.status_code}")
-        except (httpx.HTTPError, OSError) as exc:
+            r = await backend.engine.get("/health", timeout_s=self._server.connect_timeout_s)
+            if r.status != 200:
+                raise UpstreamError(f"/health answered {r.status}")
+        except UpstreamError as exc:
             if backend.healthy:
                 log.warning("backend %s failed its health probe: %s", backend.label, exc)
             backend.healthy = False
@@ -428,29 +410,31 @@ class BackendPool:
             # they are: only a later one brings it back.
             if started >= backend.down_since:
                 self.record_success(backend)
-            with contextlib.suppress(httpx.HTTPError, OSError, ValueError, msgspec.DecodeError):
+            with contextlib.suppress(UpstreamError, ValueError, msgspec.DecodeError):
                 metrics = await self._scrape(backend)
         if notify and self._by_label.get(backend.label) is backend:
             for listener in self.listeners:
                 listener(backend, metrics)
 
     async def _scrape(self, backend: Backend) -> BackendMetrics | None:
-        assert backend.client is not None
+        engine = backend.engine
+        assert engine is not None
         timeout = self._server.connect_timeout_s
         if backend.flavor == "sglang":
-            r = await backend.client.get("/server_info", timeout=timeout)
-            if r.status_code == 200:
-                backend.discovered_capacity = server_info_capacity(r.content)
+            r = await engine.get("/server_info", timeout_s=timeout)
+            if r.status == 200:
+                backend.discovered_capacity = server_info_capacity(r.body)
         if backend.max_model_len is None:
-            auth = dict([backend.auth_header]) if backend.auth_header else None
-            models = await backend.client.get("/v1/models", timeout=timeout, headers=auth)
-            if models.status_code == 200:
-                backend.max_model_len = models_max_len(models.content)
-        r = await backend.client.get("/metrics", timeout=timeout)
-        if r.status_code != 200:
+            models = await engine.get(
+                "/v1/models", timeout_s=timeout, headers=backend.control_headers
+            )
+            if models.status == 200:
+                backend.max_model_len = models_max_len(models.body)
+        r = await engine.get("/metrics", timeout_s=timeout)
+        if r.status != 200:
             return None
         # vLLM's page is a few hundred lines of histograms: parsed off the event loop.
-        page = await asyncio.to_thread(read_exposition, r.content)
+        page = await asyncio.to_thread(read_exposition, r.body)
         if backend.flavor != "sglang":
             backend.discovered_capacity = exposition_capacity(page)
         return signals(backend.flavor, page)

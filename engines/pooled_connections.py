@@ -67,7 +67,8 @@ class KeepAliveConnector(aiohttp.TCPConnector):
         if retire_s < self.keep_alive_s:
             self.keep_alive_s = retire_s
             # aiohttp reads this attribute at every pool checkout and cleanup; it has no
-            # public setter, and a new connector would drop the connections in use.
+            # public setter, and a new connector would drop the connections in use. Private:
+            # checked against aiohttp 3.14.5, pinned by tests/test_framework_pins.py.
             self._keepalive_timeout = retire_s
 
 

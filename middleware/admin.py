@@ -124,6 +124,7 @@ class _Route(Route):
     def __init__(self, path: str, endpoint: Callable[..., Any], method: str) -> None:
         super().__init__(path, endpoint, methods=[method])
         self.methods = {method}
+        # Starlette internals (checked on 1.10.0, pinned by tests/test_framework_pins.py).
         self.path_regex = re.compile(self.path_regex.pattern.removesuffix("$") + r"\Z", re.S)
 
 

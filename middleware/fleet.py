@@ -17,8 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
+from thunder_mw.engines.client import UpstreamError
 from thunder_mw.engines.pool import Backend, BackendPool
 from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.schemas.config import BackendSettings
@@ -254,28 +253,27 @@ class Fleet:
     async def _tell_all(self, call_for: Callable[[Backend], EngineCall]) -> list[EngineAnswer]:
         """Sends each healthy engine its call; an engine that fails is reported, not fatal
         (the cycle goes on, so no held call is left waiting on one engine)."""
-        backends = [b for b in self.pool.backends if b.healthy and b.client is not None]
+        backends = [b for b in self.pool.backends if b.healthy and b.engine is not None]
         return list(await asyncio.gather(*(self._tell(b, call_for(b)) for b in backends)))
 
     async def _tell(self, backend: Backend, call: EngineCall) -> EngineAnswer:
         method, path, query, body = call
-        assert backend.client is not None
-        headers = dict([backend.auth_header]) if backend.auth_header else None
+        assert backend.engine is not None
         try:
-            answer = await backend.client.request(
+            answer = await backend.engine.control(
                 method,
                 path,
-                params=query,
+                query=query,
                 json=body,
-                headers=headers,
-                timeout=_CONTROL_TIMEOUT_S,
+                headers=backend.control_headers,
+                timeout_s=_CONTROL_TIMEOUT_S,
             )
-        except (httpx.HTTPError, OSError) as exc:
+        except UpstreamError as exc:
             return EngineAnswer(
                 backend=backend.label, path=path, status=None, ok=False, detail=repr(exc)
             )
-        ok = answer.status_code < 400
+        ok = answer.status < 400
         detail = None if ok else answer.text[:300]
         return EngineAnswer(
-            backend=backend.label, path=path, status=answer.status_code, ok=ok, detail=detail
+            backend=backend.label, path=path, status=answer.status, ok=ok, detail=detail
         )

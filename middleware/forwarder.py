@@ -411,22 +411,26 @@ class Forwarder:
 
     # ------------------------------------------------------------------ other routes
     async def _models(self, send: Send) -> None:
-        backends = [b for b in self.pool.backends if b.healthy and b.client is not None]
+        engines = [b.engine for b in self.pool.backends if b.healthy and b.engine is not None]
+        read_s, connect_s = self.server.read_timeout_s, self.server.connect_timeout_s
         results = await asyncio.gather(
-            *(b.client.get("/v1/models") for b in backends if b.client is not None),
+            *(
+                engine.get("/v1/models", timeout_s=read_s, connect_timeout_s=connect_s)
+                for engine in engines
+            ),
             return_exceptions=True,
         )
         merged: dict[str, Any] = {}
         for result in results:
-            if isinstance(result, BaseException) or result.status_code != 200:
+            if isinstance(result, BaseException) or result.status != 200:
                 continue
             with contextlib.suppress(
                 msgspec.DecodeError, AttributeError, TypeError, RecursionError
             ):
-                for model in _decode_any(result.content).get("data", []):
+                for model in _decode_any(result.body).get("data", []):
                     if isinstance(model, dict) and "id" in model:
                         merged.setdefault(model["id"], model)
-        if not merged and not backends:
+        if not merged and not engines:
             await send_error(send, 503, "no healthy backend is available", None, "no_backend")
             return
         await send_json(send, 200, _encode({"object": "list", "data": list(merged.values())}))

@@ -23,7 +23,6 @@ from thunder_mw.engines.pool import Backend, BackendPool
 from thunder_mw.middleware.call_state import CallState, Outcome, RequestBody
 from thunder_mw.middleware.scheduling import ClientGone, Rejected
 from thunder_mw.middleware.types import Receive
-from thunder_mw.policies.context_limit import prompt_text_chars
 from thunder_mw.policies.core import (
     Action,
     BackendMetrics,
@@ -58,7 +57,7 @@ def request_info(body: RequestBody | None, prefix_keys: bool = True) -> RequestI
         max_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
         prefix_key=None if prefix is None else f"{zlib.crc32(prefix.encode()):08x}:{len(prefix)}",
         prefix_chars=0 if prefix is None else len(prefix),
-        prompt_text_chars=prompt_text_chars(data),
+        prompt_body=data,  # its prompt fields are counted only if it may be too long
     )
 
 

@@ -99,19 +99,23 @@ _ENGINE_INTEGERS = frozenset(
 
 def _check_integers(data: dict[str, Any]) -> None:
     """An engine-read integer past 64 bits is a 400 naming the field, not an engine's 500."""
-    low, high = _INT64
+    _check_fields(data, "")
     nested = data.get("sampling_params")
-    places = [("", data)] + ([("sampling_params.", nested)] if isinstance(nested, dict) else [])
-    for prefix, fields in places:
-        for name in _ENGINE_INTEGERS.intersection(fields):
-            item = fields[name]
-            if type(item) is int and not low <= item <= high:
-                raise BodyError(
-                    400,
-                    f"{prefix}{name} is {item}, outside the 64-bit integer range engines accept",
-                    "integer_out_of_range",
-                    prefix + name,
-                )
+    if isinstance(nested, dict):
+        _check_fields(nested, "sampling_params.")
+
+
+def _check_fields(fields: dict[str, Any], prefix: str) -> None:
+    low, high = _INT64
+    for name in _ENGINE_INTEGERS.intersection(fields):
+        item = fields[name]
+        if type(item) is int and not low <= item <= high:
+            raise BodyError(
+                400,
+                f"{prefix}{name} is {item}, outside the 64-bit integer range engines accept",
+                "integer_out_of_range",
+                prefix + name,
+            )
 
 
 def _too_large(limit: int) -> BodyError:

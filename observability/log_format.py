@@ -40,5 +40,3 @@ def configure_logging(level: str, log_format: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # httpx logs every proxied request at INFO: far too much for the hot path.
-    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -19,7 +19,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 # Characters per token an estimate may never exceed when it must be a LOWER bound on the
 # prompt's tokens. Ordinary BPE text averages ~4 characters a token (English, code) and the
@@ -40,12 +40,11 @@ class EngineLimits(Protocol):
 def engine_limit(engine: EngineLimits) -> tuple[int, str] | None:
     """The most tokens one request may take on `engine` (prompt + output) and which limit that
     is; None when the engine reports neither."""
-    limits: list[tuple[int, str]] = []
-    if engine.max_model_len:
-        limits.append((engine.max_model_len, "max_model_len"))
-    if engine.capacity:
-        limits.append((engine.capacity, "KV cache"))
-    return min(limits) if limits else None
+    # The smaller of the two (a tie names the KV cache); per request, so without a list.
+    length, kv = engine.max_model_len, engine.capacity
+    if length and (not kv or length < kv):
+        return length, "max_model_len"
+    return (kv, "KV cache") if kv else None
 
 
 # The fields of an OpenAI, vLLM or SGLang body whose text becomes prompt tokens (chat
@@ -69,20 +68,42 @@ def prompt_text_chars(data: dict[str, object]) -> int:
     characters a token may stand for, so it is one token of the floor): other fields — ids,
     metadata, sampling options — never make a request look too long."""
     total = 0
-    stack = [data.get(name) for name in PROMPT_FIELDS]
+    stack: list[Any] = [data[name] for name in PROMPT_FIELDS if name in data]
+    pop, extend = stack.pop, stack.extend
+    # It runs on every request: exact-type tests first (what a JSON decoder builds; a bool is
+    # not an int by type), isinstance only for other mappings' subclasses. A loop, not
+    # recursion: a body may nest as deep as its decoder allows.
     while stack:
-        item = stack.pop()
-        if isinstance(item, str):
+        item = pop()
+        kind = type(item)
+        if kind is str:
             total += len(item)
-        elif isinstance(item, bool) or item is None:
+        elif kind is dict:
+            extend(item.values())
+        elif kind is list:
+            extend(item)
+        elif kind is int:
+            total += MAX_CHARS_PER_TOKEN
+        elif item is None or kind is bool or kind is float:
+            continue
+        elif isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, bool):
             continue
         elif isinstance(item, int):
             total += MAX_CHARS_PER_TOKEN
         elif isinstance(item, list):
-            stack.extend(item)
+            extend(item)
         elif isinstance(item, dict):
-            stack.extend(item.values())
+            extend(item.values())
     return total
+
+
+def prompt_chars_bound(body_bytes: int) -> int:
+    """The most `prompt_text_chars` a JSON body of `body_bytes` bytes can count: a string's
+    characters are at most its encoded bytes, and an integer (MAX_CHARS_PER_TOKEN
+    characters) takes at least a digit and the comma or bracket after it."""
+    return body_bytes * (MAX_CHARS_PER_TOKEN // 2)
 
 
 def prompt_floor(prompt_chars: int) -> int:

@@ -118,8 +118,12 @@ class RequestInfo(msgspec.Struct, frozen=True):
     prefix_key: str | None = None
     prefix_chars: int = 0
     # Characters of the prompt-bearing fields alone (policies/context_limit.py), for the
-    # lower bound that refuses a request too long for every engine; None: `prompt_chars`.
+    # lower bound that refuses a request too long for every engine; None: counted from
+    # `prompt_body` if given, else `prompt_chars`.
     prompt_text_chars: int | None = None
+    # The decoded body, read (never changed) to count those characters only for a request
+    # whose size could make it too long: walking every body costs each request time.
+    prompt_body: dict[str, Any] | None = None
 
 
 class BackendMetrics(msgspec.Struct, frozen=True):
@@ -211,13 +215,17 @@ class BackendState:
     def unused(self) -> int:
         """Reserved tokens the engine does not hold: copies of a shared prefix it holds once
         (policies/shared_prefix.py), and what its KV gauge says (policies/resident.py)."""
-        return self.shared_credit + self.running_unused - self.shared_running_credit
+        shared = self.shared
+        if shared is None:  # the default, read several times per request: no credits
+            return int((1.0 - self.resident_ratio) * max(0, self.running_reserved))
+        return shared.credit + self.running_unused - shared.running_credit
 
     @property
     def running_unused(self) -> int:
         """Of `unused`, what is reserved by programs with a call in flight."""
-        running = max(0, self.running_reserved - self.shared_running_credit)
-        return self.shared_running_credit + int((1.0 - self.resident_ratio) * running)
+        credit = self.shared.running_credit if self.shared is not None else 0
+        running = max(0, self.running_reserved - credit)
+        return credit + int((1.0 - self.resident_ratio) * running)
 
     @property
     def shared_credit(self) -> int:
@@ -295,11 +303,16 @@ class SchedulerCore:
     ) -> tuple[Decision, list[Action]]:
         """A request of `ctx.program_id` arrived: forward it, hold it, or reject it."""
         self._actions = []
-        if not any(b.healthy for b in self.backends.values()):
+        healthy = [b for b in self.backends.values() if b.healthy]
+        if not healthy:
             # Fail fast rather than hold a client on a fleet that is entirely down.
             reject = Reject(ctx.program_id, 503, "no_backend", "no healthy backend is available")
             return reject, []
-        too_large = self._too_large(ctx, info)
+        known = self.table.get(ctx.program_id)
+        # The prompt's estimate on the program's engine (`touch` below keeps its engine).
+        home = known.backend if known is not None else None
+        prompt = self.tokens.prompt_tokens(info.prompt_chars, home)
+        too_large = self._too_large(ctx, info, healthy, known, prompt)
         if too_large is not None:
             return too_large, []
         program, created = self.table.touch(ctx, now)
@@ -315,7 +328,7 @@ class SchedulerCore:
         if info.prefix_key is not None:
             program.prefix_key = info.prefix_key
             program.prefix_tokens = self.tokens.prompt_tokens(info.prefix_chars, program.backend)
-        request_tokens = self._request_tokens(program, info)
+        request_tokens = self._request_tokens(program, info, prompt)
         # Stages see the arriving request's footprint (route decides per request on it).
         program.request_tokens = request_tokens
         for stage in self.stages:
@@ -679,19 +692,34 @@ class SchedulerCore:
         return self.tool_time.expected(program.session_type, program.tool_time_ema_s)
 
     # ================================================================ mechanics
-    def _too_large(self, ctx: AgentContext, info: RequestInfo) -> Reject | Forward | None:
+    def _too_large(
+        self,
+        ctx: AgentContext,
+        info: RequestInfo,
+        eligible: list[BackendState],
+        known: Program | None,
+        prompt: int,
+    ) -> Reject | Forward | None:
         """A request past every healthy engine's limit never waits for room (it would wait
-        forever, and pause others for it): refused, or sent to an engine unplanned."""
-        eligible = [b for b in self.backends.values() if b.healthy]
-        known = self.table.get(ctx.program_id)
+        forever, and pause others for it): refused, or sent to an engine unplanned.
+        `eligible`: the healthy engines; `known`: its program, if any; `prompt`: the
+        estimate of its prompt's tokens."""
         home = known.backend if known is not None else None
-        prompt = self.tokens.prompt_tokens(info.prompt_chars, home)
         if known is not None:
             prompt = max(prompt, known.context_tokens)
-        text = info.prompt_chars if info.prompt_text_chars is None else info.prompt_text_chars
-        verdict = context_limit.check(
-            eligible, text, info.max_tokens, prompt + (info.max_tokens or 0)
-        )
+        estimate = prompt + (info.max_tokens or 0)
+        text = info.prompt_text_chars
+        if text is None and info.prompt_body is None:
+            text = info.prompt_chars
+        if text is None:
+            # First with a bound on the characters the body's size allows: only a request
+            # that bound would refuse has its prompt fields counted.
+            bound = context_limit.prompt_chars_bound(info.prompt_chars)
+            verdict = context_limit.check(eligible, bound, info.max_tokens, estimate)
+            if isinstance(verdict, context_limit.Refusal):
+                text = context_limit.prompt_text_chars(info.prompt_body or {})
+        if text is not None:
+            verdict = context_limit.check(eligible, text, info.max_tokens, estimate)
         if isinstance(verdict, context_limit.Refusal):
             self.counters["context_length_refusals"] += 1
             return Reject(
@@ -710,8 +738,7 @@ class SchedulerCore:
         actions, self._actions = self._actions, []
         return actions
 
-    def _request_tokens(self, program: Program, info: RequestInfo) -> int:
-        prompt = self.tokens.prompt_tokens(info.prompt_chars, program.backend)
+    def _request_tokens(self, program: Program, info: RequestInfo, prompt: int) -> int:
         output = (
             info.max_tokens
             or program.expected_output_tokens

@@ -55,6 +55,7 @@ class ClosingEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
+        self._handlers: set[asyncio.Task[None]] = set()  # one per open connection
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> ClosingEngine:
@@ -81,10 +82,21 @@ class ClosingEngine:
 
         async def shutdown() -> None:
             server.close()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            # A connection accepted just before the close may still be on its way to its
+            # handler (asyncio's accept task, or a handler task not yet started): cancelled
+            # there, its socket would leak. Those run first; then every handler is cancelled
+            # (its `finally` closes its connection).
+            me = asyncio.current_task()
+            for _ in range(200):
+                if not {t for t in asyncio.all_tasks() if t is not me} - self._handlers:
+                    break
+                await asyncio.sleep(0.001)
+            while self._handlers:
+                for task in list(self._handlers):
+                    task.cancel()
+                await asyncio.gather(*self._handlers, return_exceptions=True)
+                await asyncio.sleep(0)
+            await asyncio.sleep(0.05)  # the closed connections' own callbacks run before the stop
 
         asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=5)
         loop.call_soon_threadsafe(loop.stop)
@@ -94,6 +106,10 @@ class ClosingEngine:
     # ------------------------------------------------------------------ one connection
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
         served = 0
         idle_since = time.monotonic()
         try:

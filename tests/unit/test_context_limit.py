@@ -3,6 +3,10 @@ unplanned, never held; and requests that could only run alone, held briefly then
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import msgspec
 import pytest
 from test_scheduler_core import _program, ctx, info, make, run_step
 
@@ -130,6 +134,56 @@ def test_a_huge_non_prompt_field_is_not_a_too_long_prompt() -> None:
     info_ = RequestInfo(prompt_chars=100_000, max_tokens=8, prompt_text_chars=10)
     decision, _ = core.on_request(ctx("p"), info_, 0)
     assert not isinstance(decision, Reject)
+
+
+_BODIES: list[dict[str, Any]] = [
+    {"prompt": [1, 2, 3]},
+    {"input_ids": [0] * 500, "max_tokens": 1},
+    {"prompt": [[7, 8], [9]]},
+    {"messages": [{"role": "user", "content": "caf\u00e9 \U0001f600" * 50}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}], "n": 1},
+    {"input": [{"content": "a", "n": 1, "f": 1.5, "b": True, "z": None}], "text": ""},
+    {"tools": [{"function": {"name": "f", "parameters": {"properties": {}}}}], "suffix": "s"},
+]
+
+
+@pytest.mark.parametrize("body", _BODIES)
+def test_a_body_of_n_bytes_never_counts_more_prompt_characters_than_the_bound(
+    body: dict[str, Any],
+) -> None:
+    for raw in (msgspec.json.encode(body), json.dumps(body).encode()):  # compact, \u-escaped
+        assert context_limit.prompt_text_chars(body) <= context_limit.prompt_chars_bound(len(raw))
+
+
+@pytest.mark.parametrize(
+    ("body", "limit"),
+    [
+        ({"messages": [{"role": "user", "content": "w " * 40_000}], "max_tokens": 8}, 2048),
+        ({"messages": [{"role": "user", "content": "hi"}], "request_id": "x" * 9000}, 2048),
+        ({"prompt": [5] * 3000, "max_tokens": 1}, 2048),
+        ({"prompt": [5] * 2000, "max_tokens": 1}, 2048),
+        ({"prompt": "p", "max_tokens": 2040, "metadata": {"k": "v" * 500}}, 2048),
+        ({"prompt": "p" * 70_000, "max_tokens": 10}, 4096),
+    ],
+)
+def test_counting_the_prompt_fields_only_when_the_body_may_be_too_long_decides_the_same(
+    body: dict[str, Any], limit: int
+) -> None:
+    """The core counts `prompt_body`'s prompt characters only when the body's size bound
+    would refuse it; the decision is the one the exact count gives."""
+    raw = msgspec.json.encode(body)
+    exact = RequestInfo(
+        prompt_chars=len(raw),
+        max_tokens=body.get("max_tokens"),
+        prompt_text_chars=context_limit.prompt_text_chars(body),
+    )
+    lazy = RequestInfo(prompt_chars=len(raw), max_tokens=body.get("max_tokens"), prompt_body=body)
+    decisions: list[tuple[type, object]] = []
+    for given in (exact, lazy):
+        core = engines(make(capacities=(100_000,)), max_model_len=limit)
+        decision, _ = core.on_request(ctx("p"), given, 0)
+        decisions.append((type(decision), getattr(decision, "message", None)))
+    assert decisions[0] == decisions[1]
 
 
 def test_an_integer_past_64_bits_is_refused_as_the_body_is_read() -> None:

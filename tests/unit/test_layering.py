@@ -61,3 +61,30 @@ def test_the_checker_sees_a_wrong_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from thunder_mw.benchmarks.des import simulate\n")
     assert _imports(module) == {"benchmarks"}
+
+
+def _third_party(path: Path) -> set[str]:
+    """The top-level names of the packages a module imports, at any depth."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+    return found
+
+
+# The gateway talks to engines on one HTTP client stack, aiohttp's (engines/client.py):
+# httpx is for the client-side tools beside it (conformance, benchmarks) and for tests.
+# (The Docker SDK's requests, in tools/, talks to the Docker daemon, not to engines.)
+_GATEWAY = sorted(_BELOW_CLI | {"cli"})
+
+
+@pytest.mark.parametrize("folder", _GATEWAY)
+def test_the_gateway_has_one_http_client_stack(folder: str) -> None:
+    wrong = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in (ROOT / folder).rglob("*.py")
+        for name in _third_party(path) & {"httpx", "httpx_aiohttp"}
+    }
+    assert not wrong, sorted(wrong)

@@ -144,30 +144,15 @@ class Forwarder:
         call.path = scope["path"]
         body = call.body
         if body is None:  # mounted without AgentContextMiddleware: decode here
-            try:
-                raw = await read_body(scope, receive, self.server.max_body_bytes)
-                body = call.body = RequestBody(decode_object(raw, for_engine=True), raw)
-            except BodyError as exc:
-                await send_error(send, exc.status, exc.message, exc.param, exc.code)
-                return
-            except ClientLeft:
+            body = await self._read_body(scope, receive, send, call)
+            if body is None:
                 return
         body.consumed = True
-        data = body.data
-        stream = data.get("stream") is True
-        hide_usage = False
+        stream = body.data.get("stream") is True
         # SGLang's native /generate reports its token counts in `meta_info` by itself.
-        if stream and scope["path"] not in ("/v1/responses", "/generate"):
-            options = data.get("stream_options")
-            if not (isinstance(options, dict) and options.get("include_usage") is True):
-                # The scheduler needs the engine's token counts; the client did not ask
-                # for them, so the extra chunk is hidden again on the way back.
-                if isinstance(options, dict):
-                    options["include_usage"] = True
-                else:
-                    data["stream_options"] = {"include_usage": True}
-                body.changed()
-                hide_usage = True
+        hide_usage = (
+            stream and scope["path"] not in ("/v1/responses", "/generate") and _ask_usage(body)
+        )
         payload = body.encoded()
 
         backend = self.pool.get(call.backend) if call.backend else self.pool.any_healthy()
@@ -207,6 +192,24 @@ class Forwarder:
             arming.cancel()
             if watcher is not None:
                 watcher.cancel()
+
+    async def _read_body(
+        self, scope: Scope, receive: Receive, send: Send, call: CallState
+    ) -> RequestBody | None:
+        """The body, decoded here; None once the client has been answered or has left."""
+        try:
+            raw = await read_body(scope, receive, self.server.max_body_bytes)
+        except BodyError as exc:
+            await send_error(send, exc.status, exc.message, exc.param, exc.code)
+            return None
+        except ClientLeft:
+            return None
+        try:
+            call.body = RequestBody(decode_object(raw, for_engine=True), raw)
+        except BodyError as exc:
+            await send_error(send, exc.status, exc.message, exc.param, exc.code)
+            return None
+        return call.body
 
     async def _send_upstream(
         self,
@@ -500,3 +503,18 @@ async def _send_upstream_error(send: Send, backend: Backend, exc: UpstreamError)
     else:
         message, status, code = f"failed: {exc}", 502, "upstream_error"
     await send_error(send, status, f"backend {backend.label} {message}", None, code)
+
+
+def _ask_usage(body: RequestBody) -> bool:
+    """Asks a stream for its usage chunk where the client did not; True if it was added (the
+    scheduler needs the engine's token counts, and the extra chunk is hidden on the way back)."""
+    data = body.data
+    options = data.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return False
+    if isinstance(options, dict):
+        options["include_usage"] = True
+    else:
+        data["stream_options"] = {"include_usage": True}
+    body.changed()
+    return True

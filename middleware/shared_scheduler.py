@@ -27,13 +27,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from thunder_mw.engines.pool import Backend, BackendPool
+from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.call_state import CallState, Outcome
 from thunder_mw.middleware.live_scheduler import HoldLimits, LiveScheduler, _until_disconnect
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import ClientGone, Rejected
 from thunder_mw.middleware.types import Receive
 from thunder_mw.policies.core import Action, ReclaimTools, Released
+from thunder_mw.policies.events import ProgramHistory
 from thunder_mw.policies.program_table import Phase, Program, ProgramState
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.state.redis_store import (
@@ -67,8 +68,6 @@ class SharedScheduler(LiveScheduler):
         self.store = store
         self.replica_id = store.replica_id
         self.fail_closed = on_unavailable == "fail_closed"
-        # Tokens the other live replicas reserve on each engine, as last read from Redis.
-        self.foreign: dict[str, int] = {}
         self._high: float | None = None
         for stage in self.core.stages:
             params = getattr(stage, "params", None)
@@ -148,14 +147,6 @@ class SharedScheduler(LiveScheduler):
         self._spawn(self._publish("release", program_id, self.replica_id))
         return released
 
-    def add_backend(self, backend: Backend) -> None:
-        self.foreign.pop(backend.label, None)
-        super().add_backend(backend)
-
-    def remove_backend(self, label: str) -> None:
-        self.foreign.pop(label, None)
-        super().remove_backend(label)
-
     async def _adopt(self, ctx: AgentContext) -> None:
         """A program this replica does not hold: carry on from its shared record."""
         program = self.core.table.get(ctx.program_id)
@@ -190,10 +181,11 @@ class SharedScheduler(LiveScheduler):
             # It is admitted and placed: take its reservation over as it is (moving it from
             # the others' share to this replica's), no new admission. Placed first, then
             # taken out of the others' share: the room never looks free in between.
-            self.core.resume(program, home.label, self.clock())
-            self._apply(self.core._take())
-            self._set_foreign(home.label, self.foreign.get(home.label, 0) - record.reserved_tokens)
-            self.core.counters["takeovers"] += 1
+            self._apply(
+                self.core.on_taken_over(
+                    program.program_id, home.label, record.reserved_tokens, self.clock()
+                )
+            )
         self._spawn(self._publish("claim", ctx.program_id, self.replica_id))
 
     async def _hold(self, program_id: str, receive: Receive | None, alone: bool = False) -> str:
@@ -224,7 +216,7 @@ class SharedScheduler(LiveScheduler):
                     if self.fail_closed:
                         raise _unavailable() from None
                     return  # fail open: this replica's own decision stands
-                self._set_foreign(backend, result.foreign)
+                self._foreign(backend, result.foreign)
                 if result.status == 1:
                     current = self.core.table.get(program_id)
                     if current is program and self._item(program, "claim") == item:
@@ -383,7 +375,7 @@ class SharedScheduler(LiveScheduler):
             if result.status == -1:
                 self._let_go(item.program_id)  # another live replica holds it now
             elif item.engine and result.status == 1:
-                self._set_foreign(item.engine, result.foreign)
+                self._foreign(item.engine, result.foreign)
             freed = freed or result.freed
         if freed:
             await self._publish("room", self.replica_id)
@@ -407,54 +399,22 @@ class SharedScheduler(LiveScheduler):
 
     def _seed(self, record: ProgramRecord, ctx: AgentContext | None) -> Program:
         """The program as its record describes it, in this replica's table (not placed)."""
-        now = self.clock()
-        program = self.core.table.get(record.program_id)
-        if program is None:
-            program, _ = self.core.table.touch(
-                ctx
-                or AgentContext(
-                    program_id=record.program_id,
-                    source=None,
-                    parent_program_id=record.parent_program_id,
-                    session_id=record.session_id,
-                    session_type=record.session_type,
-                ),
-                now,
-            )
-            program.source = record.source
-        if record.steps >= program.steps:
-            program.steps = record.steps
-            program.context_tokens = record.context_tokens
-            program.prompt_tokens = record.prompt_tokens
-            program.completion_tokens = record.completion_tokens
-            program.cached_tokens = record.cached_tokens
-            program.failures = record.failures
-            program.pauses = record.pauses
-            program.migrations = record.migrations
-            program.tool_time_ema_s = record.tool_time_ema_s
-            if record.expected_output_tokens is not None:
-                program.expected_output_tokens = record.expected_output_tokens
+        ctx = ctx or AgentContext(
+            program_id=record.program_id,
+            source=None,
+            parent_program_id=record.parent_program_id,
+            session_id=record.session_id,
+            session_type=record.session_type,
+        )
+        program = self.core.on_adopted(ctx, _history_of(record), self.clock())
         if self.ownership is not None and record.owner is not None:
             self.ownership.owners.bind(record.program_id, bytes.fromhex(record.owner))
-        if program.state is not ProgramState.ACTIVE and record.backend in self.core.backends:
-            program.backend = record.backend  # its home: placement prefers it
         return program
 
     # ------------------------------------------------------------------ the others
-    def _set_foreign(self, label: str, tokens: int) -> None:
-        backend = self.core.backends.get(label)
-        if backend is None:
-            self.foreign.pop(label, None)
-            return
-        tokens = max(0, tokens)
-        old = self.foreign.get(label, 0)
-        if tokens == old:
-            return
-        backend.reserved += tokens - old
-        self.foreign[label] = tokens
-        if tokens < old:
-            # Room appeared: queued programs may be placed now.
-            self._apply(self.core.on_backend(label, now=self.clock()))
+    def _foreign(self, label: str, tokens: int) -> None:
+        """The other replicas' share of `label`, as Redis last said: an event for the core."""
+        self._apply(self.core.on_foreign_reservations(label, tokens, self.clock()))
 
     async def _refresh(self) -> None:
         """Renews the lease and re-reads the others' reservations (coalesced)."""
@@ -476,7 +436,7 @@ class SharedScheduler(LiveScheduler):
                     for program in self.core.programs():
                         self._mark(program.program_id)
                 for label, (others, _total) in snapshot.items():
-                    self._set_foreign(label, others)
+                    self._foreign(label, others)
                 self._signal_room()
                 if not self._refresh_again:
                     return
@@ -509,6 +469,23 @@ class SharedScheduler(LiveScheduler):
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _history_of(record: ProgramRecord) -> ProgramHistory:
+    return ProgramHistory(
+        source=record.source,
+        backend=record.backend,
+        steps=record.steps,
+        context_tokens=record.context_tokens,
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
+        cached_tokens=record.cached_tokens,
+        failures=record.failures,
+        pauses=record.pauses,
+        migrations=record.migrations,
+        tool_time_ema_s=record.tool_time_ema_s,
+        expected_output_tokens=record.expected_output_tokens,
+    )
 
 
 def _program_of(record: ProgramRecord, now: float) -> Program:

@@ -10,8 +10,9 @@ from pydantic import ValidationError
 from thunder_mw.policies.baselines import BASELINE_PRESETS, BASELINE_STAGES
 from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.speculative_prefill import SpeculativePrefill
+from thunder_mw.policies.stage_contract import Stage
 from thunder_mw.policies.stages import BUILTIN_STAGES as CORE_STAGES
-from thunder_mw.policies.stages import DEFAULT_PIPELINE, Stage
+from thunder_mw.policies.stages import DEFAULT_PIPELINE
 from thunder_mw.policies.stages import PRESETS as CORE_PRESETS
 
 # Every stage and preset a `policies:` list may name: thunder-mw's, the original's rules and
@@ -88,5 +89,5 @@ def _stage_class(name: str) -> type[Stage]:
     module_name, _, attr = name.partition(":")
     cls = getattr(importlib.import_module(module_name), attr)
     if not (isinstance(cls, type) and issubclass(cls, Stage)):
-        raise TypeError(f"{name} is not a thunder_mw.policies.stages.Stage subclass")
+        raise TypeError(f"{name} is not a thunder_mw.policies.Stage subclass")
     return cls

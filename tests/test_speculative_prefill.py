@@ -16,6 +16,7 @@ from thunder_mw.middleware.speculative_prefill import (
     warming_body,
 )
 from thunder_mw.observability.prefill_metrics import PrefillMetrics
+from thunder_mw.policies import Pause, Resume, Stage
 from thunder_mw.policies.core import (
     Forward,
     Hold,
@@ -26,7 +27,7 @@ from thunder_mw.policies.core import (
 )
 from thunder_mw.policies.program_table import ProgramState, Usage
 from thunder_mw.policies.speculative_prefill import SpeculativePrefill, SpeculativePrefillParams
-from thunder_mw.policies.stages import Admission, Migration, Stage, StateAwarePause
+from thunder_mw.policies.stages import Admission, Migration, StateAwarePause
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
@@ -42,10 +43,10 @@ class _MoveIdleOnTick(Stage):
         super().__init__()
         self.target = target
 
-    def on_tick(self, core, now):
-        for program in core.programs():
+    def on_tick(self, view, now):
+        for program in view.programs():
             if program.state is ProgramState.PAUSED and not program.waiting:
-                core.resume(program, self.target, now)
+                yield Resume(program, self.target)
 
 
 def make(*stages: Stage, capacities=(100_000, 100_000)) -> SchedulerCore:
@@ -168,7 +169,7 @@ def test_prefetch_waits_for_room_at_home_unless_told_to_move_the_program():
             capacities=(100_000, 4500),
         )
         run_call(core, "a", 2000, 0.0, 1.0)
-        core.pause(core.table.get("a"), 1.0)  # paused at home (b0), which then fills up
+        core.apply([Pause(core.table.get("a"))], 1.0)  # paused at home (b0), which then fills up
         hog = RequestInfo(prompt_chars=98_500 * CHARS_PER_TOKEN, max_tokens=10)
         assert isinstance(core.on_request(ctx("hog"), hog, 1.5)[0], Forward)  # in flight
         assert core.table.get("hog").backend == "b0" and core.room(core.backends["b0"]) < 2000
@@ -329,7 +330,8 @@ class _ElsewhereAfterEachCall(Stage):
             self.cached.append((usage.prompt_tokens, usage.cached_tokens))
         if program.in_flight == 0 and program.backend is not None:
             self.left[program.program_id] = program.backend
-            core.pause(program, now)
+            return [Pause(program)]
+        return ()
 
     def admits(self, core, program, backend, tokens, now):
         return self.left.get(program.program_id) != backend.label

@@ -33,6 +33,7 @@ from thunder_mw.observability.metrics import GatewayMetrics
 from thunder_mw.observability.prefill_metrics import PrefillMetrics
 from thunder_mw.observability.service import Observability
 from thunder_mw.schemas.config import ThunderConfig
+from thunder_mw.state.store import MemoryStore, SchedulerStore
 from thunder_mw.tools.docker_tools import DockerTools
 
 log = logging.getLogger("thunder_mw")
@@ -43,22 +44,20 @@ def _scheduler(
 ) -> LiveScheduler:
     """This process's scheduler; with `state.backend: redis`, one replica of several."""
     server = config.server
-    if config.state.backend == "memory":
-        return LiveScheduler(
-            pool, config.policies, clock, server.tick_interval_s, HoldLimits.of(server)
-        )
-    from thunder_mw.middleware.shared_scheduler import SharedScheduler
-    from thunder_mw.state.redis_store import RedisStore
+    store: SchedulerStore = MemoryStore()
+    if config.state.backend == "redis":
+        from thunder_mw.state.redis_store import RedisStore
 
-    replica_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-    return SharedScheduler(
+        replica_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        store = RedisStore(config.state, replica_id)
+    return LiveScheduler(
         pool,
         config.policies,
-        RedisStore(config.state, replica_id),
-        config.state.on_unavailable,
         clock,
         server.tick_interval_s,
         HoldLimits.of(server),
+        store=store,
+        on_unavailable=config.state.on_unavailable,
     )
 
 
@@ -238,11 +237,7 @@ def _program_ownership(config: ThunderConfig, scheduler: LiveScheduler) -> Progr
         return None
     owners = ProgramOwnership(settings.program_owner_header)
     scheduler.listeners.append(owners.on_action)
-    if config.state.backend == "redis":
-        from thunder_mw.middleware.shared_scheduler import SharedScheduler
-
-        assert isinstance(scheduler, SharedScheduler)
-        scheduler.ownership = owners  # bindings shared through the program records
+    scheduler.ownership = owners  # with replicas, bindings go in the shared records
     return owners
 
 

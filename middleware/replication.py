@@ -1,7 +1,8 @@
-"""The live scheduler of one replica among several sharing a fleet through Redis (docs/replicas.md).
+"""What makes the live scheduler one replica among several sharing a fleet (docs/replicas.md).
 
 Each replica keeps its own pure SchedulerCore for its decisions; what must be shared is
-authoritative in Redis (state/redis_store.py):
+authoritative in the injected store (state/store.py: Redis, or memory for in-process
+replicas), and the live scheduler (middleware/live_scheduler.py) calls this at its seams:
 
 - the admission gate: before a call is handed to an engine, the program's reservation is
   written by one atomic script that refuses an increase past capacity x high watermark
@@ -14,8 +15,8 @@ authoritative in Redis (state/redis_store.py):
   record and takes it over where it runs (placement, reservation, counters), and tells the
   previous holder to let go of it; a restarted replica loads every record.
 
-The core is not changed: the other replicas' tokens are an offset on `BackendState.reserved`
-(the core only ever adds and subtracts its own programs' tokens there).
+The core sees the other replicas only through events: `on_foreign_reservations` (their
+share of each engine), `on_adopted` (a program's shared record) and `on_taken_over`.
 """
 
 from __future__ import annotations
@@ -24,47 +25,41 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
-from thunder_mw.engines.pool import BackendPool
-from thunder_mw.middleware.call_state import CallState, Outcome
-from thunder_mw.middleware.live_scheduler import HoldLimits, LiveScheduler, _until_disconnect
+from thunder_mw.middleware.call_state import CallState
 from thunder_mw.middleware.program_ownership import ProgramOwnership
-from thunder_mw.middleware.scheduling import ClientGone, Rejected
+from thunder_mw.middleware.scheduling import ClientGone, Rejected, until_disconnect
 from thunder_mw.middleware.types import Receive
 from thunder_mw.policies.core import Action, ReclaimTools, Released
+from thunder_mw.policies.decisions import Count
 from thunder_mw.policies.events import ProgramHistory
 from thunder_mw.policies.program_table import Phase, Program, ProgramState
 from thunder_mw.schemas.agent_context import AgentContext
-from thunder_mw.state.redis_store import (
-    RETRY_AFTER_DOWN_S,
-    ProgramRecord,
-    RedisStore,
-    StoreUnavailable,
-    SyncItem,
-)
+from thunder_mw.state.store import ProgramRecord, SchedulerStore, StoreUnavailable, SyncItem
+
+if TYPE_CHECKING:
+    from thunder_mw.middleware.live_scheduler import LiveScheduler
 
 log = logging.getLogger("thunder_mw.scheduler")
 # Background writes wait this long first: a program's next call, arriving meanwhile, writes
 # its state through the gate anyway (one round trip instead of two on the request path's loop).
 FLUSH_DELAY_S = 0.005
+# After the store did not answer, background writes retry this much later.
+RETRY_AFTER_DOWN_S = 1.0
 
 
-class SharedScheduler(LiveScheduler):
-    replica_id: str
+class Replication:
+    """One replica's share of the fleet's state, for the live scheduler it is built by."""
 
     def __init__(
-        self,
-        pool: BackendPool,
-        policies: list[dict[str, Any]] | None,
-        store: RedisStore,
-        on_unavailable: str,
-        clock: Callable[[], float] = time.monotonic,
-        tick_interval_s: float = 1.0,
-        limits: HoldLimits | None = None,
+        self, scheduler: LiveScheduler, store: SchedulerStore, on_unavailable: str
     ) -> None:
-        super().__init__(pool, policies, clock, tick_interval_s, limits)
+        self.scheduler = scheduler
+        self.core = scheduler.core
+        self.clock = scheduler.clock
+        self.tick_interval_s = scheduler.tick_interval_s
         self.store = store
         self.replica_id = store.replica_id
         self.fail_closed = on_unavailable == "fail_closed"
@@ -88,7 +83,6 @@ class SharedScheduler(LiveScheduler):
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        await super().start()
         try:
             if self.ownership is not None:
                 self.ownership.use_key(await self.store.owner_key())
@@ -103,49 +97,32 @@ class SharedScheduler(LiveScheduler):
             asyncio.create_task(self._flush_loop(), name="thunder-mw-state-flush"),
         ]
 
-    async def stop(self) -> None:
+    async def halt(self) -> None:
+        """Stops writing and reading in the background (before the scheduler stops)."""
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await super().stop()
+
+    async def close(self) -> None:
+        """Writes what is left, ends this replica's lease (after the scheduler stopped)."""
         with contextlib.suppress(StoreUnavailable):
             await self._flush()
             await self.store.end_lease()
         await self.store.close()
 
     # ------------------------------------------------------------------ requests
-    async def admit(self, call: CallState) -> str:
-        ctx = call.context
-        assert ctx is not None
+    async def adopt(self, ctx: AgentContext) -> None:
+        """Before a call is scheduled: a program another replica held continues here."""
         try:
             await self._adopt(ctx)
         except StoreUnavailable:
             if self.fail_closed:
                 raise _unavailable() from None
-        backend = await super().admit(call)
-        try:
-            await self._gate(call, ctx.program_id, backend)
-        except BaseException:
-            # The call never reaches the engine: it ends here, counted as failed.
-            self.calls[backend] -= 1
-            if self.calls[backend] <= 0:
-                del self.calls[backend]
-            if call.planned:
-                self._apply(self.core.on_finished(ctx.program_id, None, False, self.clock()))
-            raise
-        return backend
 
-    def finish(self, call: CallState, outcome: Outcome) -> None:
-        super().finish(call, outcome)
-        assert call.context is not None
-        self._mark(call.context.program_id)
-
-    def release(self, program_id: str) -> bool:
-        released = super().release(program_id)
+    def announce_release(self, program_id: str) -> None:
         # The replica holding it (if another) releases it too, with its tools.
         self._spawn(self._publish("release", program_id, self.replica_id))
-        return released
 
     async def _adopt(self, ctx: AgentContext) -> None:
         """A program this replica does not hold: carry on from its shared record."""
@@ -188,15 +165,7 @@ class SharedScheduler(LiveScheduler):
             )
         self._spawn(self._publish("claim", ctx.program_id, self.replica_id))
 
-    async def _hold(self, program_id: str, receive: Receive | None, alone: bool = False) -> str:
-        # Held until resumed: the program joins (and then leaves) the queue in Redis.
-        self._mark(program_id)
-        try:
-            return await super()._hold(program_id, receive, alone)
-        finally:
-            self._mark(program_id)
-
-    async def _gate(self, call: CallState, program_id: str, backend: str) -> None:
+    async def gate(self, call: CallState, program_id: str, backend: str) -> None:
         """Writes the program's reservation through the shared gate; waits while it does
         not fit under the engine's limit summed over every live replica."""
         waited_from: float | None = None
@@ -224,7 +193,7 @@ class SharedScheduler(LiveScheduler):
                     return
                 if waited_from is None:
                     waited_from = self.clock()
-                    self.core.counters["gate_waits"] += 1
+                    self._apply(self.core.apply([Count("gate_waits")], waited_from))
                 await self._wait_for_room(call.receive)
         finally:
             if waited_from is not None:
@@ -233,8 +202,8 @@ class SharedScheduler(LiveScheduler):
     async def _wait_for_room(self, receive: Receive | None) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._room.append(fut)
-        gone = asyncio.ensure_future(_until_disconnect(receive)) if receive else None
-        self.held += 1
+        gone = asyncio.ensure_future(until_disconnect(receive)) if receive else None
+        self.scheduler.held += 1
         try:
             waits: set[asyncio.Future[Any]] = {fut} if gone is None else {fut, gone}
             # Announcements can be lost (pub/sub has no backlog): the lease tick retries too.
@@ -242,7 +211,7 @@ class SharedScheduler(LiveScheduler):
             if gone is not None and gone.done():
                 raise ClientGone()
         finally:
-            self.held -= 1
+            self.scheduler.held -= 1
             if gone is not None:
                 gone.cancel()
             with contextlib.suppress(ValueError):
@@ -254,11 +223,15 @@ class SharedScheduler(LiveScheduler):
             if not fut.done():
                 fut.set_result(None)
 
-    # ------------------------------------------------------------------ state to Redis
-    def _apply(self, actions: list[Action]) -> None:
-        super()._apply(actions)
+    # ------------------------------------------------------------------ state to the store
+    def changed(self, actions: list[Action]) -> None:
+        """The scheduler carried out `actions`: their programs' records are written soon."""
         for action in actions:
             self._mark(action.program_id)
+
+    def mark(self, program_id: str) -> None:
+        """`program_id` changed here (held, resumed, a call ended): written soon."""
+        self._mark(program_id)
 
     def _mark(self, program_id: str) -> None:
         self._dirty.add(program_id)
@@ -392,7 +365,7 @@ class SharedScheduler(LiveScheduler):
             for a in actions
             if not (isinstance(a, Released | ReclaimTools) and a.program_id == program_id)
         ]
-        LiveScheduler._apply(self, kept)
+        self.scheduler.carry_out(kept)
         for action in kept:
             if action.program_id != program_id:
                 self._mark(action.program_id)
@@ -413,8 +386,11 @@ class SharedScheduler(LiveScheduler):
 
     # ------------------------------------------------------------------ the others
     def _foreign(self, label: str, tokens: int) -> None:
-        """The other replicas' share of `label`, as Redis last said: an event for the core."""
+        """The other replicas' share of `label`, as the store last said: an event for the core."""
         self._apply(self.core.on_foreign_reservations(label, tokens, self.clock()))
+
+    def _apply(self, actions: list[Action]) -> None:
+        self.scheduler.apply(actions)
 
     async def _refresh(self) -> None:
         """Renews the lease and re-reads the others' reservations (coalesced)."""
@@ -459,7 +435,7 @@ class SharedScheduler(LiveScheduler):
             self._let_go(args[0])
         elif kind == "release" and len(args) == 2 and args[1] != self.replica_id:
             if self.core.table.get(args[0]) is not None:
-                LiveScheduler.release(self, args[0])
+                self.scheduler.release(args[0], announce=False)
 
     async def _publish(self, *words: str) -> None:
         with contextlib.suppress(StoreUnavailable):

@@ -47,31 +47,36 @@ class Placement(CoreView):
         return made
 
     def _apply(self, decision: StageDecision, now: float) -> None:
+        kind = type(decision)
         # The views stages hold are the core's own programs.
-        if isinstance(decision, Pause):
-            self._pause(cast(Program, decision.program), now, decision.reason)
-        elif isinstance(decision, Resume):
-            self._resume(cast(Program, decision.program), decision.backend, now, decision.forced)
-        elif isinstance(decision, Release):
-            self._release(cast(Program, decision.program), decision.reason, now)
-        elif isinstance(decision, Count):
-            self.counters[decision.name] += 1
-        elif isinstance(decision, PlanBackend):
-            backend = self.backends[decision.label]
-            if decision.overflow_tokens is not None:
-                backend.overflow_tokens = decision.overflow_tokens
-            if decision.resident_ratio is not None:
-                backend.resident_ratio = decision.resident_ratio
-        elif isinstance(decision, Footprint):
-            ledger = self.ledger
-            if decision.buffer_tokens is not None:
-                ledger.buffer_tokens = decision.buffer_tokens
-            if decision.acting_weight is not None:
-                ledger.acting_weight = decision.acting_weight
-            if decision.dedupe_prefixes is not None:
-                ledger.dedupe_prefixes = decision.dedupe_prefixes
+        if kind is Pause:
+            pause = cast(Pause, decision)
+            self._pause(cast(Program, pause.program), now, pause.reason)
+        elif kind is PlanBackend:
+            plan = cast(PlanBackend, decision)
+            backend = self.backends[plan.label]
+            if plan.overflow_tokens is not None:
+                backend.overflow_tokens = plan.overflow_tokens
+            if plan.resident_ratio is not None:
+                backend.resident_ratio = plan.resident_ratio
+        elif kind is Resume:
+            resume = cast(Resume, decision)
+            self._resume(cast(Program, resume.program), resume.backend, now, resume.forced)
+        elif kind is Release:
+            release = cast(Release, decision)
+            self._release(cast(Program, release.program), release.reason, now)
+        elif kind is Count:
+            self.counters[cast(Count, decision).name] += 1
+        elif kind is Footprint:
+            footprint, ledger = cast(Footprint, decision), self.ledger
+            if footprint.buffer_tokens is not None:
+                ledger.buffer_tokens = footprint.buffer_tokens
+            if footprint.acting_weight is not None:
+                ledger.acting_weight = footprint.acting_weight
+            if footprint.dedupe_prefixes is not None:
+                ledger.dedupe_prefixes = footprint.dedupe_prefixes
         else:  # an action for the caller (ReclaimTools, Prefill)
-            self._actions.append(decision)
+            self._actions.append(decision)  # type: ignore[arg-type]
 
     # ================================================================ pause and resume
     def _pause(self, program: Program, now: float, reason: str = "acting") -> None:

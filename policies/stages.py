@@ -217,7 +217,8 @@ class Admission(Stage):
                     backend.running_reserved - backend.shared_running_credit,
                     floor,
                 )
-                yield PlanBackend(backend.label, resident_ratio=ratio)
+                if ratio != backend.resident_ratio:
+                    yield PlanBackend(backend.label, resident_ratio=ratio)
         if self.params.overflow != "cost_aware":
             return
         costs = self._costs(view, backend)
@@ -230,7 +231,8 @@ class Admission(Stage):
             )
         high = backend.limit(self.params.high_watermark)
         if high is None:
-            yield PlanBackend(backend.label, overflow_tokens=0)
+            if backend.overflow_tokens:
+                yield PlanBackend(backend.label, overflow_tokens=0)
             return
         programs = view.programs_on(backend.label)
         typical = backend.reserved // programs if programs else 0
@@ -240,7 +242,8 @@ class Admission(Stage):
             typical,
             self._budget_s(view, backend, None),
         )
-        yield PlanBackend(backend.label, overflow_tokens=extra)
+        if extra != backend.overflow_tokens:
+            yield PlanBackend(backend.label, overflow_tokens=extra)
 
     def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
         if self.params.overflow == "cost_aware":
@@ -371,14 +374,22 @@ class StateAwarePause(Stage):
             for backend in view.backends.values():
                 yield from self.relieve(view, backend, now)
 
-    def relieve(self, view: StageView, backend: BackendView, now: float) -> Iterator[StageDecision]:
+    def relieve(self, view: StageView, backend: BackendView, now: float) -> Decisions:
         assert self._high is not None
         limit = backend.limit(self._high)
         if limit is None:
-            return
+            return ()
         limit += backend.overflow_tokens  # what the cost-aware rule lets run past capacity
         use = backend.projected if self.params.reduce_projection else backend.reserved
         use -= backend.unused  # what the engine says it does not hold
+        if use <= limit:
+            return ()  # the common case: no generator to run
+        return self._pauses(view, backend, use, limit)
+
+    def _pauses(
+        self, view: StageView, backend: BackendView, use: float, limit: float
+    ) -> Iterator[StageDecision]:
+        """Pauses victims on `backend` until its use is back under `limit`."""
         while use > limit:
             program = view.next_victim(backend, acting=True) if self.params.pause_acting else None
             if program is not None:

@@ -19,6 +19,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -148,42 +149,9 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.repeats is None:
         real = args.scenario in SCENARIOS and SCENARIOS[args.scenario].engine == "vllm-cpu"
         args.repeats = 5 if real else 3
-    if args.scenario == IDLE_GAPS:
-        from thunder_mw.benchmarks import idle_gaps
-
-        output = ["--output", str(args.output)] if args.output else []
-        return idle_gaps.main(["--seed", str(args.seed), *output])
-    if args.scenario == FUZZ:
-        from thunder_mw.benchmarks import fuzz
-
-        output = ["--output", str(args.output)] if args.output else []
-        return fuzz.main(["--seed", str(args.seed), *output])
-    if args.scenario == ROLLOUT:
-        from thunder_mw.benchmarks import rollout
-
-        return rollout.main(
-            ["--seed", str(args.seed), *(["--output", str(args.output)] if args.output else [])]
-        )
-    if args.scenario == PROXY_OVERHEAD:
-        from thunder_mw.benchmarks import proxy_overhead
-
-        if args.output is None:
-            args.output = args.results_dir / proxy_overhead.DEFAULT_OUTPUT.name
-        proxy_overhead.run(args)
-        return 0
-    if args.scenario == LIVE_PEERS:
-        from thunder_mw.benchmarks import peers
-
-        return peers.run_bench(args)
-    if args.scenario == MINI_SWE_AGENT:
-        from thunder_mw.benchmarks import mini_swe_agent
-
-        # --programs: concurrent runs; its engines run in real time (python -m ... --help).
-        argv = ["--seed", str(args.seed)]
-        argv += ["--runs", str(args.programs)] if args.programs else []
-        argv += ["--seeds", str(args.seeds)] if args.seeds else []
-        argv += ["--output", str(args.output)] if args.output else []
-        return mini_swe_agent.main(argv + (["--no-plots"] if args.no_plots else []))
+    harness = _HARNESSES.get(args.scenario)
+    if harness is not None:
+        return harness(args)
     scenario = _with_overrides(SCENARIOS[args.scenario], args)
     policies = args.policies.split(",") if args.policies else list(scenario.policies)
     if scenario.engine == "vllm-cpu":
@@ -194,6 +162,69 @@ def run_bench(args: argparse.Namespace) -> int:
         return 2
     if args.mode == "live":
         return _run_live(scenario, policies, args)
+    return _run_des(scenario, policies, args)
+
+
+def _output_argv(args: argparse.Namespace) -> list[str]:
+    return ["--output", str(args.output)] if args.output else []
+
+
+def _run_idle_gaps(args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import idle_gaps
+
+    return idle_gaps.main(["--seed", str(args.seed), *_output_argv(args)])
+
+
+def _run_fuzz(args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import fuzz
+
+    return fuzz.main(["--seed", str(args.seed), *_output_argv(args)])
+
+
+def _run_rollout(args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import rollout
+
+    return rollout.main(["--seed", str(args.seed), *_output_argv(args)])
+
+
+def _run_proxy_overhead(args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import proxy_overhead
+
+    if args.output is None:
+        args.output = args.results_dir / proxy_overhead.DEFAULT_OUTPUT.name
+    proxy_overhead.run(args)
+    return 0
+
+
+def _run_live_peers(args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import peers
+
+    return peers.run_bench(args)
+
+
+def _run_mini_swe_agent(args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import mini_swe_agent
+
+    # --programs: concurrent runs; its engines run in real time (python -m ... --help).
+    argv = ["--seed", str(args.seed)]
+    argv += ["--runs", str(args.programs)] if args.programs else []
+    argv += ["--seeds", str(args.seeds)] if args.seeds else []
+    argv += _output_argv(args)
+    return mini_swe_agent.main(argv + (["--no-plots"] if args.no_plots else []))
+
+
+# The scenarios with a harness of their own (not a Scenario of the DES/live harness).
+_HARNESSES: dict[str, Callable[[argparse.Namespace], int]] = {
+    IDLE_GAPS: _run_idle_gaps,
+    FUZZ: _run_fuzz,
+    ROLLOUT: _run_rollout,
+    PROXY_OVERHEAD: _run_proxy_overhead,
+    LIVE_PEERS: _run_live_peers,
+    MINI_SWE_AGENT: _run_mini_swe_agent,
+}
+
+
+def _run_des(scenario: Scenario, policies: list[str], args: argparse.Namespace) -> int:
     output = args.output or args.results_dir / f"{scenario.name}.json"
     report = run_scenario(
         scenario,

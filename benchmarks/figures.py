@@ -121,6 +121,10 @@ def _mean(values: list[Any]) -> float | None:
     return round(mean(present), 2) if present else None
 
 
+# One policy's runs at one point: seed -> row, for the fixed batch and the long window.
+_Runs = dict[str, dict[int, dict[str, Any]]]
+
+
 def figures(scenario: Scenario, policies: list[str], rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per point of the scenario: each policy's figures over seeds (with ci95), thunder-mw's
     ratio over every other policy on each headline figure (paired by seed), the strongest
@@ -131,9 +135,7 @@ def figures(scenario: Scenario, policies: list[str], rows: list[dict[str, Any]])
     out = []
     for (engines, per), point_rows in sorted(points.items()):
         concurrency = engines * per
-        by: dict[str, dict[str, dict[int, dict[str, Any]]]] = defaultdict(
-            lambda: {"batch": {}, "window": {}}
-        )
+        by: dict[str, _Runs] = defaultdict(lambda: {"batch": {}, "window": {}})
         for r in point_rows:
             by[r["policy"]]["batch" if r["wave"] else "window"][r["seed"]] = r
         entry: dict[str, Any] = {
@@ -148,60 +150,76 @@ def figures(scenario: Scenario, policies: list[str], rows: list[dict[str, Any]])
         window_done = []
         for policy in [p for p in policies if p in by]:
             runs = by[policy]
-            record: dict[str, Any] = {}
-            for metric, _, kind in FIGURES:
-                seeded = runs[kind]
-                s = summary([seeded[k].get(metric) for k in sorted(seeded)])
-                if s is not None:
-                    record[metric] = {**s, "seeds": sorted(seeded)}
-            for metric, kind in EXTRA:
-                seeded = runs[kind]
-                s = summary([seeded[k].get(metric) for k in sorted(seeded)])
-                if s is not None:
-                    record[metric] = s
-            caps = {r.get("cap") for kind in ("batch", "window") for r in runs[kind].values()}
-            if caps - {None}:
-                record["cap"] = {
-                    kind: next(iter({r.get("cap") for r in runs[kind].values()}), None)
-                    for kind in ("batch", "window")
-                }
             window_done += [r.get("steady_programs_done") or 0 for r in runs["window"].values()]
-            entry["policies"][policy] = record
+            entry["policies"][policy] = _policy_record(runs)
         entry["window_ok"] = bool(window_done) and min(window_done) >= WINDOW_COMPLETIONS * (
             concurrency
         )
         if OURS in by:
             for policy in entry["policies"]:
-                if policy == OURS:
-                    continue
-                ratios = {}
-                for metric, higher, kind in FIGURES:
-                    ours, theirs = by[OURS][kind], by[policy][kind]
-                    seeds = sorted(
-                        k
-                        for k in set(ours) & set(theirs)
-                        if ours[k].get(metric) is not None and theirs[k].get(metric)
-                    )
-                    if seeds:
-                        ratios[metric] = {
-                            **compare(
-                                [ours[k][metric] for k in seeds],
-                                [theirs[k][metric] for k in seeds],
-                                higher_is_better=higher,
-                            ),
-                            "seeds": seeds,
-                        }
-                entry["ratios"][policy] = ratios
-        for metric, higher, _ in FIGURES:
-            rivals = [
-                (record[metric]["mean"], p)
-                for p, record in entry["policies"].items()
-                if is_baseline(p) and metric in record
-            ]
-            if rivals:
-                entry["strongest"][metric] = (max(rivals) if higher else min(rivals))[1]
+                if policy != OURS:
+                    entry["ratios"][policy] = _ratios(by[OURS], by[policy])
+        entry["strongest"] = _strongest(entry["policies"])
         out.append(entry)
     return {"points": out}
+
+
+def _policy_record(runs: _Runs) -> dict[str, Any]:
+    """One policy's figures over its seeds, and its vLLM cap where it ran under one."""
+    record: dict[str, Any] = {}
+    for metric, _, kind in FIGURES:
+        seeded = runs[kind]
+        s = summary([seeded[k].get(metric) for k in sorted(seeded)])
+        if s is not None:
+            record[metric] = {**s, "seeds": sorted(seeded)}
+    for metric, kind in EXTRA:
+        seeded = runs[kind]
+        s = summary([seeded[k].get(metric) for k in sorted(seeded)])
+        if s is not None:
+            record[metric] = s
+    caps = {r.get("cap") for kind in ("batch", "window") for r in runs[kind].values()}
+    if caps - {None}:
+        record["cap"] = {
+            kind: next(iter({r.get("cap") for r in runs[kind].values()}), None)
+            for kind in ("batch", "window")
+        }
+    return record
+
+
+def _ratios(ours: _Runs, theirs: _Runs) -> dict[str, Any]:
+    """thunder-mw's ratio over another policy on each headline figure, paired by seed."""
+    ratios = {}
+    for metric, higher, kind in FIGURES:
+        mine, other = ours[kind], theirs[kind]
+        seeds = sorted(
+            k
+            for k in set(mine) & set(other)
+            if mine[k].get(metric) is not None and other[k].get(metric)
+        )
+        if seeds:
+            ratios[metric] = {
+                **compare(
+                    [mine[k][metric] for k in seeds],
+                    [other[k][metric] for k in seeds],
+                    higher_is_better=higher,
+                ),
+                "seeds": seeds,
+            }
+    return ratios
+
+
+def _strongest(records: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The baseline with the best mean on each headline figure."""
+    strongest = {}
+    for metric, higher, _ in FIGURES:
+        rivals = [
+            (record[metric]["mean"], p)
+            for p, record in records.items()
+            if is_baseline(p) and metric in record
+        ]
+        if rivals:
+            strongest[metric] = (max(rivals) if higher else min(rivals))[1]
+    return strongest
 
 
 def main_point(report: dict[str, Any]) -> dict[str, Any] | None:

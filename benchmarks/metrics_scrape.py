@@ -26,7 +26,8 @@ from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.observability.metrics import GatewayMetrics
 from thunder_mw.observability.service import Observability
-from thunder_mw.policies.core import BackendMetrics, RequestInfo
+from thunder_mw.policies.core import BackendMetrics, RequestInfo, SchedulerCore
+from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.policies.stats import percentile
 from thunder_mw.schemas.agent_context import AgentContext
@@ -50,13 +51,16 @@ def fleet(programs: int, seed: int) -> tuple[GatewayMetrics, Observability, Live
         ]
     )
     pool = BackendPool(config.backends, config.server)
-    scheduler = LiveScheduler(pool, config.policies)
+    core = SchedulerCore(pool.configured(), build_pipeline(config.policies))
     metrics = GatewayMetrics()
-    metrics.watch(scheduler.programs, pool)
-    observability = Observability(ObservabilitySettings(), scheduler.core, pool, metrics)
-    scheduler.listeners.append(observability.on_action)
-    scheduler.tick_listeners.append(observability.on_tick)
-    core = scheduler.core
+    metrics.watch(core.programs, pool)
+    observability = Observability(ObservabilitySettings(), core, pool, metrics)
+    scheduler = LiveScheduler(
+        pool,
+        core,
+        listeners=(observability.on_action,),
+        tick_listeners=(observability.on_tick,),
+    )
     now = 0.0
     for label in core.backends:
         metrics_seen = BackendMetrics(0.8, 40, 3, 12.0, 9e6, 1.2e7)

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -154,12 +154,18 @@ class Backend:
 class BackendPool:
     """Owns the backends' clients and their health; started and stopped with the app."""
 
-    def __init__(self, backends: list[BackendSettings], server: ServerSettings) -> None:
+    def __init__(
+        self,
+        backends: list[BackendSettings],
+        server: ServerSettings,
+        listeners: Sequence[Callable[[Backend, BackendMetrics | None], None]] = (),
+    ) -> None:
+        """`listeners` hear each probe's result and each engine marked down."""
         self._settings = backends
         self._server = server
         self._probe_interval_s = server.probe_interval_s
         self.labels = [b.name or b.url or f"sim-{i}" for i, b in enumerate(backends)]
-        self.listeners: list[Callable[[Backend, BackendMetrics | None], None]] = []
+        self.listeners = list(listeners)
         self.backends: list[Backend] = []
         self._by_label: dict[str, Backend] = {}
         self._embedded: dict[str, Any] = {}  # label -> its embedded simulated engine

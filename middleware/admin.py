@@ -1,12 +1,14 @@
 """The admin API (health, programs, release, sandboxes, profiles, dashboard, Prometheus
-metrics) as a Starlette router of small endpoints, built from the operation table in
-middleware/openapi.py; errors keep the gateway's OpenAI-style JSON shape."""
+metrics, engine control) as a Starlette router of small endpoints, built from the routes of
+middleware/openapi.py (the canonical ones and the alias table); errors keep the gateway's
+OpenAI-style JSON shape."""
 
 from __future__ import annotations
 
 import hmac
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
@@ -22,7 +24,7 @@ from starlette.routing import Match, Route
 
 from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.errors import error_body, send_error
-from thunder_mw.middleware.openapi import OPERATIONS, admin_openapi_json
+from thunder_mw.middleware.openapi import ROUTES, admin_openapi_json
 from thunder_mw.middleware.request_body import BodyError, ClientLeft, decode_object, read_body
 from thunder_mw.middleware.scheduling import Rejected, Scheduler
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
@@ -65,7 +67,7 @@ def _admin_paths() -> tuple[frozenset[str], tuple[str, ...]]:
     under a root that has routes below it (`/programs/...`), so an unknown subpath gets the
     admin API's 404 instead of being forwarded to an engine."""
     exact, trees = set(), set()
-    for op in OPERATIONS:
+    for op in ROUTES:
         root = "/" + op.path.split("/")[1]
         if "{" not in op.path:
             exact.add(op.path)
@@ -167,49 +169,80 @@ class AdminTokenGuard:
         return False
 
 
+@dataclass(frozen=True)
+class ProgramServices:
+    """What the program routes act on: the scheduler's programs, the id rules a release is
+    checked against, and the programs' sandboxes (None: the tool manager is off)."""
+
+    scheduler: Scheduler
+    parser: ContextParser
+    tools: DockerTools | None
+    clock: Callable[[], float]
+
+
+@dataclass(frozen=True)
+class EngineServices:
+    """The engines: the pool `/health` lists, and the run-time control of the RL-rollout
+    routes (None where they are not mounted)."""
+
+    pool: BackendPool
+    rollout: RolloutRoutes | None = None
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """What operators read: the Prometheus registry, profiles and the dashboard, the version."""
+
+    metrics: GatewayMetrics
+    observability: Observability
+    version: str
+
+
+@dataclass(frozen=True)
+class AdminAccess:
+    """Who may call: `server.admin_token` (None: no token), and program ownership by API key
+    where `agent_context.program_owner: header`."""
+
+    token: str | None = None
+    owners: ProgramOwnership | None = None
+
+
 class AdminRoutes:
     """The admin API as one ASGI app; app.py hands it every request `is_admin_path` claims."""
 
     def __init__(
         self,
-        scheduler: Scheduler,
-        pool: BackendPool,
-        metrics: GatewayMetrics,
-        parser: ContextParser,
-        admin_token: str | None,
-        clock: Any,
-        version: str,
-        tools: DockerTools | None = None,
-        *,
-        observability: Observability,
-        owners: ProgramOwnership | None = None,
-        rollout: RolloutRoutes | None = None,
+        programs: ProgramServices,
+        engines: EngineServices,
+        telemetry: Telemetry,
+        access: AdminAccess,
     ) -> None:
-        self.scheduler = scheduler
-        self.pool = pool
-        self.metrics = metrics
-        self.parser = parser
-        self.clock = clock
-        self.version = version
-        self.tools = tools
-        self.observability = observability
-        self.owners = owners
+        self.scheduler = programs.scheduler
+        self.parser = programs.parser
+        self.tools = programs.tools
+        self.clock = programs.clock
+        self.pool = engines.pool
+        self.rollout = engines.rollout
+        self.metrics = telemetry.metrics
+        self.observability = telemetry.observability
+        self.version = telemetry.version
+        self.owners = access.owners
+        admin_token = access.token
         # With a token set, only token holders get past the guard, and they may act on any
         # program; without one, `program_owner: header` decides (see _not_owner).
-        self._owners_decide = owners is not None and admin_token is None
-        self._openapi = admin_openapi_json(version)
+        self._owners_decide = self.owners is not None and admin_token is None
+        self._openapi = admin_openapi_json(self.version)
         middleware = []
         if admin_token:
             middleware.append(
                 Middleware(
                     AdminTokenGuard,
                     token=admin_token,
-                    public=frozenset((op.method, op.path) for op in OPERATIONS if op.public),
-                    query_token_paths=frozenset(op.path for op in OPERATIONS if op.dashboard_token),
+                    public=frozenset((op.method, op.path) for op in ROUTES if op.public),
+                    query_token_paths=frozenset(op.path for op in ROUTES if op.dashboard_token),
                 )
             )
-        self.rollout = rollout
-        self.routes = [_Route(op.path, self._endpoint(op.endpoint), op.method) for op in OPERATIONS]
+        self.routes = [_Route(op.path, self._endpoint(op.endpoint), op.method) for op in ROUTES]
         self.app = Starlette(
             routes=self.routes,
             middleware=middleware,

@@ -1,4 +1,5 @@
-"""Assembles the layers: the standalone gateway app, and ThunderMiddleware for gateway mode.
+"""The two apps over the composed gateway (middleware/compose.py): the standalone gateway,
+and ThunderMiddleware for gateway mode.
 
 Standalone:  admin routes | AgentContextMiddleware → SchedulingMiddleware → Forwarder
 Gateway:     admin routes | AgentContextMiddleware → SchedulingMiddleware → the user's app
@@ -8,123 +9,37 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
-import socket
 import time
 from collections.abc import Callable
 
 from thunder_mw import __version__
-from thunder_mw.engines.pool import BackendPool
-from thunder_mw.middleware.admin import AdminRoutes, is_admin_path
-from thunder_mw.middleware.agent_context import AgentContextMiddleware
+from thunder_mw.middleware.admin import is_admin_path
 from thunder_mw.middleware.call_state import STATE_KEY, CallState
-from thunder_mw.middleware.call_timing import CallTiming
+from thunder_mw.middleware.compose import Components, compose
 from thunder_mw.middleware.errors import send_error
-from thunder_mw.middleware.fleet import Fleet
-from thunder_mw.middleware.forwarder import Forwarder
-from thunder_mw.middleware.live_scheduler import HoldLimits, LiveScheduler
-from thunder_mw.middleware.program_ownership import ProgramOwnership
-from thunder_mw.middleware.rollout_routes import RolloutRoutes
-from thunder_mw.middleware.scheduling import SchedulingMiddleware
-from thunder_mw.middleware.speculative_prefill import SpeculativePrefiller
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
-from thunder_mw.observability.metrics import GatewayMetrics
-from thunder_mw.observability.prefill_metrics import PrefillMetrics
-from thunder_mw.observability.service import Observability
 from thunder_mw.schemas.config import ThunderConfig
-from thunder_mw.state.store import MemoryStore, SchedulerStore
-from thunder_mw.tools.docker_tools import DockerTools
 
 log = logging.getLogger("thunder_mw")
 
 
-def _scheduler(
-    config: ThunderConfig, pool: BackendPool, clock: Callable[[], float]
-) -> LiveScheduler:
-    """This process's scheduler; with `state.backend: redis`, one replica of several."""
-    server = config.server
-    store: SchedulerStore = MemoryStore()
-    if config.state.backend == "redis":
-        from thunder_mw.state.redis_store import RedisStore
-
-        replica_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-        store = RedisStore(config.state, replica_id)
-    return LiveScheduler(
-        pool,
-        config.policies,
-        clock,
-        server.tick_interval_s,
-        HoldLimits.of(server),
-        store=store,
-        on_unavailable=config.state.on_unavailable,
-    )
-
-
 class _Core:
-    """What both modes share: backends, scheduler, metrics, admin routes, the two layers."""
+    """What both modes share: the composed components' lifecycle and the request entry."""
 
-    def __init__(
-        self,
-        config: ThunderConfig,
-        inner: ASGIApp | None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.config = config
-        self.pool = BackendPool(config.backends, config.server)
-        self.scheduler = _scheduler(config, self.pool, clock)
-        self.metrics = GatewayMetrics()
-        self.metrics.watch(self.scheduler.programs, self.pool)
-        self.forwarder = Forwarder(self.pool, config.server)
-        self.tools = _docker_tools(config, self.scheduler, self.metrics, clock)
-        self.observability = Observability(
-            config.observability, self.scheduler.core, self.pool, self.metrics, clock
-        )
-        self.scheduler.listeners.append(self.observability.on_action)
-        self.prefiller = SpeculativePrefiller.for_core(
-            self.scheduler.core,
-            self.pool,
-            config.speculative_prefill,
-            PrefillMetrics(self.metrics.registry),
-        )
-        if self.prefiller is not None:
-            # Standalone only: in gateway mode the answers pass through the user's app.
-            self.forwarder.prefill = self.prefiller if inner is None else None
-            self.scheduler.listeners.append(self.prefiller.on_action)
-        self.scheduler.tick_listeners.append(self.observability.on_tick)
-        self.owners = _program_ownership(config, self.scheduler)
-        self.max_header_bytes = config.server.max_header_bytes
-        self.max_headers = config.server.max_headers
-        standalone = inner is None
-        innermost: ASGIApp = self.forwarder if inner is None else inner
-        self.context_layer = AgentContextMiddleware(
-            SchedulingMiddleware(
-                CallTiming(innermost, self.observability),
-                self.scheduler,
-                self.tools,
-                self.owners,
-            ),
-            config.agent_context,
-            config.server.max_body_bytes,
-            encode_eagerly=not standalone,
-            on_missing_context=self.metrics.without_context.inc,
-        )
-        self.pipeline: ASGIApp = self.context_layer
-        self.fleet = Fleet(self.pool, self.scheduler)
-        self.admin = AdminRoutes(
-            self.scheduler,
-            self.pool,
-            self.metrics,
-            self.context_layer.parser,
-            config.server.admin_token.get_secret_value() if config.server.admin_token else None,
-            clock,
-            __version__,
-            self.tools,
-            observability=self.observability,
-            owners=self.owners,
-            rollout=RolloutRoutes(self.fleet, self.pool),
-        )
-
+    def __init__(self, parts: Components) -> None:
+        self.pool = parts.pool
+        self.scheduler = parts.scheduler
+        self.metrics = parts.metrics
+        self.tools = parts.tools
+        self.observability = parts.observability
+        self.prefiller = parts.prefiller
+        self.owners = parts.owners
+        self.context_layer = parts.context_layer
+        self.pipeline: ASGIApp = parts.context_layer
+        self.fleet = parts.fleet
+        self.admin = parts.admin
+        self.max_header_bytes = parts.config.server.max_header_bytes
+        self.max_headers = parts.config.server.max_headers
         self.started = False
         self._starting: asyncio.Lock | None = None
 
@@ -231,42 +146,11 @@ class _Core:
         return None
 
 
-def _program_ownership(config: ThunderConfig, scheduler: LiveScheduler) -> ProgramOwnership | None:
-    settings = config.agent_context
-    if settings.program_owner != "header":
-        return None
-    owners = ProgramOwnership(settings.program_owner_header)
-    scheduler.listeners.append(owners.on_action)
-    scheduler.ownership = owners  # with replicas, bindings go in the shared records
-    return owners
-
-
-def _docker_tools(
-    config: ThunderConfig,
-    scheduler: LiveScheduler,
-    metrics: GatewayMetrics,
-    clock: Callable[[], float],
-) -> DockerTools | None:
-    settings = config.tools.docker
-    if settings.enabled is False:
-        return None
-    tools = DockerTools(
-        settings,
-        lambda program_id: scheduler.program(program_id) is not None,
-        clock,
-        on_reclaimed=lambda reason: metrics.containers_reclaimed.labels(reason).inc(),
-        on_failure=metrics.reclaim_failures.inc,
-    )
-    scheduler.listeners.append(tools.on_action)
-    metrics.watch_tools(tools)
-    return tools
-
-
 class ThunderGateway:
     """The standalone gateway: `thunder-mw serve` runs this app under uvicorn."""
 
     def __init__(self, config: ThunderConfig, clock: Callable[[], float] = time.monotonic) -> None:
-        self.core = _Core(config, None, clock)
+        self.core = _Core(compose(config, None, clock))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -285,7 +169,7 @@ class ThunderMiddleware:
 
     def __init__(self, app: ASGIApp, config: ThunderConfig) -> None:
         self.app = app
-        self.core = _Core(config, _WithBackendUrl(app, self), time.monotonic)
+        self.core = _Core(compose(config, app, time.monotonic))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -304,20 +188,6 @@ class ThunderMiddleware:
             return message
 
         await self.app(scope, receive_and_manage, send)
-
-
-class _WithBackendUrl:
-    def __init__(self, app: ASGIApp, owner: ThunderMiddleware) -> None:
-        self.app = app
-        self.owner = owner
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state = scope.get("state")
-        call: CallState | None = state.get(STATE_KEY) if state is not None else None
-        if call is not None and call.backend is not None:
-            backend = self.owner.core.pool.get(call.backend)
-            call.backend_url = backend.url if backend else None
-        await self.app(scope, receive, send)
 
 
 async def _lifespan(core: _Core, receive: Receive, send: Send) -> None:

@@ -102,11 +102,16 @@ def _usage_of(envelope: _Envelope) -> Usage | None:
 
 
 class Forwarder:
-    def __init__(self, pool: BackendPool, server: ServerSettings) -> None:
+    def __init__(
+        self,
+        pool: BackendPool,
+        server: ServerSettings,
+        prefill: SpeculativePrefiller | None = None,
+    ) -> None:
         self.pool = pool
         self.server = server
-        # Remembers answers for the speculative_prefill stage (set by the app when enabled).
-        self.prefill: SpeculativePrefiller | None = None
+        # Remembers answers for the speculative_prefill stage, where it is on.
+        self.prefill = prefill
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -42,7 +42,6 @@ from thunder_mw.policies.core import (
     SchedulerCore,
 )
 from thunder_mw.policies.kv_placement import KvPlacement
-from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Program, Usage
 from thunder_mw.schemas.config import ServerSettings
 from thunder_mw.state.store import MemoryStore, SchedulerStore
@@ -103,13 +102,20 @@ class LiveScheduler:
     def __init__(
         self,
         pool: BackendPool,
-        policies: list[dict[str, Any]] | None,
+        core: SchedulerCore,
         clock: Callable[[], float] = time.monotonic,
         tick_interval_s: float = 1.0,
         limits: HoldLimits | None = None,
+        *,
+        listeners: Sequence[Callable[[Action], None]] = (),
+        tick_listeners: Sequence[Callable[[], None]] = (),
         store: SchedulerStore | None = None,
         on_unavailable: str = "fail_open",
+        ownership: ProgramOwnership | None = None,
     ) -> None:
+        """`core` is the pure core over `pool`'s engines; `listeners` see each action it
+        returns, in order; the pool's probes reach `on_probe` (the composition root wires
+        both, middleware/compose.py)."""
         self.pool = pool
         self.clock = clock
         self.tick_interval_s = tick_interval_s
@@ -117,10 +123,7 @@ class LiveScheduler:
         self.held = 0
         self.held_bytes = 0  # body bytes of the held requests
         self.draining = False
-        self.core = SchedulerCore(
-            pool.configured(),
-            build_pipeline(policies),
-        )
+        self.core = core
         # Key requests by their shared prefix only for stages that use it (it costs a hash):
         # KV-aware placement, and admission counting shared prefixes once.
         self._prefix_keys = self.core.dedupe_prefixes or any(
@@ -134,15 +137,15 @@ class LiveScheduler:
         self.paused_generation = False
         self._gated: list[asyncio.Future[None]] = []
         self._timer: asyncio.Task[None] | None = None
-        self.listeners: list[Callable[[Action], None]] = []
+        self.listeners = list(listeners)
         # Timers of other components (profile retention) ride on the scheduler's tick, so a
         # gateway that goes quiet still lets go of what it only keeps for a while.
-        self.tick_listeners: list[Callable[[], None]] = []
-        pool.listeners.append(self._on_probe)
+        self.tick_listeners = list(tick_listeners)
         self.store = store if store is not None else MemoryStore()
-        # One replica of several (a shared store): the gate, records and the others' share.
+        # One replica of several (a shared store): the gate, records and the others' share;
+        # with `program_owner: header`, the owners' bindings travel in the shared records.
         self.replication = (
-            Replication(self, self.store, on_unavailable) if self.store.shared else None
+            Replication(self, self.store, on_unavailable, ownership) if self.store.shared else None
         )
 
     @property
@@ -150,21 +153,11 @@ class LiveScheduler:
         """This replica's id in the shared store (None: one gateway, nothing shared)."""
         return self.replication.replica_id if self.replication is not None else None
 
-    @property
-    def ownership(self) -> ProgramOwnership | None:
-        return self.replication.ownership if self.replication is not None else None
-
-    @ownership.setter
-    def ownership(self, owners: ProgramOwnership | None) -> None:
-        # `program_owner: header` with replicas: the bindings travel in the shared records.
-        if self.replication is not None:
-            self.replication.ownership = owners
-
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         for backend in self.pool.backends:
             self._declare_host_tier(backend)
-            self._on_probe(backend, None)
+            self.on_probe(backend, None)
         self._timer = asyncio.create_task(self._tick_loop(), name="thunder-mw-scheduler")
         if self.replication is not None:
             await self.replication.start()
@@ -212,7 +205,7 @@ class LiveScheduler:
             for listener in self.tick_listeners:
                 listener()
 
-    def _on_probe(self, backend: Backend, metrics: BackendMetrics | None) -> None:
+    def on_probe(self, backend: Backend, metrics: BackendMetrics | None) -> None:
         self._apply(
             self.core.on_backend(
                 backend.label,

@@ -9,7 +9,7 @@ Schemas come from the msgspec structs the routes encode (schemas/views.py), thro
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -88,119 +88,27 @@ class Operation:
     public: bool = False  # needs no admin token
     dashboard_token: bool = False  # `?token=` stands in for the header
     params: tuple[Param, ...] = ()
+    family: str = ""  # the canonical routes' group (the OpenAPI tag)
+    alias_of: str = ""  # an alias: the canonical route it stands for, "METHOD /path"
 
     @property
     def openapi_path(self) -> str:
         return re.sub(r"\{(\w+):\w+\}", r"{\1}", self.path)
+
+    @property
+    def key(self) -> str:
+        """ "METHOD /path" as the OpenAPI document spells the path: what an alias names."""
+        return f"{self.method} {self.openapi_path}"
+
+
+def _family(name: str, *operations: Operation) -> tuple[Operation, ...]:
+    return tuple(replace(op, family=name) for op in operations)
 
 
 _DASHBOARD_PAGE = (
     "The live dashboard page (`?token=` stands in for the header here, since a browser's "
     "address bar cannot send one)."
 )
-
-OPERATIONS: tuple[Operation, ...] = (
-    Operation(
-        "/health",
-        "GET",
-        "health",
-        "health",
-        "Gateway and backend health (never needs the admin token).",
-        (HealthView,),
-        public=True,
-    ),
-    Operation(
-        "/metrics",
-        "GET",
-        "prometheus",
-        "metrics",
-        "Prometheus metrics.",
-        (str,),
-        media="text/plain; version=0.0.4",
-    ),
-    Operation(OPENAPI_PATH, "GET", "openapi", "openapi", "This description.", (dict[str, Any],)),
-    Operation("/programs", "GET", "programs", "listPrograms", "Live programs.", (ProgramList,)),
-    # Before /programs/{program_id}: the router tries routes in this order.
-    Operation(
-        "/programs/release",
-        "POST",
-        "release",
-        "releaseProgram",
-        "End a program: held requests answered, containers reclaimed.",
-        (Released,),
-        body=ReleaseRequest,
-        errors=(400, 403, 413),
-    ),
-    Operation(
-        "/programs/{program_id:path}/sandboxes",
-        "POST",
-        "sandbox",
-        "handOutSandbox",
-        "Hand the program a started sandbox from a template (warm pool first).",
-        (SandboxView,),
-        status=201,
-        body=SandboxRequest,
-        errors=(400, 403, 404, 413, 503),
-    ),
-    Operation(
-        "/programs/{program_id:path}",
-        "GET",
-        "program",
-        "getProgram",
-        "One live program (or one holding sandboxes before its first request); with "
-        "replicas, also one another replica holds (`holder` names it).",
-        (ProgramDetail, PendingProgram),
-        errors=(404, 503),
-    ),
-    Operation(
-        "/profiles",
-        "GET",
-        "profiles",
-        "listProfiles",
-        "Per-program profile summaries (404 when profiles are off).",
-        (ProfileList,),
-        errors=(404,),
-    ),
-    Operation(
-        "/profiles/{program_id:path}",
-        "GET",
-        "profile",
-        "getProfile",
-        "One program's profile, step by step.",
-        (ProfileView,),
-        errors=(404,),
-    ),
-    Operation(
-        "/dashboard",
-        "GET",
-        "dashboard",
-        "dashboard",
-        _DASHBOARD_PAGE,
-        (str,),
-        media=_HTML,
-        dashboard_token=True,
-    ),
-    Operation(
-        "/dashboard/",
-        "GET",
-        "dashboard",
-        "dashboardSlash",
-        _DASHBOARD_PAGE,
-        (str,),
-        media=_HTML,
-        dashboard_token=True,
-    ),
-    Operation(
-        "/dashboard/state",
-        "GET",
-        "dashboard_state",
-        "dashboardState",
-        "What the dashboard polls: backends, programs by state, queue, decisions.",
-        (DashboardState,),
-    ),
-)
-
-_URL = Param("url", "query", "The engine's base URL (http:// or https://).", (("type", "string"),))
 _MODE_DOC = "Held calls are never failed: new calls wait at the gateway until generation continues."
 _ROLLOUT = "RL rollout (docs/rl-rollout.md): "
 
@@ -213,219 +121,449 @@ def _rollout(
     )
 
 
-ROLLOUT_OPERATIONS: tuple[Operation, ...] = (
-    _rollout(
-        "/backends", "GET", "list_backends", "listBackends", "The engines in the pool.", BackendList
+_SLEEP_LEVEL = Param("level", "query", "1 (default) or 2.", (("enum", ["1", "2"]),), required=False)
+
+FAMILIES: dict[str, str] = {
+    "gateway": "The gateway itself: health, Prometheus metrics, this description.",
+    "programs": "Live programs: list, inspect, release, hand out sandboxes.",
+    "profiles": "Per-program step profiles.",
+    "dashboard": "The live dashboard page and the snapshot it polls.",
+    "backends": "The engines in the pool, added and drained at run time.",
+    "generation": "The generation gate: pause, resume, sleep, weight updates, cache flushes.",
+}
+
+# The canonical routes: thunder-mw's own spelling, by family. Other servers' spellings of the
+# same operations are ALIASES below, not routes of their own.
+OPERATIONS: tuple[Operation, ...] = (
+    *_family(
+        "gateway",
+        Operation(
+            "/health",
+            "GET",
+            "health",
+            "health",
+            "Gateway and backend health (never needs the admin token).",
+            (HealthView,),
+            public=True,
+        ),
+        Operation(
+            "/metrics",
+            "GET",
+            "prometheus",
+            "metrics",
+            "Prometheus metrics.",
+            (str,),
+            media="text/plain; version=0.0.4",
+        ),
+        Operation(
+            OPENAPI_PATH, "GET", "openapi", "openapi", "This description.", (dict[str, Any],)
+        ),
     ),
-    _rollout(
-        "/backends",
-        "POST",
-        "add_backend",
-        "addBackend",
-        "Add an engine (the fields of a YAML `backends[]` entry); probed for health and "
-        "KV capacity, then programs may be placed on it.",
-        BackendChange,
-        status=201,
-        body=BackendRequest,
-        errors=(400, 409, 413),
+    *_family(
+        "programs",
+        Operation("/programs", "GET", "programs", "listPrograms", "Live programs.", (ProgramList,)),
+        # Before /programs/{program_id}: the router tries routes in this order.
+        Operation(
+            "/programs/release",
+            "POST",
+            "release",
+            "releaseProgram",
+            "End a program: held requests answered, containers reclaimed.",
+            (Released,),
+            body=ReleaseRequest,
+            errors=(400, 403, 413),
+        ),
+        Operation(
+            "/programs/{program_id:path}/sandboxes",
+            "POST",
+            "sandbox",
+            "handOutSandbox",
+            "Hand the program a started sandbox from a template (warm pool first).",
+            (SandboxView,),
+            status=201,
+            body=SandboxRequest,
+            errors=(400, 403, 404, 413, 503),
+        ),
+        Operation(
+            "/programs/{program_id:path}",
+            "GET",
+            "program",
+            "getProgram",
+            "One live program (or one holding sandboxes before its first request); with "
+            "replicas, also one another replica holds (`holder` names it).",
+            (ProgramDetail, PendingProgram),
+            errors=(404, 503),
+        ),
     ),
-    _rollout(
-        "/backends/{name:path}",
-        "DELETE",
-        "drain_backend",
-        "drainBackend",
-        "Drain an engine: no new programs, paused ones resume elsewhere, in-flight calls "
-        "finish, then it leaves the pool.",
-        BackendChange,
-        status=202,
-        errors=(404,),
-        params=(Param("name", "path", "The backend's name (its label in /health)."),),
+    *_family(
+        "profiles",
+        Operation(
+            "/profiles",
+            "GET",
+            "profiles",
+            "listProfiles",
+            "Per-program profile summaries (404 when profiles are off).",
+            (ProfileList,),
+            errors=(404,),
+        ),
+        Operation(
+            "/profiles/{program_id:path}",
+            "GET",
+            "profile",
+            "getProfile",
+            "One program's profile, step by step.",
+            (ProfileView,),
+            errors=(404,),
+        ),
     ),
-    _rollout(
+    *_family(
+        "dashboard",
+        Operation(
+            "/dashboard",
+            "GET",
+            "dashboard",
+            "dashboard",
+            _DASHBOARD_PAGE,
+            (str,),
+            media=_HTML,
+            dashboard_token=True,
+        ),
+        Operation(
+            "/dashboard/state",
+            "GET",
+            "dashboard_state",
+            "dashboardState",
+            "What the dashboard polls: backends, programs by state, queue, decisions.",
+            (DashboardState,),
+        ),
+    ),
+    *_family(
+        "backends",
+        _rollout(
+            "/backends",
+            "GET",
+            "list_backends",
+            "listBackends",
+            "The engines in the pool.",
+            BackendList,
+        ),
+        _rollout(
+            "/backends",
+            "POST",
+            "add_backend",
+            "addBackend",
+            "Add an engine (the fields of a YAML `backends[]` entry); probed for health and "
+            "KV capacity, then programs may be placed on it.",
+            BackendChange,
+            status=201,
+            body=BackendRequest,
+            errors=(400, 409, 413),
+        ),
+        _rollout(
+            "/backends/{name:path}",
+            "DELETE",
+            "drain_backend",
+            "drainBackend",
+            "Drain an engine: no new programs, paused ones resume elsewhere, in-flight calls "
+            "finish, then it leaves the pool.",
+            BackendChange,
+            status=202,
+            errors=(404,),
+            params=(Param("name", "path", "The backend's name (its label in /health)."),),
+        ),
+    ),
+    *_family(
+        "generation",
+        _rollout(
+            "/generation",
+            "GET",
+            "generation",
+            "generationState",
+            "Whether generation is paused, and the calls held and in flight.",
+            GenerationState,
+        ),
+        _rollout(
+            "/generation/pause",
+            "POST",
+            "pause",
+            "pauseGeneration",
+            "Pause generation (`wait`, `abort` or `keep`). " + _MODE_DOC,
+            GenerationState,
+            body=PauseRequest,
+            errors=(400, 413, 504),
+        ),
+        _rollout(
+            "/generation/resume",
+            "POST",
+            "resume",
+            "resumeGeneration",
+            "Continue generation: the engines resume, held calls are scheduled.",
+            GenerationState,
+        ),
+        _rollout(
+            "/generation/flush_cache",
+            "POST",
+            "flush_cache",
+            "flushCache",
+            "Flush every engine's prefix cache; the scheduler counts caches cold.",
+            GenerationState,
+        ),
+        _rollout(
+            "/generation/sleep",
+            "POST",
+            "sleep",
+            "sleep",
+            "Sleep: generation paused (calls held), engines asleep, caches cold.",
+            GenerationState,
+            errors=(400, 504),
+            params=(_SLEEP_LEVEL,),
+        ),
+        _rollout(
+            "/generation/wake_up",
+            "POST",
+            "wake_up",
+            "wakeUp",
+            "Wake up: engines awake, held calls released.",
+            GenerationState,
+        ),
+        _rollout(
+            "/weights/update",
+            "POST",
+            "update_weights",
+            "updateWeights",
+            "A whole weight-update cycle: pause, update every engine, mark every cache cold, "
+            "resume. " + _MODE_DOC,
+            GenerationState,
+            body=WeightUpdateRequest,
+            errors=(400, 413, 504),
+        ),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Alias:
+    """Another server's spelling of a canonical route. `shape` None: the canonical route
+    answers it as it is; else the operation (its own endpoint, in the table's `rollout.x`
+    form) that reads that server's request and writes its answer shape, over the same
+    operation of the fleet."""
+
+    path: str
+    method: str
+    canonical: str  # the canonical route's `key`: "METHOD /path"
+    spelling: str  # whose: "SGLang's", "vLLM's", ...
+    operation_id: str
+    shape: Operation | None = None
+
+
+def _shape(endpoint: str, summary: str, answer: Any, **kw: Any) -> Operation:
+    """The vendor-shaped operation of an alias (its path and method come from the alias)."""
+    return Operation("", "", "rollout." + endpoint, "", _ROLLOUT + summary, (answer,), **kw)
+
+
+_URL = Param("url", "query", "The engine's base URL (http:// or https://).", (("type", "string"),))
+_ROUTER = "SGLang router's"
+_GATEWAY = "SGLang model gateway's"
+_SGLANG = "SGLang's"
+_VLLM = "vLLM's"
+
+# The one alias table: (alias path, method) -> the canonical route it stands for.
+ALIASES: tuple[Alias, ...] = (
+    Alias("/dashboard/", "GET", "GET /dashboard", "The trailing-slash", "dashboardSlash"),
+    # SGLang router's and model gateway's worker API (what slime registers engines with).
+    Alias(
         "/add_worker",
         "POST",
-        "add_worker",
+        "POST /backends",
+        _ROUTER,
         "addWorker",
-        "SGLang router's spelling of adding an (SGLang) engine.",
-        WorkerChanged,
-        errors=(400, 409),
-        params=(_URL,),
+        _shape(
+            "add_worker",
+            "SGLang router's spelling of adding an (SGLang) engine.",
+            WorkerChanged,
+            errors=(400, 409),
+            params=(_URL,),
+        ),
     ),
-    _rollout(
+    Alias(
         "/remove_worker",
         "POST",
-        "remove_worker",
+        "DELETE /backends/{name}",
+        _ROUTER,
         "removeWorker",
-        "SGLang router's spelling of removing an engine (it drains).",
-        WorkerChanged,
-        errors=(400, 404),
-        params=(_URL,),
+        _shape(
+            "remove_worker",
+            "SGLang router's spelling of removing an engine (it drains).",
+            WorkerChanged,
+            errors=(400, 404),
+            params=(_URL,),
+        ),
     ),
-    _rollout(
+    Alias(
         "/list_workers",
         "GET",
-        "list_workers",
+        "GET /backends",
+        _ROUTER,
         "listWorkers",
-        "SGLang router's worker list: the URLs of engines taking calls.",
-        WorkerUrls,
+        _shape(
+            "list_workers",
+            "SGLang router's worker list: the URLs of engines taking calls.",
+            WorkerUrls,
+        ),
     ),
-    _rollout(
+    Alias(
         "/workers",
         "GET",
-        "workers",
+        "GET /backends",
+        _GATEWAY,
         "listWorkersV2",
-        "SGLang model gateway's worker list.",
-        WorkerList,
+        _shape("workers", "SGLang model gateway's worker list.", WorkerList),
     ),
-    _rollout(
+    Alias(
         "/workers",
         "POST",
-        "create_worker",
+        "POST /backends",
+        _GATEWAY,
         "createWorker",
-        "SGLang model gateway's spelling of adding an engine.",
-        WorkerAccepted,
-        status=202,
-        body=WorkerRequest,
-        errors=(400, 409, 413),
+        _shape(
+            "create_worker",
+            "SGLang model gateway's spelling of adding an engine.",
+            WorkerAccepted,
+            status=202,
+            body=WorkerRequest,
+            errors=(400, 409, 413),
+        ),
     ),
-    _rollout(
+    Alias(
         "/workers/{worker_id:path}",
         "DELETE",
-        "delete_worker",
+        "DELETE /backends/{name}",
+        _GATEWAY,
         "deleteWorker",
-        "SGLang model gateway's spelling of removing an engine (it drains).",
-        WorkerAccepted,
-        status=202,
-        errors=(404,),
-        params=(Param("worker_id", "path", "The worker's id (its name) or URL."),),
+        _shape(
+            "delete_worker",
+            "SGLang model gateway's spelling of removing an engine (it drains).",
+            WorkerAccepted,
+            status=202,
+            errors=(404,),
+            params=(Param("worker_id", "path", "The worker's id (its name) or URL."),),
+        ),
     ),
-    _rollout(
-        "/generation",
-        "GET",
-        "generation",
-        "generationState",
-        "Whether generation is paused, and the calls held and in flight.",
-        GenerationState,
-    ),
-    _rollout(
-        "/generation/pause",
-        "POST",
-        "pause",
-        "pauseGeneration",
-        "Pause generation (`wait`, `abort` or `keep`). " + _MODE_DOC,
-        GenerationState,
-        body=PauseRequest,
-        errors=(400, 413, 504),
-    ),
-    _rollout(
-        "/generation/resume",
-        "POST",
-        "resume",
-        "resumeGeneration",
-        "Continue generation: the engines resume, held calls are scheduled.",
-        GenerationState,
-    ),
-    _rollout(
-        "/weights/update",
-        "POST",
-        "update_weights",
-        "updateWeights",
-        "A whole weight-update cycle: pause, update every engine, mark every cache cold, "
-        "resume. " + _MODE_DOC,
-        GenerationState,
-        body=WeightUpdateRequest,
-        errors=(400, 413, 504),
-    ),
-    _rollout(
+    # The engines' own spellings of the generation gate (what rollout frameworks call).
+    Alias(
         "/pause_generation",
         "POST",
-        "sglang_pause",
+        "POST /generation/pause",
+        _SGLANG,
         "sglangPauseGeneration",
-        "SGLang's spelling (`mode`: abort, retract, in_place).",
-        GenerationState,
-        errors=(400, 413, 504),
+        _shape(
+            "sglang_pause",
+            "SGLang's spelling (`mode`: abort, retract, in_place).",
+            GenerationState,
+            errors=(400, 413, 504),
+        ),
     ),
-    _rollout(
+    Alias(
         "/continue_generation",
         "POST",
-        "resume",
+        "POST /generation/resume",
+        _SGLANG,
         "sglangContinueGeneration",
-        "SGLang's spelling of resuming generation.",
-        GenerationState,
     ),
-    _rollout(
+    Alias(
         "/update_weights_from_disk",
         "POST",
-        "sglang_update",
+        "POST /weights/update",
+        _SGLANG,
         "sglangUpdateWeights",
-        "SGLang's weight update, forwarded to every SGLang engine inside a pause "
-        "(`abort_all_requests: true` aborts in-flight calls).",
-        GenerationState,
-        errors=(400, 413, 504),
+        _shape(
+            "sglang_update",
+            "SGLang's weight update, forwarded to every SGLang engine inside a pause "
+            "(`abort_all_requests: true` aborts in-flight calls).",
+            GenerationState,
+            errors=(400, 413, 504),
+        ),
     ),
-    _rollout(
-        "/flush_cache",
-        "POST",
-        "flush_cache",
-        "sglangFlushCache",
-        "Flush every engine's prefix cache; the scheduler counts caches cold.",
-        GenerationState,
-    ),
-    _rollout(
+    Alias("/flush_cache", "POST", "POST /generation/flush_cache", _SGLANG, "sglangFlushCache"),
+    Alias(
         "/reset_prefix_cache",
         "POST",
-        "flush_cache",
+        "POST /generation/flush_cache",
+        _VLLM,
         "vllmResetPrefixCache",
-        "vLLM's spelling of flushing every engine's prefix cache.",
-        GenerationState,
     ),
-    _rollout(
+    Alias(
         "/pause",
         "POST",
-        "vllm_pause",
+        "POST /generation/pause",
+        _VLLM,
         "vllmPause",
-        "vLLM's spelling of pausing (`?mode=abort|wait|keep`).",
-        GenerationState,
-        errors=(400, 504),
-        params=(
-            Param(
-                "mode",
-                "query",
-                "abort (default), wait or keep.",
-                (("enum", ["abort", "wait", "keep"]),),
-                required=False,
+        _shape(
+            "vllm_pause",
+            "vLLM's spelling of pausing (`?mode=abort|wait|keep`).",
+            GenerationState,
+            errors=(400, 504),
+            params=(
+                Param(
+                    "mode",
+                    "query",
+                    "abort (default), wait or keep.",
+                    (("enum", ["abort", "wait", "keep"]),),
+                    required=False,
+                ),
             ),
         ),
     ),
-    _rollout(
-        "/resume", "POST", "resume", "vllmResume", "vLLM's spelling of resuming.", GenerationState
+    Alias("/resume", "POST", "POST /generation/resume", _VLLM, "vllmResume"),
+    Alias(
+        "/is_paused",
+        "GET",
+        "GET /generation",
+        _VLLM,
+        "vllmIsPaused",
+        _shape("is_paused", "vLLM's pause state.", IsPaused),
     ),
-    _rollout("/is_paused", "GET", "is_paused", "vllmIsPaused", "vLLM's pause state.", IsPaused),
-    _rollout(
-        "/sleep",
-        "POST",
-        "sleep",
-        "vllmSleep",
-        "vLLM's sleep: generation paused (calls held), engines asleep, caches cold.",
-        GenerationState,
-        errors=(400, 504),
-        params=(
-            Param("level", "query", "1 (default) or 2.", (("enum", ["1", "2"]),), required=False),
-        ),
-    ),
-    _rollout(
-        "/wake_up",
-        "POST",
-        "wake_up",
-        "vllmWakeUp",
-        "vLLM's wake-up: engines awake, held calls released.",
-        GenerationState,
-    ),
-    _rollout(
-        "/is_sleeping", "GET", "is_sleeping", "vllmIsSleeping", "vLLM's sleep state.", IsSleeping
+    Alias("/sleep", "POST", "POST /generation/sleep", _VLLM, "vllmSleep"),
+    Alias("/wake_up", "POST", "POST /generation/wake_up", _VLLM, "vllmWakeUp"),
+    Alias(
+        "/is_sleeping",
+        "GET",
+        "GET /generation",
+        _VLLM,
+        "vllmIsSleeping",
+        _shape("is_sleeping", "vLLM's sleep state.", IsSleeping),
     ),
 )
-OPERATIONS = OPERATIONS + ROLLOUT_OPERATIONS
+
+
+def _resolved(alias: Alias, canonical: Operation) -> Operation:
+    """The route an alias is served as: the canonical route at the alias's path, or the
+    alias's own shape; either way it keeps the canonical route's family and access rules."""
+    base = canonical if alias.shape is None else alias.shape
+    summary = base.summary
+    if alias.shape is None:
+        summary = f"{alias.spelling} spelling of `{canonical.key}`, answered as it is."
+    return replace(
+        base,
+        path=alias.path,
+        method=alias.method,
+        operation_id=alias.operation_id,
+        summary=summary,
+        family=canonical.family,
+        public=canonical.public,
+        dashboard_token=canonical.dashboard_token,
+        alias_of=canonical.key,
+    )
+
+
+def _routes() -> tuple[Operation, ...]:
+    """Every route served: the canonical ones, then each alias resolved. The one place the
+    alias table is applied: the router, the admin paths and the OpenAPI document read this."""
+    by_key = {op.key: op for op in OPERATIONS}
+    return OPERATIONS + tuple(_resolved(alias, by_key[alias.canonical]) for alias in ALIASES)
+
+
+ROUTES = _routes()
 
 # Shared error answers, by status: (component name, description).
 _ERRORS: dict[int, tuple[str, str]] = {
@@ -457,7 +595,7 @@ _ERRORS: dict[int, tuple[str, str]] = {
 def _components() -> tuple[dict[str, Any], dict[tuple[int, int], dict[str, Any]]]:
     """The schema components, and each operation's answer/body schema by (table row, slot)."""
     wanted: list[tuple[tuple[int, int], Any]] = [((-1, 0), ErrorBody)]
-    for row, op in enumerate(OPERATIONS):
+    for row, op in enumerate(ROUTES):
         wanted.extend(((row, slot), answer) for slot, answer in enumerate(op.answers))
         if op.body is not None:
             wanted.append(((row, -1), op.body))
@@ -481,7 +619,16 @@ def _operation(row: int, op: Operation, schemas: dict[tuple[int, int], Any]) -> 
     }
     for status in () if op.public else (401, *op.errors):
         responses[str(status)] = _error_ref(status)
-    described: dict[str, Any] = {"operationId": op.operation_id, "summary": op.summary}
+    described: dict[str, Any] = {
+        "operationId": op.operation_id,
+        "summary": op.summary,
+        "tags": [op.family],
+    }
+    if op.alias_of:
+        # Served for clients written against another server; the canonical route is the
+        # one to call. Not deprecated: aliases stay as long as those clients exist.
+        described["description"] = f"An alias of `{op.alias_of}` (see that route)."
+        described["x-alias-of"] = op.alias_of
     if op.public:
         described["security"] = []
     elif op.dashboard_token:
@@ -508,7 +655,7 @@ def admin_openapi(version: str) -> dict[str, Any]:
     """The admin API's OpenAPI 3.1 document for gateway `version`."""
     components, schemas = _components()
     paths: dict[str, dict[str, Any]] = {}
-    for row, op in enumerate(OPERATIONS):
+    for row, op in enumerate(ROUTES):
         paths.setdefault(op.openapi_path, {})[op.method.lower()] = _operation(row, op, schemas)
     error = schemas[-1, 0]
     responses = {
@@ -521,12 +668,15 @@ def admin_openapi(version: str) -> dict[str, Any]:
         "info": {
             "title": "thunder-mw admin API",
             "version": version,
-            "description": "Health, programs, release, sandboxes, profiles, dashboard and "
-            "metrics of a thunder-mw gateway. Every route but /health needs "
-            "`Authorization: Bearer <server.admin_token>` when that token is set. Errors are "
-            "OpenAI-style JSON naming the offending field; an unknown method on an admin path "
-            "is a 405 of the same shape, with an `Allow` header.",
+            "description": "Health, programs, release, sandboxes, profiles, dashboard, "
+            "metrics and run-time engine control of a thunder-mw gateway. Every route but "
+            "/health needs `Authorization: Bearer <server.admin_token>` when that token is set. "
+            "Errors are OpenAI-style JSON naming the offending field; an unknown method on an "
+            "admin path is a 405 of the same shape, with an `Allow` header. Operations with "
+            "`x-alias-of` are other servers' spellings (SGLang's, its router's, vLLM's) of the "
+            "canonical route named there.",
         },
+        "tags": [{"name": name, "description": text} for name, text in FAMILIES.items()],
         "paths": paths,
         "components": {
             "schemas": components,

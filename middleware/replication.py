@@ -54,7 +54,11 @@ class Replication:
     """One replica's share of the fleet's state, for the live scheduler it is built by."""
 
     def __init__(
-        self, scheduler: LiveScheduler, store: SchedulerStore, on_unavailable: str
+        self,
+        scheduler: LiveScheduler,
+        store: SchedulerStore,
+        on_unavailable: str,
+        ownership: ProgramOwnership | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.core = scheduler.core
@@ -78,8 +82,8 @@ class Replication:
         self._refreshing = False
         self._refresh_again = False
         self._was_down = False
-        # Set by the app where `agent_context.program_owner: header`: bindings are shared.
-        self.ownership: ProgramOwnership | None = None
+        # Where `agent_context.program_owner: header`: bindings are shared.
+        self.ownership = ownership
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:

@@ -5,6 +5,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 COLUMNS = [
@@ -66,9 +67,11 @@ PUBLISHED = [
     "hicache-batch192",
 ]
 LEAD = ("thunder-mw", "thunderagent")
+# One JSON object of a committed result file, read as it was written.
+Record = dict[str, Any]
 
 
-def _reports(names: list[str]) -> Iterator[tuple[str, dict]]:
+def _reports(names: list[str]) -> Iterator[tuple[str, Record]]:
     """Each named scenario's committed result, in order; scenarios without one are skipped."""
     for name in names:
         path = RESULTS / f"{name}.json"
@@ -76,7 +79,7 @@ def _reports(names: list[str]) -> Iterator[tuple[str, dict]]:
             yield name, json.loads(path.read_text())
 
 
-def _spread(s: dict | None) -> str:
+def _spread(s: Record | None) -> str:
     if not s:
         return "-"
     return f"{cell(s['median'])} ({cell(s['min'])}-{cell(s['max'])})"
@@ -140,7 +143,7 @@ def per_size(name: str = "cluster-scaling", base: str = "kv_aware") -> str:
     """Steady steps/min per fleet size and policy, and each policy's ratio of medians over
     `base` at that size."""
     report = json.loads((RESULTS / f"{name}.json").read_text())
-    rows: dict[int, dict[str, dict]] = {}
+    rows: dict[int, dict[str, Record]] = {}
     for r in report["steady"]:
         rows.setdefault(r["engines"], {})[r["policy"]] = r["steps_per_min_steady"]
     policies = [p for p in report["config"]["policies"]]
@@ -177,7 +180,7 @@ NOT_PROGRAM_AWARE = (
 )
 
 
-def _medians(report: dict, point: tuple[int, int]) -> dict[str, dict]:
+def _medians(report: Record, point: tuple[int, int]) -> dict[str, Record]:
     return {
         r["policy"]: r
         for r in report.get("steady", [])
@@ -185,7 +188,7 @@ def _medians(report: dict, point: tuple[int, int]) -> dict[str, dict]:
     }
 
 
-def _ratio(main: dict[str, dict], policy: str) -> float | None:
+def _ratio(main: dict[str, Record], policy: str) -> float | None:
     if policy not in main or "thunder-mw" not in main:
         return None
     theirs = main[policy]["steps_per_min_steady"]["median"]
@@ -263,8 +266,9 @@ FIGURE_COLUMNS = (  # (metric, label, what thunder-mw's ratio over the policy is
 )
 
 
-def _main_point(report: dict) -> dict | None:
+def _main_point(report: Record) -> Record | None:
     c = report["config"]
+    point: Record
     for point in report.get("figures", {}).get("points", []):
         if (point["engines"], point["programs_per_engine"]) == (
             c["engines"],
@@ -274,28 +278,28 @@ def _main_point(report: dict) -> dict | None:
     return None
 
 
-def _ci(s: dict | None, digits: int = 1) -> str:
+def _ci(s: Record | None, digits: int = 1) -> str:
     if not s:
         return "-"
     low, high = s["ci95"]
     return f"{s['mean']:,.{digits}f} [{low:,.{digits}f}, {high:,.{digits}f}]"
 
 
-def _ratio_cell(r: dict | None) -> str:
+def _ratio_cell(r: Record | None) -> str:
     if not r:
         return "-"
     low, high = r["ci95"]
     return f"{r['ratio']:.3f} [{low:.3f}, {high:.3f}] **{r['verdict']}**"
 
 
-def _cap(record: dict) -> str:
+def _cap(record: Record) -> str:
     cap = record.get("cap")
     if not cap:
         return ""
     return f"cap {cap['batch']} / {cap['window']}"
 
 
-def figure_table(name: str, report: dict) -> str:
+def figure_table(name: str, report: Record) -> str:
     """One scenario: every policy's fixed-batch makespan and long-window steps/min (mean
     [ci95] over seeds) and thunder-mw's ratio over it [ci95] with the verdict."""
     point = _main_point(report)
@@ -367,6 +371,44 @@ def summary_table(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+REAL_SYSTEMS = {
+    "direct": "plain vLLM",
+    "direct/cap-2": "plain vLLM, client cap 2",
+    "vllm-router/program": "vLLM router, program scheduler",
+    "smg/consistent_hashing": "SGLang gateway, consistent hashing",
+    "smg/cache_aware": "SGLang gateway, cache-aware",
+    "thunderagent": "the original's rules",
+}
+
+
+def real_engine_table(name: str = "vllm-cpu-real") -> str:
+    """thunder-mw over each system on the real vLLM CPU engine, both regimes: the paired
+    runs' ratio of means with its 95 % bootstrap interval and verdict (benchmarks/bootstrap.py).
+    """
+    sys.path.insert(0, str(RESULTS.parents[2]))
+    from thunder_mw.benchmarks.bootstrap import compare
+
+    regimes = json.loads((RESULTS / f"{name}.json").read_text())["regimes"]
+    order = [r for r in ("cheap", "dear") if r in regimes]
+    head = " | ".join(
+        f"{r} ({regimes[r]['decode_steps_per_recompute']:g} decode steps per recompute): "
+        "thunder-mw / it"
+        for r in order
+    )
+    lines = [f"| system | {head} |", "|---|" + "---|" * len(order)]
+    for system, label in REAL_SYSTEMS.items():
+        cells = []
+        for r in order:
+            runs = regimes[r]["runs"]
+            ours = [run["steps_per_min"] for run in runs["thunder-mw"]]
+            theirs = [run["steps_per_min"] for run in runs[system]]
+            c = compare(ours, theirs)
+            low, high = cast("list[float]", c["ci95"])
+            cells.append(f"{c['ratio']:.2f} [{low:.2f}, {high:.2f}] **{c['verdict']}**")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _replace_block(path: Path, marker: str, body: str) -> None:
     text = path.read_text()
     start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
@@ -382,6 +424,8 @@ def update_docs() -> None:
     _replace_block(DOCS, "tuning-figures", figure_tables(TUNING))
     _replace_block(DOCS, "test-figures", figure_tables(TEST))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
+    _replace_block(README, "real-engine-table", real_engine_table())
+    _replace_block(DOCS, "real-engine-table", real_engine_table())
 
 
 if __name__ == "__main__":
@@ -393,6 +437,9 @@ if __name__ == "__main__":
         sys.exit()
     if sys.argv[1:2] == ["--summary"]:
         print(summary_table(sys.argv[2:] or [*TUNING, *TEST]))
+        sys.exit()
+    if sys.argv[1:2] == ["--real-engine"]:
+        print(real_engine_table())
         sys.exit()
     if sys.argv[1:2] == ["--targets"]:
         print(targets(sys.argv[2:] or PUBLISHED))

@@ -89,7 +89,7 @@ def is_built(model_dir: Path, model: str = "tiny") -> bool:
     if not marker.is_file():
         return False
     try:
-        done = json.loads(marker.read_text())
+        done: dict[str, object] = json.loads(marker.read_text())
     except ValueError:
         return False
     return done.get("recipe") == MODELS[model][1] and done.get("model", "tiny") == model

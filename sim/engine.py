@@ -424,16 +424,85 @@ class Engine:
             self._expire_pins()
         self.step_no += 1
         s = self.step_no
+        scheduled: list[tuple[Sequence, int]] = []
+        budget, preempted = self._schedule_running(s, scheduled)
+        # Waiting requests join only in a step that preempted nothing.
+        admitted = 0 if preempted else self._schedule_waiting(budget, scheduled)
+        result = self._forward_pass(s, scheduled, preempted, admitted)
+        self._complete(s, scheduled, result)
+        for seq in result.progressed:
+            seq.listener.on_progress(seq)
+        for seq in result.finished:
+            if seq.listener is not None:
+                seq.listener.on_finish(seq)
+        return result
+
+    def run_until_idle(self, max_steps: int = 10_000_000) -> int:
+        """Step until no request is left; returns the number of steps taken."""
+        n = 0
+        while self.has_work and n < max_steps:
+            self.step()
+            n += 1
+        return n
+
+    def snapshot(self) -> dict[str, Any]:
+        """Gauges for /metrics and the SGLang load endpoints."""
+        pool = self.pool
+        used_blocks = pool.num_usable - pool.num_free
+        return {
+            "num_running": len(self._running),
+            "num_waiting": len(self._waiting),
+            "kv_usage": pool.usage(),
+            "used_tokens": used_blocks * self.config.block_size,
+            "evictable_tokens": pool.num_evictable_cached() * self.config.block_size,
+            "capacity_tokens": self.capacity_tokens,
+            "pinned_tokens": self.pinned_blocks * self.config.block_size,
+            "host_tokens": len(self.host_tier or ()) * self.config.block_size,
+        }
+
+    # -- the phases of a step --------------------------------------------------------------
+    def _schedule_running(self, s: int, scheduled: list[tuple[Sequence, int]]) -> tuple[int, int]:
+        """Phase 1, running requests: a block for each decoder crossing a block boundary, the
+        next chunk of each prefill; decoders not crossing one need nothing: they are counted,
+        not visited. Appends the prefill chunks to `scheduled`; returns the token budget left
+        and how many requests were preempted."""
         bs = self.config.block_size
-        budget = self.config.max_num_batched_tokens
+        budget = self.config.max_num_batched_tokens - self._n_decoding
         pool = self.pool
         preempted = 0
+        for seq in self._due_in_step(s):
+            if seq.decoding:
+                if seq._alloc_at != s:
+                    continue  # stale event, or preempted earlier in this step
+                if not pool.num_free:
+                    preempted += self._preempt_for(seq, 1, s)
+                    if not seq.decoding:
+                        continue
+                self._grow_decoder(seq, s)
+                continue
+            if seq.status is not Status.RUNNING or budget <= 0:
+                continue
+            num_new = min(seq.num_tokens - seq.num_computed, budget)
+            need = -(-(seq.num_computed + num_new) // bs) - len(seq.blocks)
+            if need > pool.num_free:
+                preempted += self._preempt_for(seq, need, s)
+                if seq.status is not Status.RUNNING:
+                    continue
+            if need > 0:
+                seq.blocks.extend(pool.allocate(need))
+            self._cache_full_blocks(seq, seq.num_computed + num_new)
+            scheduled.append((seq, num_new))
+            budget -= num_new
+        if preempted:
+            # Preempted decoders were counted before they left; give their tokens back.
+            budget = self.config.max_num_batched_tokens - self._n_decoding
+            budget -= sum(n for _, n in scheduled)
+        return budget, preempted
 
-        # 1. Running requests. Decoders not crossing a block boundary need nothing: they
-        #    are counted, not visited.
-        budget -= self._n_decoding
-        alloc_events = self._alloc_events
-        special = alloc_events.pop(s, None) or []
+    def _due_in_step(self, s: int) -> list[Sequence]:
+        """The running requests phase 1 visits: decoders whose block fills at step `s`, and
+        every request in chunked prefill, in running order where blocks may run out."""
+        special = self._alloc_events.pop(s, None) or []
         if self._prefilling:
             # An event of a decoder preempted since is stale; once readmitted it prefills
             # again and comes from `_prefilling`: without this filter it would be scheduled
@@ -441,86 +510,74 @@ class Engine:
             special = [q for q in special if q.decoding]
             special.extend(self._prefilling.values())
         # Order matters only when blocks may run out (who preempts whom).
-        if len(special) > 1 and (self._prefilling or pool.num_free < len(special)):
+        if len(special) > 1 and (self._prefilling or self.pool.num_free < len(special)):
             special.sort(key=_run_order)
-        scheduled_prefill: list[tuple[Sequence, int]] = []
-        for seq in special:
-            if seq.decoding:
-                if seq._alloc_at != s:
-                    continue  # stale event, or preempted earlier in this step
-                while not pool.num_free:
-                    victim = self._running[next(reversed(self._running))]
-                    self._preempt(victim, s - 1)
-                    preempted += 1
-                    if victim is seq:
-                        break
-                if not seq.decoding:
-                    continue
-                # Its blocks are all full now. Their hashes are registered when it stops
-                # running: no other request can hold its unseen output in a prompt before.
-                seq.blocks.append(pool.allocate_one())
-                nxt = s + bs
-                if nxt <= seq._finish_at:
-                    seq._alloc_at = nxt
-                    lst = alloc_events.get(nxt)
-                    if lst is None:
-                        alloc_events[nxt] = [seq]
-                    else:
-                        lst.append(seq)
-                else:
-                    seq._alloc_at = -1
-                continue
-            if seq.status is not Status.RUNNING or budget <= 0:
-                continue
-            num_new = min(seq.num_tokens - seq.num_computed, budget)
-            need = -(-(seq.num_computed + num_new) // bs) - len(seq.blocks)
-            ok = True
-            while need > pool.num_free:
-                victim = self._running[next(reversed(self._running))]
-                self._preempt(victim, s - 1)
-                preempted += 1
-                if victim is seq:
-                    ok = False
-                    break
-            if not ok:
-                continue
-            if need > 0:
-                seq.blocks.extend(pool.allocate(need))
-            self._cache_full_blocks(seq, seq.num_computed + num_new)
-            scheduled_prefill.append((seq, num_new))
-            budget -= num_new
-        if preempted:
-            # Preempted decoders were counted before they left; give their tokens back.
-            budget = self.config.max_num_batched_tokens - self._n_decoding
-            budget -= sum(n for _, n in scheduled_prefill)
+        return special
 
-        # 2. Waiting requests, only in a step that preempted nothing.
+    def _preempt_for(self, seq: Sequence, need: int, s: int) -> int:
+        """Preempt the newest running requests until `need` blocks are free or `seq` itself
+        went (then it waits: the caller checks its status); returns how many went."""
+        pool = self.pool
+        running = self._running
+        preempted = 0
+        while need > pool.num_free:
+            victim = running[next(reversed(running))]
+            self._preempt(victim, s - 1)
+            preempted += 1
+            if victim is seq:
+                break
+        return preempted
+
+    def _grow_decoder(self, seq: Sequence, s: int) -> None:
+        """A decoder's next block, and the step its next one is due."""
+        # Its blocks are all full now. Their hashes are registered when it stops running:
+        # no other request can hold its unseen output in a prompt before.
+        seq.blocks.append(self.pool.allocate_one())
+        nxt = s + self.config.block_size
+        if nxt <= seq._finish_at:
+            seq._alloc_at = nxt
+            alloc_events = self._alloc_events
+            lst = alloc_events.get(nxt)
+            if lst is None:
+                alloc_events[nxt] = [seq]
+            else:
+                lst.append(seq)
+        else:
+            seq._alloc_at = -1
+
+    def _schedule_waiting(self, budget: int, scheduled: list[tuple[Sequence, int]]) -> int:
+        """Phase 2, waiting requests in order while the budget lasts and fewer than
+        max_num_seqs run; appends their first chunks to `scheduled`, returns how many."""
         admitted = 0
-        if not preempted:
-            max_seqs = self.config.max_num_seqs
-            waiting = self._waiting
-            while budget > 0 and waiting and len(self._running) < max_seqs:
-                seq = waiting[0]
-                num_new = self._admit(seq, budget)
-                if num_new == 0:
-                    break
-                waiting.popleft()
-                seq.status = Status.RUNNING
-                seq.run_no = self._next_run_no
-                self._next_run_no += 1
-                self._running[seq.run_no] = seq
-                self._prefilling[seq.run_no] = seq
-                scheduled_prefill.append((seq, num_new))
-                budget -= num_new
-                admitted += 1
+        max_seqs = self.config.max_num_seqs
+        waiting = self._waiting
+        while budget > 0 and waiting and len(self._running) < max_seqs:
+            seq = waiting[0]
+            num_new = self._admit(seq, budget)
+            if num_new == 0:
+                break
+            waiting.popleft()
+            seq.status = Status.RUNNING
+            seq.run_no = self._next_run_no
+            self._next_run_no += 1
+            self._running[seq.run_no] = seq
+            self._prefilling[seq.run_no] = seq
+            scheduled.append((seq, num_new))
+            budget -= num_new
+            admitted += 1
+        return admitted
 
-        # 3. The forward pass, after loading what the admitted requests found in the tiers.
+    def _forward_pass(
+        self, s: int, scheduled: list[tuple[Sequence, int]], preempted: int, admitted: int
+    ) -> StepResult:
+        """Phase 3, the forward pass's time, after loading what the admitted requests found
+        in the tiers; the engine's clock moves past it."""
         n_dec = self._n_decoding
         ctx = self._sum_k0 + n_dec * s  # Σ (computed before this step + 1)
-        prefill_tokens = sum(n for _, n in scheduled_prefill)
+        prefill_tokens = sum(n for _, n in scheduled)
         # Attention: each chunk's tokens attend to what is before them (cached, loaded or
         # computed in earlier chunks) and to each other, causally.
-        positions = sum(prefill_positions(seq.num_computed, n) for seq, n in scheduled_prefill)
+        positions = sum(prefill_positions(seq.num_computed, n) for seq, n in scheduled)
         duration = self.cost.step_seconds(prefill_tokens, n_dec, ctx, positions, admitted)
         duration += self._load_seconds
         self._load_seconds = 0.0
@@ -532,9 +589,18 @@ class Engine:
         st.steps += 1
         st.busy_seconds += duration
         st.generation_tokens += n_dec
-        finished: list[Sequence] = []
-        progressed: list[Sequence] = []
-        for seq, num_new in scheduled_prefill:
+        return StepResult(
+            duration, prefill_tokens, n_dec, ctx, [], [], preempted, positions, admitted
+        )
+
+    def _complete(self, s: int, scheduled: list[tuple[Sequence, int]], result: StepResult) -> None:
+        """Phase 4, the step's tokens: prefills that completed sample their first token (and
+        decode on, or finish), decoders due to finish finish; streams catch up. Fills the
+        result's `finished` and `progressed`."""
+        st = self.stats
+        finished = result.finished
+        progressed = result.progressed
+        for seq, num_new in scheduled:
             seq.num_computed += num_new
             if seq.num_computed < seq.num_tokens:
                 continue  # more chunks to go
@@ -562,45 +628,6 @@ class Engine:
             for seq in self._streams.values():
                 self._materialize(seq, s)
                 progressed.append(seq)
-        for seq in progressed:
-            seq.listener.on_progress(seq)
-        for seq in finished:
-            if seq.listener is not None:
-                seq.listener.on_finish(seq)
-        return StepResult(
-            duration,
-            prefill_tokens,
-            n_dec,
-            ctx,
-            finished,
-            progressed,
-            preempted,
-            positions,
-            admitted,
-        )
-
-    def run_until_idle(self, max_steps: int = 10_000_000) -> int:
-        """Step until no request is left; returns the number of steps taken."""
-        n = 0
-        while self.has_work and n < max_steps:
-            self.step()
-            n += 1
-        return n
-
-    def snapshot(self) -> dict[str, Any]:
-        """Gauges for /metrics and the SGLang load endpoints."""
-        pool = self.pool
-        used_blocks = pool.num_usable - pool.num_free
-        return {
-            "num_running": len(self._running),
-            "num_waiting": len(self._waiting),
-            "kv_usage": pool.usage(),
-            "used_tokens": used_blocks * self.config.block_size,
-            "evictable_tokens": pool.num_evictable_cached() * self.config.block_size,
-            "capacity_tokens": self.capacity_tokens,
-            "pinned_tokens": self.pinned_blocks * self.config.block_size,
-            "host_tokens": len(self.host_tier or ()) * self.config.block_size,
-        }
 
     # -- internals -------------------------------------------------------------------------
     def _admit(self, seq: Sequence, budget: int) -> int:
@@ -641,16 +668,9 @@ class Engine:
             if key is not None:
                 self._release_pin(key)
                 self.stats.pins_released += 1
-        st = self.stats
         if tiers:
             # Read before allocating: the blocks allocation evicts may push these out.
-            seconds = 0.0
-            for i, tier in enumerate(tiers):
-                tier.load(hashes[len(hit) + i])
-                seconds += bs / tier.load_tokens_per_s
-            self._load_seconds += seconds
-            st.kv_load_tokens += loaded_tokens
-            st.kv_load_seconds += seconds
+            self._load_from_tiers(tiers, hashes, len(hit))
         seq.blocks = hit
         seq.num_cached_blocks = len(hit)
         new = -(-(hit_tokens + loaded_tokens + num_new) // bs) - len(hit)
@@ -658,26 +678,47 @@ class Engine:
             seq.blocks.extend(pool.allocate(new))
         seq.num_computed = hit_tokens + loaded_tokens
         self._cache_full_blocks(seq, min(hit_tokens + loaded_tokens + num_new, num_tokens))
-        if seq.num_preemptions:
-            st.preempted_prefix_cache_queries += num_tokens
-            st.preempted_prefix_cache_hits += hit_tokens
-        else:
-            st.prefix_cache_queries += num_tokens
-            st.prefix_cache_hits += hit_tokens
-            if self.host_tier is not None:
-                st.external_prefix_cache_queries += num_tokens - hit_tokens
-                st.external_prefix_cache_hits += loaded_tokens
-            by_source = st.cached_by_source
-            if hit_tokens:
-                by_source["device"] = by_source.get("device", 0) + hit_tokens
-            for tier in tiers:
-                by_source[tier.name] = by_source.get(tier.name, 0) + bs
+        self._count_prefix_hits(seq, num_tokens, hit_tokens, tiers)
         if seq._scheduled_at < 0:
             seq._scheduled_at = self.now  # this step's start
         if seq.num_cached_tokens < 0:
             seq.num_cached_tokens = hit_tokens + loaded_tokens
             seq.num_loaded_tokens = loaded_tokens
         return num_new
+
+    def _load_from_tiers(self, tiers: list[KvTier], hashes: list[BlockHash], start: int) -> None:
+        """Load the blocks from `start` on that `tiers` hold (one tier per block), adding the
+        time it takes to the step being built."""
+        bs = self.config.block_size
+        seconds = 0.0
+        for i, tier in enumerate(tiers):
+            tier.load(hashes[start + i])
+            seconds += bs / tier.load_tokens_per_s
+        self._load_seconds += seconds
+        st = self.stats
+        st.kv_load_tokens += len(tiers) * bs
+        st.kv_load_seconds += seconds
+
+    def _count_prefix_hits(
+        self, seq: Sequence, num_tokens: int, hit_tokens: int, tiers: list[KvTier]
+    ) -> None:
+        """vLLM's prefix-cache counters for one admission (a preempted request's apart)."""
+        st = self.stats
+        if seq.num_preemptions:
+            st.preempted_prefix_cache_queries += num_tokens
+            st.preempted_prefix_cache_hits += hit_tokens
+            return
+        bs = self.config.block_size
+        st.prefix_cache_queries += num_tokens
+        st.prefix_cache_hits += hit_tokens
+        if self.host_tier is not None:
+            st.external_prefix_cache_queries += num_tokens - hit_tokens
+            st.external_prefix_cache_hits += len(tiers) * bs
+        by_source = st.cached_by_source
+        if hit_tokens:
+            by_source["device"] = by_source.get("device", 0) + hit_tokens
+        for tier in tiers:
+            by_source[tier.name] = by_source.get(tier.name, 0) + bs
 
     def _tier_hits(self, hashes: list[BlockHash], start: int, max_blocks: int) -> list[KvTier]:
         """The tier holding each block from `start` on, up to the first block none holds."""

@@ -101,78 +101,117 @@ def native_routes(svc: Any) -> list[Route]:
     """The routes of this module for the engine's flavour (`svc` is the SimService)."""
     control = EngineControl(svc)
     svc.control = control
-    engine = svc.engine
-    tokenizer = svc.tokenizer
+    if svc.flavor == "sglang":
+        sglang = _SglangRoutes(svc, control)
+        return [
+            Route("/generate", sglang.generate, methods=["POST"]),
+            Route("/pause_generation", sglang.pause_generation, methods=["POST"]),
+            Route("/continue_generation", sglang.continue_generation, methods=["POST"]),
+            Route("/update_weights_from_disk", sglang.update_weights_from_disk, methods=["POST"]),
+            Route("/release_memory_occupation", sglang.release_memory, methods=["POST"]),
+            Route("/resume_memory_occupation", sglang.resume_memory, methods=["POST"]),
+        ]
+    vllm = _VllmRoutes(control)
+    return [
+        Route("/pause", vllm.pause, methods=["POST"]),
+        Route("/resume", vllm.resume, methods=["POST"]),
+        Route("/is_paused", vllm.is_paused, methods=["GET"]),
+        Route("/sleep", vllm.sleep, methods=["POST"]),
+        Route("/wake_up", vllm.wake_up, methods=["POST"]),
+        Route("/is_sleeping", vllm.is_sleeping, methods=["GET"]),
+    ]
 
-    # ------------------------------------------------------------------ SGLang /generate
-    def meta(seq: Sequence, rid: str) -> dict[str, Any]:
-        done = seq.finish_reason is not None
-        if not done:
-            reason = None
-        elif seq.finish_reason == "length":
-            reason = {"type": "length", "length": seq.num_output}
-        elif seq.finish_reason == "abort":
-            reason = {"type": "abort", "message": "Abort before prefill"}
-        else:
-            reason = {"type": "stop", "matched": None}
-        return {
+
+def _token_lists(value: Any) -> bool:
+    """A non-empty list of non-empty lists of token ids (a batch of `input_ids`)."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in value)
+    )
+
+
+def _sampling_params(body: dict[str, Any]) -> tuple[SamplingParams, bool] | Response:
+    """`/generate`'s sampling params and stream flag, or the 400 naming the bad field."""
+    sampling = body.get("sampling_params") or {}
+    if not isinstance(sampling, dict):
+        return _error(400, "sampling_params must be an object", "sampling_params")
+    max_new = sampling.get("max_new_tokens", 128)
+    if not _count(max_new):
+        return _error(400, "max_new_tokens must be a non-negative integer", "max_new_tokens")
+    min_new = sampling.get("min_new_tokens", 0)
+    if not _count(min_new):
+        return _error(400, "min_new_tokens must be a non-negative integer", "min_new_tokens")
+    ignore_eos = sampling.get("ignore_eos", False)
+    stream = body.get("stream", False)
+    for name, flag in (("ignore_eos", ignore_eos), ("stream", stream)):
+        if not isinstance(flag, bool):
+            return _error(400, f"{name} must be a boolean", name)
+    return SamplingParams(max_tokens=max_new, min_tokens=min_new, ignore_eos=ignore_eos), stream
+
+
+def _finish_reason(seq: Sequence) -> dict[str, Any] | None:
+    """SGLang's `meta_info.finish_reason` (None while the request runs)."""
+    if seq.finish_reason is None:
+        return None
+    if seq.finish_reason == "length":
+        return {"type": "length", "length": seq.num_output}
+    if seq.finish_reason == "abort":
+        return {"type": "abort", "message": "Abort before prefill"}
+    return {"type": "stop", "matched": None}
+
+
+class _SglangRoutes:
+    """SGLang's native `/generate` and its pause, weight-update and memory routes."""
+
+    def __init__(self, svc: Any, control: EngineControl) -> None:
+        self.svc = svc
+        self.control = control
+        self.engine = svc.engine
+        self.tokenizer = svc.tokenizer
+
+    # ------------------------------------------------------------------ /generate
+    def answer(self, seq: Sequence, rid: str) -> dict[str, Any]:
+        ids = self.engine.output_ids(seq)
+        meta = {
             "id": rid,
-            "finish_reason": reason,
+            "finish_reason": _finish_reason(seq),
             "prompt_tokens": seq.prompt_len,
             "completion_tokens": seq.num_output,
             "cached_tokens": max(seq.num_cached_tokens, 0),
-            "weight_version": control.weight_version,
+            "weight_version": self.control.weight_version,
             "e2e_latency": 0.0,
         }
+        return {"text": self.tokenizer.decode(ids), "output_ids": ids, "meta_info": meta}
 
-    def answer(seq: Sequence, rid: str) -> dict[str, Any]:
-        ids = engine.output_ids(seq)
-        return {"text": tokenizer.decode(ids), "output_ids": ids, "meta_info": meta(seq, rid)}
-
-    def prompts(body: dict[str, Any]) -> list[list[int]] | Response:
+    def _prompts(self, body: dict[str, Any]) -> list[list[int]] | Response:
         ids, text = body.get("input_ids"), body.get("text")
         if (ids is None) == (text is None):
             return _error(400, "Either text or input_ids should be provided.", "text")
         if ids is not None:
             if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
                 return [ids]
-            if (
-                isinstance(ids, list)
-                and ids
-                and all(
-                    isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in ids
-                )
-            ):
+            if _token_lists(ids):
                 return list(ids)
             return _error(400, "input_ids must be token ids or a list of them", "input_ids")
         if isinstance(text, str):
-            return [tokenizer.encode(text)]
+            return [self.tokenizer.encode(text)]
         if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-            return [tokenizer.encode(t) for t in text]
+            return [self.tokenizer.encode(t) for t in text]
         return _error(400, "text must be a string or a list of strings", "text")
 
-    async def generate(request: Request) -> Response:
+    async def generate(self, request: Request) -> Response:
+        engine = self.engine
         body = await _object(request, optional=False)
         if isinstance(body, Response):
             return body
-        batch = prompts(body)
+        batch = self._prompts(body)
         if isinstance(batch, Response):
             return batch
-        sampling = body.get("sampling_params") or {}
-        if not isinstance(sampling, dict):
-            return _error(400, "sampling_params must be an object", "sampling_params")
-        max_new = sampling.get("max_new_tokens", 128)
-        if not _count(max_new):
-            return _error(400, "max_new_tokens must be a non-negative integer", "max_new_tokens")
-        min_new = sampling.get("min_new_tokens", 0)
-        if not _count(min_new):
-            return _error(400, "min_new_tokens must be a non-negative integer", "min_new_tokens")
-        ignore_eos = sampling.get("ignore_eos", False)
-        stream = body.get("stream", False)
-        for name, flag in (("ignore_eos", ignore_eos), ("stream", stream)):
-            if not isinstance(flag, bool):
-                return _error(400, f"{name} must be a boolean", name)
-        params = SamplingParams(max_tokens=max_new, min_tokens=min_new, ignore_eos=ignore_eos)
+        sampling = _sampling_params(body)
+        if isinstance(sampling, Response):
+            return sampling
+        params, stream = sampling
         for prompt in batch:
             problem = engine.validate(prompt, params)
             if problem:
@@ -181,46 +220,39 @@ def native_routes(svc: Any) -> list[Route]:
         rids = rid if isinstance(rid, list) else [rid] * len(batch)
         if len(rids) != len(batch):
             return _error(400, "rid must name one id per prompt", "rid")
-        pendings = [svc.submit(p, params, stream) for p in batch]
+        pendings = [self.svc.submit(p, params, stream) for p in batch]
         names = [
             r if isinstance(r, str) else p.seq.request_id
             for r, p in zip(rids, pendings, strict=True)
         ]
         if stream:
             return StreamingResponse(
-                _stream(pendings, names, engine, answer), media_type="text/event-stream"
+                _stream(pendings, names, engine, self.answer), media_type="text/event-stream"
             )
-        try:
-            for pending in pendings:
-                while pending.seq.finish_reason is None:
-                    pending.event.clear()
-                    await pending.event.wait()
-        finally:
-            for pending in pendings:
-                if pending.seq.finish_reason is None:
-                    engine.abort(pending.seq.request_id)
-        results = [answer(p.seq, n) for p, n in zip(pendings, names, strict=True)]
+        await _all_finished(engine, pendings)
+        results = [self.answer(p.seq, n) for p, n in zip(pendings, names, strict=True)]
         return _json(
             results if len(batch) > 1 or isinstance(body.get("text"), list) else results[0]
         )
 
-    # ------------------------------------------------------------------ SGLang control
-    async def pause_generation(request: Request) -> Response:
+    # ------------------------------------------------------------------ control
+    async def pause_generation(self, request: Request) -> Response:
         body = await _object(request)
         if isinstance(body, Response):
             return body
         mode = body.get("mode", "abort")
         if mode not in ("abort", "retract", "in_place"):
             return _error(400, "mode must be abort, retract or in_place", "mode")
-        control.pause()
-        aborted = control.abort_all() if mode == "abort" else 0
+        self.control.pause()
+        aborted = self.control.abort_all() if mode == "abort" else 0
         return _json({"success": True, "message": f"paused ({mode})", "aborted": aborted})
 
-    async def continue_generation(request: Request) -> Response:
-        control.resume()
+    async def continue_generation(self, request: Request) -> Response:
+        self.control.resume()
         return _json({"success": True, "message": "continued"})
 
-    async def update_weights_from_disk(request: Request) -> Response:
+    async def update_weights_from_disk(self, request: Request) -> Response:
+        control = self.control
         body = await _object(request, optional=False)
         if isinstance(body, Response):
             return body
@@ -240,19 +272,26 @@ def native_routes(svc: Any) -> list[Route]:
             }
         )
 
-    async def release_memory(request: Request) -> Response:
-        control.pause()
-        await control.flush()
-        control.sleeping = True
+    async def release_memory(self, request: Request) -> Response:
+        self.control.pause()
+        await self.control.flush()
+        self.control.sleeping = True
         return _json({"success": True})
 
-    async def resume_memory(request: Request) -> Response:
-        control.sleeping = False
-        control.resume()
+    async def resume_memory(self, request: Request) -> Response:
+        self.control.sleeping = False
+        self.control.resume()
         return _json({"success": True})
 
-    # ------------------------------------------------------------------ vLLM control
-    async def vllm_pause(request: Request) -> Response:
+
+class _VllmRoutes:
+    """vLLM's pause and sleep routes."""
+
+    def __init__(self, control: EngineControl) -> None:
+        self.control = control
+
+    async def pause(self, request: Request) -> Response:
+        control = self.control
         mode = request.query_params.get("mode", "abort")
         if mode not in ("abort", "wait", "keep"):
             return _error(400, "mode must be abort, wait or keep", "mode")
@@ -265,45 +304,42 @@ def native_routes(svc: Any) -> list[Route]:
             await control.flush()
         return Response(b"", 200)
 
-    async def vllm_resume(request: Request) -> Response:
-        control.resume()
+    async def resume(self, request: Request) -> Response:
+        self.control.resume()
         return Response(b"", 200)
 
-    async def is_paused(request: Request) -> Response:
-        return _json({"is_paused": control.paused})
+    async def is_paused(self, request: Request) -> Response:
+        return _json({"is_paused": self.control.paused})
 
-    async def vllm_sleep(request: Request) -> Response:
+    async def sleep(self, request: Request) -> Response:
+        control = self.control
         await control.until_idle()
         control.pause()
         await control.flush()
         control.sleeping = True
         return Response(b"", 200)
 
-    async def wake_up(request: Request) -> Response:
-        control.sleeping = False
-        control.resume()
+    async def wake_up(self, request: Request) -> Response:
+        self.control.sleeping = False
+        self.control.resume()
         return Response(b"", 200)
 
-    async def is_sleeping(request: Request) -> Response:
-        return _json({"is_sleeping": control.sleeping})
+    async def is_sleeping(self, request: Request) -> Response:
+        return _json({"is_sleeping": self.control.sleeping})
 
-    if svc.flavor == "sglang":
-        return [
-            Route("/generate", generate, methods=["POST"]),
-            Route("/pause_generation", pause_generation, methods=["POST"]),
-            Route("/continue_generation", continue_generation, methods=["POST"]),
-            Route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"]),
-            Route("/release_memory_occupation", release_memory, methods=["POST"]),
-            Route("/resume_memory_occupation", resume_memory, methods=["POST"]),
-        ]
-    return [
-        Route("/pause", vllm_pause, methods=["POST"]),
-        Route("/resume", vllm_resume, methods=["POST"]),
-        Route("/is_paused", is_paused, methods=["GET"]),
-        Route("/sleep", vllm_sleep, methods=["POST"]),
-        Route("/wake_up", wake_up, methods=["POST"]),
-        Route("/is_sleeping", is_sleeping, methods=["GET"]),
-    ]
+
+async def _all_finished(engine: Any, pendings: list[Any]) -> None:
+    """Waits until the engine finishes every request of a batch; aborts those left if the
+    wait is cut."""
+    try:
+        for pending in pendings:
+            while pending.seq.finish_reason is None:
+                pending.event.clear()
+                await pending.event.wait()
+    finally:
+        for pending in pendings:
+            if pending.seq.finish_reason is None:
+                engine.abort(pending.seq.request_id)
 
 
 async def _stream(

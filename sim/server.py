@@ -309,34 +309,140 @@ def _json(data: Any, status: int = 200) -> Response:
 def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
     """The ASGI app of one simulated engine; its step loop runs while the app is served."""
     svc = SimService(engine_settings)
-    engine = svc.engine
-    tokenizer = svc.tokenizer
+    api = _OpenAIRoutes(svc)
+    if svc.flavor == "vllm":
+        flavored = [
+            Route("/version", api.version, methods=["GET"]),
+            Route("/load", api.load, methods=["GET"]),
+            Route("/reset_prefix_cache", api.reset_prefix_cache, methods=["POST"]),
+        ]
+    else:
+        flavored = [
+            Route("/health_generate", api.health, methods=["GET"]),
+            Route("/server_info", api.server_info, methods=["GET"]),
+            Route("/get_server_info", api.server_info, methods=["GET"]),
+            Route("/v1/loads", api.loads, methods=["GET"]),
+            Route("/flush_cache", api.reset_prefix_cache, methods=["POST"]),
+        ]
+    routes = [
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/responses", api.responses, methods=["POST"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/metrics", api.metrics_route, methods=["GET"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
+        Route("/debug/unknown_fields", api.unknown_fields, methods=["GET"]),
+        Route("/debug/state", api.sim_state, methods=["GET"]),
+        *flavored,
+        *native_routes(svc),
+    ]
 
-    async def read_body(request: Request) -> dict[str, Any] | Response:
-        media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if media_type != "application/json":  # vLLM's validate_json_request
-            return _error(
-                400,
-                "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
-                "Bad Request",
-            )
-        raw = await request.body()
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        svc.start()
         try:
-            body = _json_decode(raw)
-        except msgspec.DecodeError as exc:
-            # vLLM parses with Python's json, which also takes what msgspec refuses: lone
-            # surrogates (escaped, or as their UTF-8-like bytes), NaN, a UTF-8 BOM.
-            try:
-                body = json.loads(raw)
-            except (ValueError, RecursionError):
-                return _error(400, f"Invalid JSON: {exc}", "BadRequestError")
-        except RecursionError:  # nested past the decoder's depth: FastAPI's answer under vLLM
-            return _json({"detail": "There was an error parsing the body"}, 400)
-        if not isinstance(body, dict):
-            return _error(400, "The request body must be a JSON object", "BadRequestError")
-        return body
+            yield
+        finally:
+            await svc.stop()
 
-    def _wrong_model(body: dict[str, Any]) -> Response | None:
+    app = Starlette(
+        routes=routes,
+        lifespan=asynccontextmanager(lifespan),
+        exception_handlers={HTTPException: _route_error},
+    )
+    app.state.sim = svc
+    return app
+
+
+async def _read_body(request: Request) -> dict[str, Any] | Response:
+    """The request's JSON object, or the 400 vLLM answers instead."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":  # vLLM's validate_json_request
+        return _error(
+            400,
+            "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
+            "Bad Request",
+        )
+    raw = await request.body()
+    try:
+        body = _json_decode(raw)
+    except msgspec.DecodeError as exc:
+        # vLLM parses with Python's json, which also takes what msgspec refuses: lone
+        # surrogates (escaped, or as their UTF-8-like bytes), NaN, a UTF-8 BOM.
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            return _error(400, f"Invalid JSON: {exc}", "BadRequestError")
+    except RecursionError:  # nested past the decoder's depth: FastAPI's answer under vLLM
+        return _json({"detail": "There was an error parsing the body"}, 400)
+    if not isinstance(body, dict):
+        return _error(400, "The request body must be a JSON object", "BadRequestError")
+    return body
+
+
+def _usage(seq: Sequence) -> dict[str, Any]:
+    return {
+        "prompt_tokens": seq.prompt_len,
+        "total_tokens": seq.prompt_len + seq.num_output,
+        "completion_tokens": seq.num_output,
+        "prompt_tokens_details": {"cached_tokens": max(seq.num_cached_tokens, 0)},
+    }
+
+
+def _completion_prompt(prompt: Any) -> str | list[int] | Response:
+    """/v1/completions' `prompt`: a text, or token ids (still to be checked), or the 400 for
+    a batch of prompts, which vLLM serves and the simulator does not."""
+    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return list(prompt)
+    return _error(
+        400, "`prompt` must be a string or a list of token ids", "BadRequestError", "prompt"
+    )
+
+
+def _choice(
+    seq: Sequence, text: str, chat: bool, scripted: scripted_agent.ScriptedCall | None
+) -> dict[str, Any]:
+    """The one choice of a whole (not streamed) chat or text completion."""
+    if scripted is not None:
+        return {
+            "index": 0,
+            "message": scripted_agent.message(scripted),
+            "logprobs": None,
+            "finish_reason": "tool_calls",
+            "stop_reason": None,
+        }
+    if chat:
+        return {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": seq.finish_reason,
+            "stop_reason": None,
+        }
+    return {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": seq.finish_reason,
+        "stop_reason": None,
+        "prompt_logprobs": None,
+    }
+
+
+class _OpenAIRoutes:
+    """The endpoints of the OpenAI API, the flavour's load and cache routes and the debug
+    ones, over one SimService."""
+
+    def __init__(self, svc: SimService) -> None:
+        self.svc = svc
+        self.engine = svc.engine
+        self.tokenizer = svc.tokenizer
+
+    def _wrong_model(self, body: dict[str, Any]) -> Response | None:
         """vLLM's 404 for a model it does not serve (after the body's types are checked)."""
         model = body.get("model")
         if model is not None:
@@ -344,13 +450,13 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
                 model.encode()
             except UnicodeEncodeError as exc:  # vLLM fails on a name with a lone surrogate so
                 return _error(400, str(exc), "BadRequestError")
-        if model is not None and model != svc.model_name:
+        if model is not None and model != self.svc.model_name:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         return None
 
-    def sampling(body: dict[str, Any], accepted: Accepted, chat: bool) -> SamplingParams:
+    def _sampling(self, body: dict[str, Any], accepted: Accepted, chat: bool) -> SamplingParams:
         max_tokens = accepted.max_tokens
-        if max_tokens is None and not chat and svc.flavor == "vllm":
+        if max_tokens is None and not chat and self.svc.flavor == "vllm":
             max_tokens = 16  # vLLM's /v1/completions default
         ttl = _agentic_context(body).get("kv_retention_ttl_seconds")
         return SamplingParams(
@@ -360,16 +466,22 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             kv_ttl_s=float(ttl) if isinstance(ttl, int | float) and ttl > 0 else None,
         )
 
-    def usage(seq: Sequence) -> dict[str, Any]:
-        return {
-            "prompt_tokens": seq.prompt_len,
-            "total_tokens": seq.prompt_len + seq.num_output,
-            "completion_tokens": seq.num_output,
-            "prompt_tokens_details": {"cached_tokens": max(seq.num_cached_tokens, 0)},
-        }
+    def _prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int] | Response:
+        """The prompt's token ids: the chat's rendered messages, or the completion's prompt.
+        Raises BodyProblem where vLLM refuses the text or the ids."""
+        svc = self.svc
+        if chat:
+            return svc.encode(svc.chat_prompt(body["messages"]))
+        prompt = _completion_prompt(body["prompt"])
+        if isinstance(prompt, str):
+            return svc.encode(prompt)
+        if isinstance(prompt, list):
+            check_token_ids(prompt, svc.vocab_size)
+        return prompt
 
-    async def generate(request: Request, chat: bool) -> Response:
-        body = await read_body(request)
+    async def _generate(self, request: Request, chat: bool) -> Response:
+        svc, engine = self.svc, self.engine
+        body = await _read_body(request)
         if isinstance(body, Response):
             return body
         svc.record_unknown(body, _CHAT_FIELDS if chat else _COMPLETION_FIELDS)
@@ -377,39 +489,24 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             accepted = validate_chat(body) if chat else validate_completion(body)
         except BodyProblem as exc:
             return _refusal(exc)
-        if (model := _wrong_model(body)) is not None:
+        if (model := self._wrong_model(body)) is not None:
             return model
         try:
-            if chat:
-                prompt_ids = svc.encode(svc.chat_prompt(body["messages"]))
-            else:
-                prompt = body["prompt"]
-                if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
-                    prompt = prompt[0]
-                if isinstance(prompt, str):
-                    prompt_ids = svc.encode(prompt)
-                elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-                    prompt_ids = list(prompt)
-                    check_token_ids(prompt_ids, svc.vocab_size)
-                else:  # a batch of prompts: vLLM serves it, the simulator does not
-                    return _error(
-                        400,
-                        "`prompt` must be a string or a list of token ids",
-                        "BadRequestError",
-                        "prompt",
-                    )
+            prompt_ids = self._prompt_ids(body, chat)
         except BodyProblem as exc:
             return _refusal(exc)
-        params = sampling(body, accepted, chat)
+        if isinstance(prompt_ids, Response):
+            return prompt_ids
+        params = self._sampling(body, accepted, chat)
         stream = accepted.stream
         scripted: scripted_agent.ScriptedCall | None = None
-        if chat and engine_settings.scripted_agent:
-            answer = _scripted_call(body["messages"], stream, engine_settings.seed)
+        if chat and svc.settings.scripted_agent:
+            answer = _scripted_call(body["messages"], stream, svc.settings.seed)
             if isinstance(answer, Response):
                 return answer
             scripted = answer
             # The engine generates as many tokens as the tool call's text takes.
-            n = len(tokenizer.encode(scripted.arguments))
+            n = len(self.tokenizer.encode(scripted.arguments))
             params = SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True)
         problem = engine.validate(prompt_ids, params)
         if problem:
@@ -422,57 +519,33 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
         created = int(time.time())
         if stream:
             return StreamingResponse(
-                _stream(svc, pending, rid, created, chat, accepted.include_usage, usage),
+                _stream(svc, pending, rid, created, chat, accepted.include_usage, _usage),
                 media_type="text/event-stream",
             )
         seq = pending.seq
         await _finished(engine, pending)
-        text = tokenizer.decode(engine.output_ids(seq))
-        if scripted is not None:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": scripted_agent.message(scripted),
-                "logprobs": None,
-                "finish_reason": "tool_calls",
-                "stop_reason": None,
-            }
-            obj = "chat.completion"
-        elif chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": []},
-                "logprobs": None,
-                "finish_reason": seq.finish_reason,
-                "stop_reason": None,
-            }
-            obj = "chat.completion"
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": seq.finish_reason,
-                "stop_reason": None,
-                "prompt_logprobs": None,
-            }
-            obj = "text_completion"
+        text = self.tokenizer.decode(engine.output_ids(seq))
         return _json(
             {
                 "id": rid,
-                "object": obj,
+                "object": "chat.completion" if chat else "text_completion",
                 "created": created,
                 "model": svc.model_name,
-                "choices": [choice],
-                "usage": usage(seq),
+                "choices": [_choice(seq, text, chat, scripted)],
+                "usage": _usage(seq),
             }
         )
 
-    async def chat_completions(request: Request) -> Response:
-        return await generate(request, chat=True)
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
 
-    async def responses(request: Request) -> Response:
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def responses(self, request: Request) -> Response:
         """POST /v1/responses as vLLM serves it (plain text output)."""
-        body = await read_body(request)
+        svc, engine = self.svc, self.engine
+        body = await _read_body(request)
         if isinstance(body, Response):
             return body
         svc.record_unknown(body, responses_api.RESPONSES_FIELDS)
@@ -483,7 +556,7 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             return _refusal(exc)
         except responses_api.BadInput as exc:
             return _error(400, str(exc), "BadRequestError", exc.param)
-        if (model := _wrong_model(body)) is not None:
+        if (model := self._wrong_model(body)) is not None:
             return model
         try:
             prompt_ids = svc.encode(svc.chat_prompt(messages))
@@ -511,14 +584,12 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
         if stream:
             return StreamingResponse(answer.events(pending), media_type="text/event-stream")
         await _finished(engine, pending)
-        text = tokenizer.decode(engine.output_ids(seq))
+        text = self.tokenizer.decode(engine.output_ids(seq))
         item = responses_api.message_item(f"msg_{seq.request_id}", text, "completed")
         return _json(answer.final(seq, [item]))
 
-    async def completions(request: Request) -> Response:
-        return await generate(request, chat=False)
-
-    async def models(request: Request) -> Response:
+    async def models(self, request: Request) -> Response:
+        svc = self.svc
         card = {
             "id": svc.model_name,
             "object": "model",
@@ -526,51 +597,54 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             "owned_by": "vllm" if svc.flavor == "vllm" else "sglang",
             "root": svc.model_name,
             "parent": None,
-            "max_model_len": engine.config.max_model_len,
+            "max_model_len": self.engine.config.max_model_len,
         }
         return _json({"object": "list", "data": [card]})
 
-    async def health(request: Request) -> Response:
+    async def health(self, request: Request) -> Response:
         return Response(b"", 200)
 
-    async def tokenize(request: Request) -> Response:
-        body = await read_body(request)
+    async def tokenize(self, request: Request) -> Response:
+        svc = self.svc
+        body = await _read_body(request)
         if isinstance(body, Response):
             return body
-        if (model := _wrong_model(body)) is not None:
+        if (model := self._wrong_model(body)) is not None:
             return model
-        if "messages" in body:
-            try:
+        try:
+            if "messages" in body:
                 tokens = svc.encode(svc.chat_prompt(validate_messages(body["messages"])))
-            except BodyProblem as exc:
-                return _refusal(exc)
-        else:
-            try:
+            else:
                 tokens = svc.encode(str(body.get("prompt", "")))
-            except BodyProblem as exc:
-                return _refusal(exc)
+        except BodyProblem as exc:
+            return _refusal(exc)
         return _json(
-            {"count": len(tokens), "max_model_len": engine.config.max_model_len, "tokens": tokens}
+            {
+                "count": len(tokens),
+                "max_model_len": self.engine.config.max_model_len,
+                "tokens": tokens,
+            }
         )
 
-    async def metrics_route(request: Request) -> Response:
-        return Response(metrics.render(svc), media_type=metrics.CONTENT_TYPE)
+    async def metrics_route(self, request: Request) -> Response:
+        return Response(metrics.render(self.svc), media_type=metrics.CONTENT_TYPE)
 
-    async def reset_prefix_cache(request: Request) -> Response:
-        ok = engine.reset_prefix_cache()
-        if svc.flavor == "sglang":
+    async def reset_prefix_cache(self, request: Request) -> Response:
+        ok = self.engine.reset_prefix_cache()
+        if self.svc.flavor == "sglang":
             return Response(
                 b"Cache flushed.\n" if ok else b"Cache not flushed.\n", 200 if ok else 400
             )
         return _json({"success": ok})
 
-    async def version(request: Request) -> Response:
+    async def version(self, request: Request) -> Response:
         return _json({"version": "0.32.0+sim"})
 
-    async def load(request: Request) -> Response:
-        return _json({"server_load": engine.num_running + engine.num_waiting})
+    async def load(self, request: Request) -> Response:
+        return _json({"server_load": self.engine.num_running + self.engine.num_waiting})
 
-    async def server_info(request: Request) -> Response:
+    async def server_info(self, request: Request) -> Response:
+        svc, engine = self.svc, self.engine
         cfg = engine.config
         return _json(
             {
@@ -586,7 +660,8 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             }
         )
 
-    async def loads(request: Request) -> Response:
+    async def loads(self, request: Request) -> Response:
+        engine = self.engine
         snap = engine.snapshot()
         st = engine.stats
         q = st.prefix_cache_queries
@@ -604,13 +679,14 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
                         "max_total_num_tokens": snap["capacity_tokens"],
                         "token_usage": snap["kv_usage"],
                         "cache_hit_rate": st.prefix_cache_hits / q if q else 0.0,
-                        "gen_throughput": svc.recent_generation_throughput(),
+                        "gen_throughput": self.svc.recent_generation_throughput(),
                     }
                 ],
             }
         )
 
-    async def unknown_fields(request: Request) -> Response:
+    async def unknown_fields(self, request: Request) -> Response:
+        svc = self.svc
         return _json(
             {
                 "count": svc.unknown_field_count,
@@ -619,11 +695,12 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
             }
         )
 
-    async def sim_state(request: Request) -> Response:
+    async def sim_state(self, request: Request) -> Response:
+        engine = self.engine
         st = engine.stats
         return _json(
             {
-                "flavor": svc.flavor,
+                "flavor": self.svc.flavor,
                 "snapshot": engine.snapshot(),
                 "step": engine.step_no,
                 "sim_time_s": engine.now,
@@ -645,49 +722,6 @@ def create_sim_app(engine_settings: SimEngineSettings) -> Starlette:
                 },
             }
         )
-
-    routes = [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/responses", responses, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics_route, methods=["GET"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/debug/unknown_fields", unknown_fields, methods=["GET"]),
-        Route("/debug/state", sim_state, methods=["GET"]),
-    ]
-    if svc.flavor == "vllm":
-        routes += [
-            Route("/version", version, methods=["GET"]),
-            Route("/load", load, methods=["GET"]),
-            Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
-        ]
-    else:
-        routes += [
-            Route("/health_generate", health, methods=["GET"]),
-            Route("/server_info", server_info, methods=["GET"]),
-            Route("/get_server_info", server_info, methods=["GET"]),
-            Route("/v1/loads", loads, methods=["GET"]),
-            Route("/flush_cache", reset_prefix_cache, methods=["POST"]),
-        ]
-
-    routes += native_routes(svc)
-
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        svc.start()
-        try:
-            yield
-        finally:
-            await svc.stop()
-
-    app = Starlette(
-        routes=routes,
-        lifespan=asynccontextmanager(lifespan),
-        exception_handlers={HTTPException: _route_error},
-    )
-    app.state.sim = svc
-    return app
 
 
 async def _stream(

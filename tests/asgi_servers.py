@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Coroutine, Iterator
+from typing import Any, Self, TypeVar
 
 import uvicorn
 
@@ -14,6 +14,10 @@ from thunder_mw.middleware.app import create_app
 from thunder_mw.middleware.types import ASGIApp
 from thunder_mw.schemas.config import ThunderConfig
 from thunder_mw.sim.ports import free_port
+
+__all__ = ["ServerThread", "free_port", "serving", "serving_gateway"]
+
+T = TypeVar("T")
 
 
 class ServerThread:
@@ -42,7 +46,7 @@ class ServerThread:
             self.loop = runner.get_loop()
             runner.run(self.server.serve())
 
-    def start(self) -> ServerThread:
+    def start(self) -> Self:
         self._thread.start()
         # 20 s: a loaded 2-core machine (CI beside other jobs) has been seen past 5 s.
         for _ in range(2000):
@@ -57,7 +61,7 @@ class ServerThread:
         self.server.should_exit = True
         self._thread.join(timeout=10)
 
-    def call(self, coro):
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
         assert self.loop is not None
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
 

@@ -66,7 +66,7 @@ def engine() -> Iterator[FakeEngine]:
     """An in-test engine on a loopback port that records what it received (its `url` set)."""
     fake = FakeEngine()
     with serving(fake) as server:
-        fake.url = server.url  # type: ignore[attr-defined]
+        fake.url = server.url
         yield fake
 
 

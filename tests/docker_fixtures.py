@@ -6,8 +6,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    import docker
+    from docker.models.containers import Container
 
 IMAGE = os.environ.get("THUNDER_MW_SANDBOX_IMAGE", "thunder-mw/sandbox:test")
 MANAGED = {"thunder-mw.managed": "true"}
@@ -21,15 +26,16 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def remove_test_leftovers(client) -> None:
+def remove_test_leftovers(client: docker.DockerClient) -> None:
     for c in client.containers.list(all=True, filters={"label": TEST_LABEL}):
         c.remove(force=True, v=True)
     for image in client.images.list(filters={"label": TEST_LABEL}):
+        assert image.id is not None  # a listed image has one
         client.images.remove(image.id, force=True)
 
 
 @pytest.fixture(scope="session")
-def docker_client() -> Iterator[object]:
+def docker_client() -> Iterator[docker.DockerClient]:
     """A Docker SDK client of the real engine (scripts/setup_docker.sh starts one)."""
     try:
         import docker
@@ -48,10 +54,10 @@ def docker_client() -> Iterator[object]:
 
 
 @pytest.fixture
-def sandbox(docker_client) -> Iterator[Callable[..., object]]:
+def sandbox(docker_client: docker.DockerClient) -> Iterator[Callable[..., Container]]:
     """Starts test containers (managed unless told otherwise); all are removed afterwards."""
 
-    def start(managed: bool = True, image: str = IMAGE, **labels: str) -> object:
+    def start(managed: bool = True, image: str = IMAGE, **labels: str) -> Container:
         all_labels = {TEST_LABEL: "1", **(MANAGED if managed else {}), **labels}
         return docker_client.containers.run(
             image,
@@ -66,7 +72,9 @@ def sandbox(docker_client) -> Iterator[Callable[..., object]]:
     remove_test_leftovers(docker_client)
 
 
-def exists(client, container_id: str) -> bool:
+def exists(client: docker.DockerClient, container_id: str | None) -> bool:
+    # `str | None`: the Docker SDK types a container's id optional; a started one has one.
+    assert container_id is not None
     import docker.errors
 
     try:

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from thunder_mw.middleware.types import Receive, Scope, Send
+
 
 @dataclass
 class Received:
@@ -39,11 +41,12 @@ class FakeEngine:
     report_capacity: bool = True
     health_status: int = 200  # what /health answers (503: an engine whose core died)
     received: list[Received] = field(default_factory=list)
+    url: str = ""  # where it listens, once served (conftest's `engine` fixture sets it)
 
     def last(self) -> Received:
         return self.received[-1]
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
@@ -135,7 +138,12 @@ class FakeEngine:
         await _json(send, 200, {"echo": path, "method": scope["method"], "bytes": len(raw)})
 
     async def _stream(
-        self, send: Any, body: dict[str, Any], usage: dict[str, Any], chat: bool, gone: Any
+        self,
+        send: Send,
+        body: dict[str, Any],
+        usage: dict[str, Any],
+        chat: bool,
+        gone: asyncio.Future[None],
     ) -> None:
         await send(
             {
@@ -174,7 +182,7 @@ class FakeEngine:
                 if chat
                 else {"index": 0, "text": f"t{i} "}
             )
-            chunk = {
+            chunk: dict[str, Any] = {
                 "id": "c1",
                 "object": "chat.completion.chunk",
                 "model": self.model,
@@ -206,7 +214,7 @@ class FakeEngine:
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 
-async def _json(send: Any, status: int, obj: Any) -> None:
+async def _json(send: Send, status: int, obj: Any) -> None:
     body = json.dumps(obj).encode()
     await send(
         {
@@ -218,6 +226,6 @@ async def _json(send: Any, status: int, obj: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _wait_disconnect(receive: Any) -> None:
+async def _wait_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import httpx
 
@@ -32,12 +33,13 @@ def start_hog(url: str, program_id: str = "hog") -> threading.Thread:
     raise AssertionError(f"{program_id} never started")
 
 
-def wait_for(url: str, program_id: str, **fields: object) -> dict:
+def wait_for(url: str, program_id: str, **fields: object) -> dict[str, Any]:
     """The program's view once every field has the given value (5 s at most)."""
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         r = httpx.get(f"{url}/programs/{program_id}")
         if r.status_code == 200 and all(r.json()[k] == v for k, v in fields.items()):
-            return r.json()
+            view: dict[str, Any] = r.json()
+            return view
         time.sleep(0.02)
     raise AssertionError(f"{program_id} never reached {fields}")

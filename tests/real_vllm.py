@@ -6,6 +6,7 @@ same engine the tests use; tests keep importing it from here by its old names.
 
 from __future__ import annotations
 
+from thunder_mw.benchmarks.engine_counters import parse_metrics
 from thunder_mw.benchmarks.vllm_cpu import (
     MODEL_DIR,
     MODEL_READY_MARKER,
@@ -19,7 +20,6 @@ from thunder_mw.benchmarks.vllm_cpu import (
     RealVllm,
     missing_prerequisites,
     parse_ignored_fields,
-    parse_metrics,
     start_vllm,
 )
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from thunder_mw import __version__
 from thunder_mw.middleware.app import ThunderGateway
 from thunder_mw.middleware.openapi import admin_openapi
+from thunder_mw.middleware.types import Message
 from thunder_mw.schemas.config import ThunderConfig
 
 ADMIN_TOKEN = "fuzz-admin-token"
@@ -120,15 +121,15 @@ class AdminClient:
             "server": ("127.0.0.1", 8300),
         }
         pending = list(chunks)
-        sent: list[dict[str, Any]] = []
+        sent: list[Message] = []
 
-        async def receive() -> dict[str, Any]:
+        async def receive() -> Message:
             if pending:
                 chunk = pending.pop(0)
                 return {"type": "http.request", "body": chunk, "more_body": bool(pending)}
             return {"type": "http.disconnect"}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: Message) -> None:
             sent.append(message)
 
         await self.app(scope, receive, send)
@@ -181,7 +182,7 @@ def assert_error_names_the_problem(answer: Answer) -> dict[str, Any]:
     """A 4xx is an OpenAI-style JSON error whose `code` (and message) say what was wrong."""
     assert 400 <= answer.status < 500, (answer.status, answer.body[:300])
     assert answer.headers[b"content-type"] == b"application/json"
-    error = answer.json()["error"]
+    error: dict[str, Any] = answer.json()["error"]
     assert isinstance(error["message"], str) and error["message"]
     assert isinstance(error["type"], str) and error["type"]
     assert isinstance(error["code"], str) and error["code"], error
@@ -203,7 +204,9 @@ def assert_well_formed(answer: Answer) -> None:
 @example(chunks=[b'{"program_id": 1e999}'])
 @example(chunks=[b'\xef\xbb\xbf{"program_id": "p"}'])
 @example(chunks=[b'{"program_id": "\\ud800"}'])
-def test_release_answers_arbitrary_bytes_with_200_or_a_named_400(admin, chunks):
+def test_release_answers_arbitrary_bytes_with_200_or_a_named_400(
+    admin: AdminClient, chunks: list[bytes]
+) -> None:
     answer = admin.request("POST", "/programs/release", body=chunks)
     assert_well_formed(answer)
     if answer.status != 200:
@@ -215,7 +218,9 @@ def test_release_answers_arbitrary_bytes_with_200_or_a_named_400(admin, chunks):
     body=json_values
     | st.fixed_dictionaries({"program_id": json_values | path_ids}, optional={"x": json_values})
 )
-def test_release_answers_arbitrary_json_with_200_or_a_400_naming_the_field(admin, body):
+def test_release_answers_arbitrary_json_with_200_or_a_400_naming_the_field(
+    admin: AdminClient, body: Any
+) -> None:
     answer = admin.request("POST", "/programs/release", body=json.dumps(body).encode())
     assert_well_formed(answer)
     if answer.status == 200:
@@ -226,7 +231,7 @@ def test_release_answers_arbitrary_json_with_200_or_a_400_naming_the_field(admin
         assert answer.json()["error"]["param"] == expected
 
 
-def test_release_answers_a_body_over_the_limit_with_413(admin):
+def test_release_answers_a_body_over_the_limit_with_413(admin: AdminClient) -> None:
     answer = admin.request("POST", "/programs/release", body=[b" " * 40_000] * 2)
     assert answer.status == 413
     assert assert_error_names_the_problem(answer)["code"] == "body_too_large"
@@ -241,15 +246,15 @@ def test_release_answers_a_body_over_the_limit_with_413(admin):
     ),
 )
 def test_sandbox_request_answers_arbitrary_ids_and_bodies_without_a_server_error(
-    admin, program_id, body
-):
+    admin: AdminClient, program_id: str, body: list[bytes]
+) -> None:
     answer = admin.request("POST", f"/programs/{program_id}/sandboxes", body=body)
     assert_no_server_error(answer)
     error = assert_error_names_the_problem(answer)  # Docker tools are off: never a sandbox
     assert error["param"] in ("body", "program_id", "template"), error
 
 
-def test_sandbox_request_with_the_tool_manager_off_is_a_404_saying_so(admin):
+def test_sandbox_request_with_the_tool_manager_off_is_a_404_saying_so(admin: AdminClient) -> None:
     answer = admin.request("POST", "/programs/p1/sandboxes", body=b'{"template": "py"}')
     assert answer.status == 404
     assert assert_error_names_the_problem(answer)["code"] == "tools_disabled"
@@ -258,7 +263,9 @@ def test_sandbox_request_with_the_tool_manager_off_is_a_404_saying_so(admin):
 # ---------------------------------------------------------------- query strings, ids
 @FUZZ
 @given(path=st.sampled_from(GET_PATHS), query=query_strings)
-def test_get_routes_ignore_arbitrary_query_strings(admin, path, query):
+def test_get_routes_ignore_arbitrary_query_strings(
+    admin: AdminClient, path: str, query: bytes
+) -> None:
     answer = admin.request("GET", path, query=query)
     assert answer.status == 200, (path, query, answer.body[:300])
     if answer.headers[b"content-type"] == b"application/json":
@@ -267,7 +274,9 @@ def test_get_routes_ignore_arbitrary_query_strings(admin, path, query):
 
 @FUZZ
 @given(prefix=st.sampled_from(["/programs/", "/profiles/"]), program_id=path_ids | st.just(SEEDED))
-def test_lookups_of_arbitrary_ids_answer_200_or_a_named_404(admin, prefix, program_id):
+def test_lookups_of_arbitrary_ids_answer_200_or_a_named_404(
+    admin: AdminClient, prefix: str, program_id: str
+) -> None:
     answer = admin.request("GET", prefix + program_id)
     assert_well_formed(answer)
     if answer.status == 200:
@@ -277,7 +286,7 @@ def test_lookups_of_arbitrary_ids_answer_200_or_a_named_404(admin, prefix, progr
         assert answer.json()["error"]["code"] in ("program_not_found", "profile_not_found")
 
 
-def test_seeded_program_and_its_profile_are_found(admin):
+def test_seeded_program_and_its_profile_are_found(admin: AdminClient) -> None:
     assert admin.request("GET", f"/programs/{SEEDED}").json()["program_id"] == SEEDED
     assert admin.request("GET", f"/profiles/{SEEDED}").json()["steps_total"] == 1
 
@@ -288,7 +297,9 @@ def test_seeded_program_and_its_profile_are_found(admin):
     path=st.sampled_from([*GET_PATHS, "/programs/release"]),
     value=st.binary(max_size=60).filter(lambda v: v != AUTH[1]),
 )
-def test_a_wrong_authorization_header_is_a_401_except_on_health(admin, path, value):
+def test_a_wrong_authorization_header_is_a_401_except_on_health(
+    admin: AdminClient, path: str, value: bytes
+) -> None:
     answer = admin.request("GET", path, headers=[(b"authorization", value)])
     if path == "/health":
         assert answer.status == 200
@@ -305,7 +316,9 @@ def test_a_wrong_authorization_header_is_a_401_except_on_health(admin, path, val
         max_size=4,
     )
 )
-def test_the_dashboard_token_query_lets_in_only_the_admin_token(admin, pairs):
+def test_the_dashboard_token_query_lets_in_only_the_admin_token(
+    admin: AdminClient, pairs: list[tuple[str, str]]
+) -> None:
     answer = admin.request("GET", "/dashboard", query=urlencode(pairs).encode(), headers=[])
     # The first non-blank `token` counts (blank values are no value at all).
     first = next((v for k, v in pairs if k == "token" and v), None)
@@ -317,12 +330,14 @@ def test_the_dashboard_token_query_lets_in_only_the_admin_token(admin, pairs):
 
 @FUZZ
 @given(query=query_strings)
-def test_the_dashboard_answers_any_query_string_with_200_or_401(admin, query):
+def test_the_dashboard_answers_any_query_string_with_200_or_401(
+    admin: AdminClient, query: bytes
+) -> None:
     answer = admin.request("GET", "/dashboard", query=query, headers=[])
     assert answer.status == 401 or (answer.status == 200 and ADMIN_TOKEN.encode() in query)
 
 
-def test_openapi_document_needs_the_admin_token(admin):
+def test_openapi_document_needs_the_admin_token(admin: AdminClient) -> None:
     assert admin.request("GET", "/openapi.json", headers=[]).status == 401
     answer = admin.request("GET", "/openapi.json")
     assert answer.status == 200 and answer.json() == admin_openapi(__version__)
@@ -332,7 +347,7 @@ def test_openapi_document_needs_the_admin_token(admin):
 def _operations() -> list[tuple[str, re.Pattern[str]]]:
     """(METHOD, path pattern) of every operation the description lists; an id may hold
     slashes, as a percent-encoded one arrives decoded."""
-    operations = []
+    operations: list[tuple[str, re.Pattern[str]]] = []
     for template, item in admin_openapi(__version__)["paths"].items():
         pattern = re.compile(re.sub(r"\\\{[a-z_]+\\\}", ".*", re.escape(template)) + r"\Z", re.S)
         operations.extend((method.upper(), pattern) for method in item)
@@ -366,7 +381,9 @@ admin_paths = st.sampled_from(
 
 @FUZZ
 @given(method=st.sampled_from(METHODS), path=admin_paths)
-def test_every_route_the_server_answers_is_described(admin, method, path):
+def test_every_route_the_server_answers_is_described(
+    admin: AdminClient, method: str, path: str
+) -> None:
     answer = admin.request(method, path, body=b'{"program_id": "p", "template": "t"}')
     assert_well_formed(answer)
     if _answered(answer):
@@ -378,7 +395,7 @@ def test_every_route_the_server_answers_is_described(admin, method, path):
         assert set(filter(None, answer.headers[b"allow"].decode().split(", "))) == allowed
 
 
-def test_every_described_operation_is_routed(admin):
+def test_every_described_operation_is_routed(admin: AdminClient) -> None:
     document = admin_openapi(__version__)
     for template, item in document["paths"].items():
         path = template.replace("{program_id}", SEEDED)

@@ -7,6 +7,7 @@ and that every route the router answers is described.)"""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -71,13 +72,15 @@ def admin_schema(live_gateway: ServerThread) -> schemathesis.schemas.BaseSchema:
 admin_api = schemathesis.pytest.from_fixture("admin_schema")
 
 
-def test_served_description_is_valid_openapi(admin_schema) -> None:
+def test_served_description_is_valid_openapi(admin_schema: schemathesis.schemas.BaseSchema) -> None:
     admin_schema.validate()  # raises on any violation of the OpenAPI 3.0 meta-schema
     assert admin_schema.raw_schema["openapi"].startswith("3.")
 
 
 @admin_api.parametrize()
-def test_admin_api_answers_no_5xx_and_matches_its_description(case) -> None:
+def test_admin_api_answers_no_5xx_and_matches_its_description(
+    case: schemathesis.Case[Any],  # the operation type is the library's own generic
+) -> None:
     case.call_and_validate(
         headers=AUTH,
         checks=[

@@ -69,7 +69,9 @@ def answers() -> dict[str, httpx.Response]:
     return asyncio.run(run())
 
 
-def test_the_public_program_view_carries_no_internal_fields(answers):
+def test_the_public_program_view_carries_no_internal_fields(
+    answers: dict[str, httpx.Response],
+) -> None:
     listed = answers["/programs"].json()["programs"]
     one = answers[f"/programs/{PROGRAM}"].json()
     for view in (*listed, one):
@@ -86,13 +88,15 @@ def test_the_public_program_view_carries_no_internal_fields(answers):
         ("/dashboard/state", views.DashboardState),
     ],
 )
-def test_each_route_answers_its_struct(answers, path, struct):
+def test_each_route_answers_its_struct(
+    answers: dict[str, httpx.Response], path: str, struct: type[msgspec.Struct]
+) -> None:
     answer = answers[path]
     assert answer.status_code == 200
     msgspec.json.decode(answer.content, type=struct, strict=True)
 
 
-def test_every_schema_reference_in_the_description_is_a_component():
+def test_every_schema_reference_in_the_description_is_a_component() -> None:
     document = admin_openapi(__version__)
     components = document["components"]["schemas"]
     refs = set(_refs(document))
@@ -102,7 +106,7 @@ def test_every_schema_reference_in_the_description_is_a_component():
             assert ref.removeprefix(REF) in components, ref
 
 
-def test_the_components_are_the_schemas_of_the_view_structs():
+def test_the_components_are_the_schemas_of_the_view_structs() -> None:
     document = admin_openapi(__version__)
     components = document["components"]["schemas"]
     structs = {
@@ -126,7 +130,9 @@ def test_the_components_are_the_schemas_of_the_view_structs():
                         assert list(_refs(schema)), f"{method} {template}: not a struct"
 
 
-def test_a_405_allows_every_method_of_the_routes_matching_the_path(answers):
+def test_a_405_allows_every_method_of_the_routes_matching_the_path(
+    answers: dict[str, httpx.Response],
+) -> None:
     answer = answers["PUT /programs/release"]
     assert answer.status_code == 405
     assert answer.headers["allow"] == "GET, POST"

@@ -5,6 +5,9 @@ the final flag and on idle expiry; the engines are simulated in scripted agent m
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -12,6 +15,7 @@ from asgi_servers import serving
 
 from thunder_mw.benchmarks.mini_swe_agent import (
     AgentRun,
+    End,
     forget_containers,
     leftover_containers,
     run_agents,
@@ -20,13 +24,17 @@ from thunder_mw.benchmarks.mini_swe_agent import (
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
 
+if TYPE_CHECKING:
+    import docker
+
+
 pytestmark = pytest.mark.slow
 
 SIM = {"flavor": "vllm", "num_blocks": 2048, "profile": "h100-8b", "time_scale": 10.0}
 IDLE_TTL_S = 4.0
 
 
-def _config(tmp_path) -> ThunderConfig:
+def _config(tmp_path: Path) -> ThunderConfig:
     sim = {**SIM, "model_name": "sim-model", "scripted_agent": True}
     return ThunderConfig(
         server={"tick_interval_s": 0.1},
@@ -57,7 +65,7 @@ def _reclaimed(url: str) -> dict[str, float]:
     return found
 
 
-def _until(predicate, timeout_s: float) -> bool:
+def _until(predicate: Callable[[], bool], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -67,10 +75,10 @@ def _until(predicate, timeout_s: float) -> bool:
 
 
 def test_mini_swe_agent_runs_through_the_gateway_and_its_containers_are_reclaimed(
-    tmp_path, docker_client
-):
+    tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
     prefix = f"msa-{time.monotonic_ns()}-"
-    ends = ("release", "final", "expire", "release")
+    ends: tuple[End, ...] = ("release", "final", "expire", "release")
     tasks = [(f"{prefix}{i}", task_text(i, 0), end) for i, end in enumerate(ends)]
     app = create_app(_config(tmp_path))
     try:

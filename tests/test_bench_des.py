@@ -6,14 +6,16 @@ import argparse
 import dataclasses
 import itertools
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 from bench_schema import RECORD_KEYS
 
 from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
-from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, simulate
+from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, _Program, simulate
 from thunder_mw.benchmarks.scenarios import POLICIES
-from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, generate
+from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, ProgramSpec, generate
 from thunder_mw.policies.core import Resumed
 
 # swe-agent's shape with short answers, so a run past the knee takes a fraction of a second.
@@ -34,11 +36,11 @@ def bench(*argv: str) -> int:
     return run_bench(parser.parse_args(list(argv)))
 
 
-def swe(n: int = 12):
+def swe(n: int = 12) -> list[ProgramSpec]:
     return generate(TINY_SWE, n, seed=1, max_context_tokens=8192)
 
 
-def test_bench_writes_one_record_per_policy_with_every_metric(tmp_path):
+def test_bench_writes_one_record_per_policy_with_every_metric(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     code = bench(
         "--scenario", "chat-control", "--engines", "2", "--programs-per-engine", "3",
@@ -67,7 +69,7 @@ SMALL_RUN = (
 )  # fmt: skip
 
 
-def test_a_seed_other_than_zero_reports_its_own_series(tmp_path):
+def test_a_seed_other_than_zero_reports_its_own_series(tmp_path: Path) -> None:
     # `--seed N` once crashed: the series were kept for seed 0 only.
     out = tmp_path / "r.json"
     code = bench(
@@ -80,28 +82,32 @@ def test_a_seed_other_than_zero_reports_its_own_series(tmp_path):
     assert report["seed"] == 3 and report["timeseries"]["sticky"]
 
 
-def test_results_go_under_the_current_directory_by_default(tmp_path, monkeypatch):
+def test_results_go_under_the_current_directory_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # installed, the package's own folder is site-packages
     assert bench(*SMALL_RUN) == 0
     assert (tmp_path / "benchmarks" / "results" / "chat-control.json").is_file()
 
 
-def test_results_dir_moves_the_default_result_file(tmp_path):
+def test_results_dir_moves_the_default_result_file(tmp_path: Path) -> None:
     assert bench(*SMALL_RUN, "--results-dir", str(tmp_path / "out")) == 0
     assert (tmp_path / "out" / "chat-control.json").is_file()
 
 
-def test_live_mode_refuses_a_multi_wave_scenario_without_a_program_count(capsys):
+def test_live_mode_refuses_a_multi_wave_scenario_without_a_program_count(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert bench("--scenario", "chat-control", "--mode", "live") == 2
     assert "--programs" in capsys.readouterr().err
 
 
-def test_an_unknown_policy_is_refused(capsys):
+def test_an_unknown_policy_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench("--scenario", "chat-control", "--policies", "nope", "--no-plots") == 2
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "sticky", "thunderagent", "thunder-mw"])
-def test_every_program_completes_past_the_knee(policy):
+def test_every_program_completes_past_the_knee(policy: str) -> None:
     result = simulate(swe(), POLICIES[policy], SMALL, Arrivals("closed", 8), policy)
     m = result.metrics
     assert m["programs_completed"] == 12 and m["programs_failed"] == 0
@@ -110,7 +116,7 @@ def test_every_program_completes_past_the_knee(policy):
     assert m["jct_p99_s"] >= m["jct_mean_s"] > 0
 
 
-def test_program_aware_scheduling_holds_requests_and_resumes_them_all():
+def test_program_aware_scheduling_holds_requests_and_resumes_them_all() -> None:
     result = simulate(swe(), POLICIES["thunder-mw"], SMALL, Arrivals("batch"), "thunder-mw")
     assert result.metrics["held_requests"] > 0 and result.metrics["paused_time_s"] > 0
     assert result.metrics["programs_completed"] == 12
@@ -118,23 +124,23 @@ def test_program_aware_scheduling_holds_requests_and_resumes_them_all():
     assert result.metrics["ttft_max_s"] > 1.0
 
 
-def test_round_robin_sends_each_call_of_a_program_to_the_next_engine():
+def test_round_robin_sends_each_call_of_a_program_to_the_next_engine() -> None:
     forwards: list[tuple[str, str]] = []
     sim = Simulation(swe(2), POLICIES["round_robin"], SMALL, Arrivals("closed", 1))
     original = sim._dispatch
 
-    def spy(run, label, *rest):
+    def spy(run: _Program, label: str, *rest: Any) -> None:
         forwards.append((run.spec.program_id, label))
         original(run, label, *rest)
 
-    sim._dispatch = spy  # type: ignore[method-assign]
+    sim._dispatch = spy  # type: ignore[method-assign,assignment]  # a spy on this one instance
     sim.run()
     first = [label for pid, label in forwards if pid == "p0"]
     assert len(set(first)) == 2
     assert all(a != b for a, b in itertools.pairwise(first))
 
 
-def test_a_held_program_runs_only_after_a_resumed_action_names_it():
+def test_a_held_program_runs_only_after_a_resumed_action_names_it() -> None:
     resumed: set[str] = set()
     sim = Simulation(
         swe(),
@@ -147,20 +153,20 @@ def test_a_held_program_runs_only_after_a_resumed_action_names_it():
     assert resumed == {p.program_id for p in swe()}
 
 
-def test_recomputed_prefill_is_larger_without_affinity():
+def test_recomputed_prefill_is_larger_without_affinity() -> None:
     rr = simulate(swe(), POLICIES["round_robin"], SMALL, Arrivals("closed", 4)).metrics
     sticky = simulate(swe(), POLICIES["sticky"], SMALL, Arrivals("closed", 4)).metrics
     assert rr["recomputed_prefill_tokens"] > sticky["recomputed_prefill_tokens"]
     assert rr["prefix_hit_rate"] < sticky["prefix_hit_rate"]
 
 
-def test_the_same_seed_gives_the_same_metrics():
+def test_the_same_seed_gives_the_same_metrics() -> None:
     a = simulate(swe(), POLICIES["thunder-mw"], SMALL, Arrivals("closed", 6)).metrics
     b = simulate(swe(), POLICIES["thunder-mw"], SMALL, Arrivals("closed", 6)).metrics
     assert a == b
 
 
-def test_kv_usage_time_series_has_one_line_per_engine():
+def test_kv_usage_time_series_has_one_line_per_engine() -> None:
     result = simulate(swe(4), POLICIES["sticky"], SMALL, Arrivals("batch"))
     series = result.timeseries
     assert set(series["kv_usage"]) == {"e0", "e1"}
@@ -168,7 +174,7 @@ def test_kv_usage_time_series_has_one_line_per_engine():
     assert all(0.0 <= u <= 1.0 for v in series["kv_usage"].values() for u in v)
 
 
-def test_a_per_call_overhead_lengthens_each_call_of_a_program_by_it():
+def test_a_per_call_overhead_lengthens_each_call_of_a_program_by_it() -> None:
     # One program alone: its makespan grows by exactly the overhead per call (the answer
     # reaches the client that much later; the engine's steps are unchanged).
     from thunder_mw.benchmarks.workloads import Call, ProgramSpec

@@ -12,7 +12,7 @@ from thunder_mw.benchmarks.scenarios import SCENARIOS
 
 
 @pytest.mark.slow
-def test_live_and_simulated_runs_agree_within_ten_percent():
+def test_live_and_simulated_runs_agree_within_ten_percent() -> None:
     report = run_live_scenario(
         SCENARIOS["live-small"], ["round_robin", "thunder-mw"], repeats=1, time_scale=5.0
     )

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +20,7 @@ from thunder_mw.benchmarks.bench_cli import (
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, simulate
 from thunder_mw.benchmarks.reproduction import best_baseline, summarise_runs
 from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS, Published
-from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, generate
+from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, ProgramSpec, generate
 
 TINY_SWE = dataclasses.replace(
     PRESETS["swe-agent"],
@@ -30,11 +32,11 @@ TINY_SWE = dataclasses.replace(
 SMALL = ClusterConfig(engines=2, kv_tokens=12_288, max_model_len=8192)
 
 
-def swe(n: int):
+def swe(n: int) -> list[ProgramSpec]:
     return generate(TINY_SWE, n, seed=1, max_context_tokens=8192)
 
 
-def test_a_closed_loop_reports_throughput_over_the_window_after_warm_up():
+def test_a_closed_loop_reports_throughput_over_the_window_after_warm_up() -> None:
     m = simulate(swe(40), POLICIES["thunder-mw"], SMALL, Arrivals("closed", 8)).metrics
     assert m["warmup_s"] > 0 and m["steady_window_s"] > 0
     assert m["steady_programs_done"] > 0 and m["steps_per_min_steady"] > 0
@@ -42,18 +44,18 @@ def test_a_closed_loop_reports_throughput_over_the_window_after_warm_up():
     assert m["warmup_s"] + m["steady_window_s"] < m["makespan_s"]
 
 
-def test_one_wave_has_no_steady_state():
+def test_one_wave_has_no_steady_state() -> None:
     m = simulate(swe(8), POLICIES["thunder-mw"], SMALL, Arrivals("closed", 8)).metrics
     assert m["steps_per_min_steady"] is None and m["steady_window_s"] == 0.0
 
 
-def test_the_warm_up_lasts_until_a_concurrencys_worth_of_programs_finished():
+def test_the_warm_up_lasts_until_a_concurrencys_worth_of_programs_finished() -> None:
     short = simulate(swe(40), POLICIES["sticky"], SMALL, Arrivals("closed", 8, 2)).metrics
     default = simulate(swe(40), POLICIES["sticky"], SMALL, Arrivals("closed", 8)).metrics
     assert short["warmup_s"] < default["warmup_s"]
 
 
-def test_continuums_ttl_reaches_the_engine_as_pins():
+def test_continuums_ttl_reaches_the_engine_as_pins() -> None:
     sim = Simulation(swe(6), POLICIES["continuum"], SMALL, Arrivals("closed", 6))
     sim.run()
     assert sum(b.engine.stats.pins_created for b in sim.backends.values()) > 0
@@ -62,7 +64,7 @@ def test_continuums_ttl_reaches_the_engine_as_pins():
     assert sum(b.engine.stats.pins_created for b in plain.backends.values()) == 0
 
 
-def test_only_the_offload_baseline_brings_a_host_tier_unless_the_scenario_has_one():
+def test_only_the_offload_baseline_brings_a_host_tier_unless_the_scenario_has_one() -> None:
     scenario = SCENARIOS["paper-rollout-2node"]
     assert dict(engine_options(scenario, "offload"))["host_kv_tokens"] > 0
     assert engine_options(scenario, "kv_aware") == ()
@@ -70,7 +72,7 @@ def test_only_the_offload_baseline_brings_a_host_tier_unless_the_scenario_has_on
     assert all(engine_options(tiered, p) for p in tiered.policies)
 
 
-def test_the_offload_baselines_engines_load_evicted_blocks_from_the_host():
+def test_the_offload_baselines_engines_load_evicted_blocks_from_the_host() -> None:
     tier = (("host_kv_tokens", 48_000),)
     cluster = dataclasses.replace(SMALL, engine_options=tier)
     sim = Simulation(swe(16), POLICIES["offload"], cluster, Arrivals("closed", 16))
@@ -78,7 +80,9 @@ def test_the_offload_baselines_engines_load_evicted_blocks_from_the_host():
     assert sum(b.engine.stats.kv_load_tokens for b in sim.backends.values()) > 0
 
 
-def _row(policy, seed, value, engines=1, per=96, wave=False):
+def _row(
+    policy: str, seed: int, value: float, engines: int = 1, per: int = 96, wave: bool = False
+) -> dict[str, Any]:
     return {
         "policy": policy,
         "seed": seed,
@@ -89,7 +93,7 @@ def _row(policy, seed, value, engines=1, per=96, wave=False):
     }
 
 
-def test_the_published_ratio_is_compared_with_the_seed_paired_simulated_one():
+def test_the_published_ratio_is_compared_with_the_seed_paired_simulated_one() -> None:
     scenario = dataclasses.replace(
         SCENARIOS["paper-swe-glm46"],
         published=(Published("fig", "src", 2.0), Published("fig2", "src", 1.0, policy="continuum")),
@@ -113,7 +117,7 @@ def test_the_published_ratio_is_compared_with_the_seed_paired_simulated_one():
     assert [w["policy"] for w in out["wave"]] == ["vllm"]
 
 
-def test_a_ratio_off_by_more_than_30_percent_is_not_reproduced():
+def test_a_ratio_off_by_more_than_30_percent_is_not_reproduced() -> None:
     scenario = dataclasses.replace(
         SCENARIOS["paper-swe-glm46"], published=(Published("fig", "src", 2.65),)
     )
@@ -122,7 +126,7 @@ def test_a_ratio_off_by_more_than_30_percent_is_not_reproduced():
     assert entry["gap"] == round(1.2 / 2.65 - 1, 3) and not entry["reproduced"]
 
 
-def test_a_figure_for_one_fleet_size_is_read_at_that_size():
+def test_a_figure_for_one_fleet_size_is_read_at_that_size() -> None:
     scenario = SCENARIOS["cluster-scaling"]
     per = scenario.programs_per_engine
     rows = [
@@ -136,7 +140,7 @@ def test_a_figure_for_one_fleet_size_is_read_at_that_size():
     assert by_size == {2: 1.5, 8: 2.4}
 
 
-def test_the_strongest_baseline_excludes_thunder_mw_and_the_originals_rules():
+def test_the_strongest_baseline_excludes_thunder_mw_and_the_originals_rules() -> None:
     report = {
         "config": {"engines": 1, "programs_per_engine": 96},
         "steady": [
@@ -153,7 +157,7 @@ def test_the_strongest_baseline_excludes_thunder_mw_and_the_originals_rules():
 
 
 @pytest.mark.slow
-def test_a_published_scenario_writes_the_figures_beside_the_measured_ones(tmp_path):
+def test_a_published_scenario_writes_the_figures_beside_the_measured_ones(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     parser = argparse.ArgumentParser()
     add_bench_arguments(parser)
@@ -183,7 +187,7 @@ def test_a_published_scenario_writes_the_figures_beside_the_measured_ones(tmp_pa
         assert point["policies"]["thunderagent"][metric]["n"] == 2
 
 
-def test_a_run_stopped_when_the_window_closes_counts_open_programs_as_unfinished():
+def test_a_run_stopped_when_the_window_closes_counts_open_programs_as_unfinished() -> None:
     arrivals = Arrivals("closed", 8, stop_at_window_end=True)
     m = simulate(swe(40), POLICIES["sticky"], SMALL, arrivals).metrics
     full = simulate(swe(40), POLICIES["sticky"], SMALL, Arrivals("closed", 8)).metrics
@@ -192,12 +196,13 @@ def test_a_run_stopped_when_the_window_closes_counts_open_programs_as_unfinished
     assert m["makespan_s"] < full["makespan_s"]
 
 
-def test_calls_in_flight_at_the_windows_cuts_count_pro_rata():
+def test_calls_in_flight_at_the_windows_cuts_count_pro_rata() -> None:
     arrivals = Arrivals("closed", 8, stop_at_window_end=True)
     sim = Simulation(swe(40), POLICIES["sticky"], SMALL, arrivals)
     m = sim.run().metrics
     warm = sim._warm
     assert warm is not None
+    assert sim._steps_at_last_start is not None
     end_steps, end_output = sim._in_flight_at_last_start
     # Some call was part-way at each cut, and no more than one per program in flight.
     assert 0 < end_steps < 8 and 0 <= warm[4] < 8 and end_output > 0
@@ -207,7 +212,7 @@ def test_calls_in_flight_at_the_windows_cuts_count_pro_rata():
     assert m["steps_per_min_steady"] != round(60 * (sim._steps_at_last_start - warm[1]) / span, 2)
 
 
-def test_a_closed_loop_with_bursts_starts_programs_in_groups():
+def test_a_closed_loop_with_bursts_starts_programs_in_groups() -> None:
     sim = Simulation(swe(40), POLICIES["sticky"], SMALL, Arrivals("closed", 8, burst=4))
     sim.run()
     starts: dict[float, int] = {}
@@ -221,12 +226,12 @@ def test_a_closed_loop_with_bursts_starts_programs_in_groups():
     assert len({r.arrived_at for r in plain.runs.values() if r.arrived_at > 0}) > len(starts)
 
 
-def test_a_burst_larger_than_the_concurrency_is_refused():
+def test_a_burst_larger_than_the_concurrency_is_refused() -> None:
     with pytest.raises(ValueError, match="burst"):
         Arrivals("closed", 8, burst=9)
 
 
-def test_a_mixed_fleet_gives_each_engine_its_profile_and_capacity():
+def test_a_mixed_fleet_gives_each_engine_its_profile_and_capacity() -> None:
     scenario = SCENARIOS["test-mixed-fleet"]
     cluster = cluster_for(scenario, "kv_aware", scenario.engines, 0)
     sim = Simulation(swe(2), POLICIES["kv_aware"], cluster, Arrivals("batch"))
@@ -236,7 +241,7 @@ def test_a_mixed_fleet_gives_each_engine_its_profile_and_capacity():
     assert profiles == ["h100-8b", "rtx5090-qwen3-8b"]
 
 
-def test_a_mixed_workload_alternates_its_presets_and_keeps_its_prefix():
+def test_a_mixed_workload_alternates_its_presets_and_keeps_its_prefix() -> None:
     from thunder_mw.benchmarks.workloads import generate_mix
 
     mixed = generate_mix("mix:swe-agent+tool-orchestra", 10, seed=3)
@@ -248,7 +253,7 @@ def test_a_mixed_workload_alternates_its_presets_and_keeps_its_prefix():
         generate_mix("mix:swe-agent+nope", 4)
 
 
-def test_continuum_engines_order_their_queue_by_program_arrival():
+def test_continuum_engines_order_their_queue_by_program_arrival() -> None:
     from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams
 
     engine = Engine(EngineConfig(num_blocks=64, program_fcfs=True), [0])
@@ -265,7 +270,7 @@ def test_continuum_engines_order_their_queue_by_program_arrival():
     assert [s.request_id for s in fcfs._waiting] == ["old#0", "new#0", "old#1"]
 
 
-def test_only_continuum_brings_program_fcfs_and_host_tiers_are_sized_to_node_ram():
+def test_only_continuum_brings_program_fcfs_and_host_tiers_are_sized_to_node_ram() -> None:
     scenario = SCENARIOS["paper-swe-glm46"]
     assert dict(engine_options(scenario, "continuum")) == {"program_fcfs": True}
     host = dict(engine_options(scenario, "offload"))["host_kv_tokens"]
@@ -273,7 +278,9 @@ def test_only_continuum_brings_program_fcfs_and_host_tiers_are_sized_to_node_ram
     assert 2_600_000 < host < 2_700_000
 
 
-def _fig_row(policy, seed, wave, value, cap=None, per=8):
+def _fig_row(
+    policy: str, seed: int, wave: bool, value: float, cap: int | None = None, per: int = 8
+) -> dict[str, Any]:
     metric = "makespan_s" if wave else "steps_per_min_steady"
     return {
         "policy": policy, "seed": seed, "wave": wave, "cap": cap, "engines": 1,
@@ -281,7 +288,7 @@ def _fig_row(policy, seed, wave, value, cap=None, per=8):
     }  # fmt: skip
 
 
-def test_vllm_capped_takes_the_best_cap_per_figure_and_records_it():
+def test_vllm_capped_takes_the_best_cap_per_figure_and_records_it() -> None:
     from thunder_mw.benchmarks.figures import capped_rows, choose_caps
 
     scenario = dataclasses.replace(SCENARIOS["paper-swe-glm46"], programs_per_engine=8)
@@ -303,7 +310,7 @@ def test_vllm_capped_takes_the_best_cap_per_figure_and_records_it():
     assert len(chosen) == 10
 
 
-def test_the_figures_carry_intervals_verdicts_and_the_seeds():
+def test_the_figures_carry_intervals_verdicts_and_the_seeds() -> None:
     from thunder_mw.benchmarks.figures import figures
 
     scenario = dataclasses.replace(SCENARIOS["paper-swe-glm46"], programs_per_engine=8)

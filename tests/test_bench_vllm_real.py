@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import pytest
 from bench_schema import RECORD_KEYS
+from real_vllm import RealVllm
 
 from thunder_mw.benchmarks import vllm_real
 from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
@@ -27,7 +29,7 @@ CI_HIT_RATE_TOLERANCE = 0.15  # absolute, on the engine's own prefix hit rate
 
 
 @pytest.fixture(scope="module")
-def report(vllm_engine, tmp_path_factory):
+def report(vllm_engine: RealVllm, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     output = tmp_path_factory.mktemp("bench") / "vllm-cpu-real.json"
     parser = argparse.ArgumentParser()
     add_bench_arguments(parser)
@@ -51,10 +53,11 @@ def report(vllm_engine, tmp_path_factory):
         ]
     )
     assert run_bench(args) == 0
-    return json.loads(output.read_text())
+    report: dict[str, Any] = json.loads(output.read_text())
+    return report
 
 
-def test_result_document_has_the_regimes_schema(report):
+def test_result_document_has_the_regimes_schema(report: dict[str, Any]) -> None:
     assert report["scenario"] == "vllm-cpu-real" and report["mode"] == "real"
     assert list(report["regimes"]) == ["cheap"]
     regime = report["regimes"]["cheap"]
@@ -72,13 +75,13 @@ def test_result_document_has_the_regimes_schema(report):
             )
 
 
-def test_every_program_completes_under_each_system(report):
+def test_every_program_completes_under_each_system(report: dict[str, Any]) -> None:
     for runs in report["regimes"]["cheap"]["runs"].values():
         for record in runs:
             assert record["programs_completed"] == 3 and record["programs_failed"] == 0
 
 
-def test_prefix_counters_come_from_the_engine(report):
+def test_prefix_counters_come_from_the_engine(report: dict[str, Any]) -> None:
     for runs in report["regimes"]["cheap"]["runs"].values():
         for record in runs:
             counters = record["engine_counters"]
@@ -89,7 +92,7 @@ def test_prefix_counters_come_from_the_engine(report):
             assert record["preemptions"] == counters["preemptions"]
 
 
-def test_the_simulator_predicts_the_real_engine(report):
+def test_the_simulator_predicts_the_real_engine(report: dict[str, Any]) -> None:
     regime = report["regimes"]["cheap"]
     for row in regime["agreement"]["rows"]:
         assert abs(row["ratio"] - 1) <= CI_STEPS_TOLERANCE, row
@@ -98,7 +101,7 @@ def test_the_simulator_predicts_the_real_engine(report):
         assert abs(sim_hit - real_hit) <= CI_HIT_RATE_TOLERANCE, (row["policy"], real_hit, sim_hit)
 
 
-def test_a_scenario_overflows_its_kv_cache_by_construction():
+def test_a_scenario_overflows_its_kv_cache_by_construction() -> None:
     scenario = SCENARIOS["vllm-cpu-real"]
     for regime in vllm_real.REGIMES.values():
         programs = vllm_real.regime_programs(scenario, regime, seed=0)
@@ -109,7 +112,7 @@ def test_a_scenario_overflows_its_kv_cache_by_construction():
         assert len({len(p.calls) for p in programs}) == 1
 
 
-def test_both_regimes_replay_the_same_tokens_with_their_own_tool_times():
+def test_both_regimes_replay_the_same_tokens_with_their_own_tool_times() -> None:
     scenario = SCENARIOS["vllm-cpu-real"]
     cheap, dear = (
         vllm_real.regime_programs(scenario, vllm_real.REGIMES[name], seed=0)
@@ -121,7 +124,7 @@ def test_both_regimes_replay_the_same_tokens_with_their_own_tool_times():
         assert [c.tool_s for c in a.calls] == pytest.approx([c.tool_s * ratio for c in b.calls])
 
 
-def test_the_vllm_routers_cost_models_are_the_fitted_profile():
+def test_the_vllm_routers_cost_models_are_the_fitted_profile() -> None:
     cost = get_profile("cpu-dear")
     config = vllm_real.router_program_config(3072, cost)
     prefill, decode = config["prefill_cost_model"], config["decode_throughput_model"]
@@ -141,7 +144,7 @@ def test_the_vllm_routers_cost_models_are_the_fitted_profile():
     assert config["program_scheduling_enable_key"] == "auto" and config["global_queue"] is True
 
 
-def test_ideal_prefill_counts_whole_blocks_a_perfect_cache_would_serve():
+def test_ideal_prefill_counts_whole_blocks_a_perfect_cache_would_serve() -> None:
     program = ProgramSpec(
         "p", "t", system_tokens=200, calls=(Call(100, 50), Call(150, 10))
     )  # prompts 300 then 500 tokens; the second extends the first's 350-token context
@@ -149,13 +152,13 @@ def test_ideal_prefill_counts_whole_blocks_a_perfect_cache_would_serve():
     assert ideal_prefill_tokens([program], block_size=128) == 300 + 244
 
 
-def test_a_second_program_of_the_same_type_finds_the_system_prompt_cached():
+def test_a_second_program_of_the_same_type_finds_the_system_prompt_cached() -> None:
     programs = [ProgramSpec(f"p{i}", "t", system_tokens=260, calls=(Call(40, 8),)) for i in (0, 1)]
     # The second skips the system prompt's 2 whole blocks.
     assert ideal_prefill_tokens(programs, block_size=128) == 300 + (300 - 256)
 
 
-def test_an_unknown_system_or_regime_is_refused_by_name(capsys):
+def test_an_unknown_system_or_regime_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     add_bench_arguments(parser)
     for extra, word in ((["--policies", "nope"], "nope"), (["--regimes", "warm"], "warm")):
@@ -164,7 +167,7 @@ def test_an_unknown_system_or_regime_is_refused_by_name(capsys):
         assert word in capsys.readouterr().err
 
 
-def test_the_old_wave_overflowed_only_while_the_engine_was_slow():
+def test_the_old_wave_overflowed_only_while_the_engine_was_slow() -> None:
     # Why the committed tiny-model scenario stopped overflowing (round robin 0.28 of an ideal
     # 0.77 hit rate on 2026-11-29 with 4 preemptions in a 19 s run, 0.64 and 1 in 8.8 s on
     # 2026-11-30): its tool times are fixed in wall seconds, so an engine 4x slower keeps
@@ -183,10 +186,10 @@ def test_the_old_wave_overflowed_only_while_the_engine_was_slow():
     )
     base = get_profile("cpu-tiny")
     figures = {}
-    for slow in (1.0, 4.0):
-        name = f"cpu-tiny-x{slow:g}"
+    for slowdown in (1.0, 4.0):
+        name = f"cpu-tiny-x{slowdown:g}"
         PROFILES[name] = replace(
-            base, **{k: getattr(base, k) * slow for k in ("a", "b", "c", "d", "e", "f")}
+            base, **{k: getattr(base, k) * slowdown for k in ("a", "b", "c", "d", "e", "f")}
         )
         cluster = ClusterConfig(
             engines=1,
@@ -196,9 +199,9 @@ def test_the_old_wave_overflowed_only_while_the_engine_was_slow():
             max_num_batched_tokens=2048,
             max_model_len=2048,
             profile=name,
-            call_overhead_s=0.015 * slow,
+            call_overhead_s=0.015 * slowdown,
         )
-        figures[slow] = simulate(programs, POLICIES["round_robin"], cluster, Arrivals()).metrics
+        figures[slowdown] = simulate(programs, POLICIES["round_robin"], cluster, Arrivals()).metrics
         del PROFILES[name]
     fast, slow = figures[1.0], figures[4.0]
     assert fast["prefix_hit_rate"] > 0.5 and fast["preemptions"] <= 1

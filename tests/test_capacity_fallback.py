@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,12 +25,12 @@ MODEL = {
 
 
 @pytest.fixture
-def model_dir(tmp_path):
+def model_dir(tmp_path: Path) -> Path:
     (tmp_path / "config.json").write_text(json.dumps(MODEL))
     return tmp_path
 
 
-def test_admission_plans_capacity_when_the_engine_reports_none(model_dir):
+def test_admission_plans_capacity_when_the_engine_reports_none(model_dir: Path) -> None:
     engine = FakeEngine(report_capacity=False)
     with serving(engine) as es:
         plan = {"model": str(model_dir), "kv_space_gib": 1}
@@ -42,7 +43,7 @@ def test_admission_plans_capacity_when_the_engine_reports_none(model_dir):
     assert app.core.scheduler.core.backends["e"].capacity == expected
 
 
-def test_the_engines_own_capacity_wins_over_the_plan(model_dir):
+def test_the_engines_own_capacity_wins_over_the_plan(model_dir: Path) -> None:
     engine = FakeEngine(num_blocks=100, block_size=16)
     with serving(engine) as es:
         plan = {"model": str(model_dir), "kv_space_gib": 1}
@@ -52,7 +53,7 @@ def test_the_engines_own_capacity_wins_over_the_plan(model_dir):
     assert backend["capacity_tokens"] == 1600 and backend["capacity_source"] == "engine"
 
 
-def test_a_plan_that_cannot_be_computed_is_a_config_error(tmp_path):
+def test_a_plan_that_cannot_be_computed_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(
         "backends:\n  - url: http://127.0.0.1:1\n    plan:\n      model: /nonexistent\n"

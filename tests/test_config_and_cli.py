@@ -28,13 +28,13 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_cluster_config_is_valid_and_has_two_vllm_engines():
+def test_cluster_config_is_valid_and_has_two_vllm_engines() -> None:
     config = load_config(ROOT / "config" / "cluster.yaml")
     assert [b.url for b in config.backends] == ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]
     assert config.server.host == "127.0.0.1"
 
 
-def test_errors_carry_their_yaml_location(tmp_path):
+def test_errors_carry_their_yaml_location(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         "server:\n  port: 99999\nbackends:\n  - url: http://a:1\n  - type: vllm\n    url: ftp://b\n",
@@ -46,19 +46,19 @@ def test_errors_carry_their_yaml_location(tmp_path):
     assert any(p.startswith("backends[1].url (line 6)") for p in problems)
 
 
-def test_unknown_keys_are_errors(tmp_path):
+def test_unknown_keys_are_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, "server:\n  prot: 1\n"))
     assert info.value.problems == ["server.prot (line 2): unknown key"]
 
 
-def test_non_sim_backend_needs_a_url(tmp_path):
+def test_non_sim_backend_needs_a_url(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, "backends:\n  - type: vllm\n"))
     assert "backends[0]" in info.value.problems[0]
 
 
-def test_environment_overrides_the_file(tmp_path, monkeypatch):
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("THUNDER_MW_SERVER__PORT", "9123")
     monkeypatch.setenv("THUNDER_MW_SERVER__ADMIN_TOKEN", "tok")
     config = load_config(write(tmp_path, "server:\n  port: 8300\n  log_level: debug\n"))
@@ -68,27 +68,31 @@ def test_environment_overrides_the_file(tmp_path, monkeypatch):
     assert config.server.log_level == "debug"
 
 
-def test_check_config_prints_the_normalised_config(tmp_path, capsys):
+def test_check_config_prints_the_normalised_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["check-config", str(write(tmp_path, "backends:\n  - url: http://x:1/\n"))]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["backends"][0]["url"] == "http://x:1"
     assert printed["agent_context"]["on_missing"] == "ephemeral"
 
 
-def test_check_config_reports_every_error_and_exits_2(tmp_path, capsys):
+def test_check_config_reports_every_error_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write(tmp_path, "server:\n  port: x\n  host: 5\nagent_context:\n  on_missing: maybe\n")
     assert main(["check-config", str(path)]) == 2
     err = capsys.readouterr().err
     assert "server.port (line 2)" in err and "agent_context.on_missing (line 5)" in err
 
 
-def test_invalid_yaml_is_reported(tmp_path, capsys):
+def test_invalid_yaml_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", str(write(tmp_path, "server: [\n"))]) == 2
     assert "not valid YAML" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # a `thunder-mw serve` process
-def test_thunder_mw_config_serves_and_cli_flags_override_the_file(tmp_path):
+def test_thunder_mw_config_serves_and_cli_flags_override_the_file(tmp_path: Path) -> None:
     engine = FakeEngine()
     with serving(engine) as es:
         port = free_port()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 from asgi_servers import serving
@@ -22,7 +23,9 @@ def conformance(*argv: str) -> int:
 
 
 @pytest.mark.slow  # `--self` starts a `thunder-mw serve` process
-def test_self_run_of_the_full_profile_passes_and_writes_both_reports(tmp_path, capsys):
+def test_self_run_of_the_full_profile_passes_and_writes_both_reports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     report, junit = tmp_path / "report.json", tmp_path / "junit.xml"
     rc = conformance("--self", "--profile", "full", "--report", str(report), "--junit", str(junit))
     out = capsys.readouterr().out
@@ -41,19 +44,25 @@ def test_self_run_of_the_full_profile_passes_and_writes_both_reports(tmp_path, c
 
 @pytest.mark.slow  # `--self` starts a `thunder-mw serve` process
 @pytest.mark.parametrize("profile", [p for p in PROFILES if p != "full"])
-def test_self_run_passes_every_narrower_profile(profile, capsys):
+def test_self_run_passes_every_narrower_profile(
+    profile: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert conformance("--self", "--profile", profile) == 0, capsys.readouterr().out
 
 
 @pytest.mark.slow  # `--self` starts a `thunder-mw serve` process
-def test_self_run_starts_against_the_sglang_flavoured_backend(capsys):
+def test_self_run_starts_against_the_sglang_flavoured_backend(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     rc = conformance(
         "--self", "--backend-flavor", "sglang", "--check", "accept.program_id.top_level"
     )
     assert rc == 0, capsys.readouterr().out
 
 
-def test_a_failing_check_exits_non_zero_and_prints_the_offending_payload(tmp_path, capsys):
+def test_a_failing_check_exits_non_zero_and_prints_the_offending_payload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     port = free_port()
     report = tmp_path / "report.json"
     with serving(MiniGateway(f"http://127.0.0.1:{port}", FORWARDS_PROGRAM_ID)) as gateway:
@@ -69,7 +78,9 @@ def test_a_failing_check_exits_non_zero_and_prints_the_offending_payload(tmp_pat
     assert check["status"] == "fail" and "payload:" in check["detail"]
 
 
-def test_an_unreachable_target_is_a_setup_error_not_a_failure(capsys):
+def test_an_unreachable_target_is_a_setup_error_not_a_failure(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     rc = conformance(
         "--target", f"http://127.0.0.1:{free_port()}", "--backend-port", str(free_port()),
         "--wait", "0.5",
@@ -78,18 +89,20 @@ def test_an_unreachable_target_is_a_setup_error_not_a_failure(capsys):
     assert "was not ready" in capsys.readouterr().err
 
 
-def test_target_and_backend_port_are_required_without_self(capsys):
+def test_target_and_backend_port_are_required_without_self(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert conformance("--profile", "full") == 2
 
 
-def test_list_names_every_check_with_its_profiles(capsys):
+def test_list_names_every_check_with_its_profiles(capsys: pytest.CaptureFixture[str]) -> None:
     assert conformance("--list") == 0
     out = capsys.readouterr().out
     for c in checks_for("full"):
         assert c.id in out
 
 
-def test_every_check_belongs_to_full_and_profiles_only_hold_their_promises():
+def test_every_check_belongs_to_full_and_profiles_only_hold_their_promises() -> None:
     full = {c.id for c in checks_for("full")}
     thunderagent = {c.id for c in checks_for("thunderagent")}
     assert thunderagent < full
@@ -100,7 +113,9 @@ def test_every_check_belongs_to_full_and_profiles_only_hold_their_promises():
     assert "strip.dynamo_headers" in {c.id for c in checks_for("dynamo-headers")}
 
 
-def test_the_reports_for_people_give_counts_per_profile_and_each_failures_payload(tmp_path):
+def test_the_reports_for_people_give_counts_per_profile_and_each_failures_payload(
+    tmp_path: Path,
+) -> None:
     port = free_port()
     md, page = tmp_path / "report.md", tmp_path / "report.html"
     checks = ["strip.program_id.top_level", "stream.same_chunks", "lifecycle.trajectory_final"]
@@ -122,6 +137,6 @@ def test_the_reports_for_people_give_counts_per_profile_and_each_failures_payloa
     assert "<td class=fail>1</td>" in html
 
 
-def test_a_passing_run_says_the_target_conforms(capsys):
+def test_a_passing_run_says_the_target_conforms(capsys: pytest.CaptureFixture[str]) -> None:
     assert conformance("--self", "--check", "stream.same_chunks") == 0
     assert "conforms to profile full" in capsys.readouterr().out

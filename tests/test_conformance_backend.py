@@ -4,6 +4,7 @@ JSON comparison the fidelity checks rely on."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -17,13 +18,15 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "[tag-1] hi"}], "
 
 
 @pytest.fixture
-def recorder():
+def recorder() -> Iterator[tuple[RecordingBackend, str]]:
     backend = RecordingBackend()
     with serving(backend) as server:
         yield backend, server.url
 
 
-def test_records_the_body_bytes_and_headers_it_received(recorder):
+def test_records_the_body_bytes_and_headers_it_received(
+    recorder: tuple[RecordingBackend, str],
+) -> None:
     backend, url = recorder
     raw = b'{"model": "m",  "messages": [{"role": "user", "content": "[tag-1] hi"}]}'
     httpx.post(f"{url}/v1/chat/completions", content=raw, headers={"X-Trace": "t1"})
@@ -32,13 +35,15 @@ def test_records_the_body_bytes_and_headers_it_received(recorder):
     assert record.header("x-trace") == "t1"
 
 
-def test_the_same_request_gets_the_same_answer(recorder):
+def test_the_same_request_gets_the_same_answer(recorder: tuple[RecordingBackend, str]) -> None:
     _, url = recorder
     first = httpx.post(f"{url}/v1/chat/completions", json=CHAT).content
     assert httpx.post(f"{url}/v1/chat/completions", json=CHAT).content == first
 
 
-def test_streaming_sends_what_it_records_and_usage_only_when_asked(recorder):
+def test_streaming_sends_what_it_records_and_usage_only_when_asked(
+    recorder: tuple[RecordingBackend, str],
+) -> None:
     backend, url = recorder
     plain = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "stream": True})
     assert parse_sse(plain.content) == backend.requests[-1].sent_events
@@ -49,12 +54,14 @@ def test_streaming_sends_what_it_records_and_usage_only_when_asked(recorder):
     assert json.loads(with_usage[-2])["choices"] == [] and "usage" in json.loads(with_usage[-2])
 
 
-def test_a_body_that_is_not_a_json_object_gets_400(recorder):
+def test_a_body_that_is_not_a_json_object_gets_400(recorder: tuple[RecordingBackend, str]) -> None:
     _, url = recorder
     assert httpx.post(f"{url}/v1/chat/completions", content=b"[1]").status_code == 400
 
 
-def test_the_inspection_api_lists_filters_and_clears(recorder):
+def test_the_inspection_api_lists_filters_and_clears(
+    recorder: tuple[RecordingBackend, str],
+) -> None:
     backend, url = recorder
     httpx.post(f"{url}/v1/chat/completions", json=CHAT)
     found = httpx.get(f"{url}/_recorder/requests", params={"contains": "[tag-1]"}).json()
@@ -63,13 +70,15 @@ def test_the_inspection_api_lists_filters_and_clears(recorder):
     assert backend.requests == []
 
 
-def test_vllm_flavour_publishes_cache_config_for_capacity_discovery(recorder):
+def test_vllm_flavour_publishes_cache_config_for_capacity_discovery(
+    recorder: tuple[RecordingBackend, str],
+) -> None:
     _, url = recorder
     text = httpx.get(f"{url}/metrics").text
     assert 'vllm:cache_config_info{block_size="16"' in text and "num_gpu_blocks=" in text
 
 
-def test_sglang_flavour_publishes_server_info():
+def test_sglang_flavour_publishes_server_info() -> None:
     with serving(RecordingBackend("sglang")) as server:
         info = httpx.get(f"{server.url}/server_info").json()
         assert info["max_total_num_tokens"] > 0
@@ -87,11 +96,14 @@ def test_sglang_flavour_publishes_server_info():
         ({"a": "é"}, {"a": "e"}, "$.a: expected 'é'"),
     ],
 )
-def test_first_difference_names_where_two_documents_differ(expected, actual, where):
-    assert first_difference(expected, actual).startswith(where)
+def test_first_difference_names_where_two_documents_differ(
+    expected: object, actual: object, where: str
+) -> None:
+    difference = first_difference(expected, actual)
+    assert difference is not None and difference.startswith(where)
 
 
-def test_first_difference_can_ignore_key_order_only():
+def test_first_difference_can_ignore_key_order_only() -> None:
     assert first_difference({"a": 1, "b": {"c": 2, "d": 3}}, {"b": {"d": 3, "c": 2}, "a": 1},
                             ordered=False) is None  # fmt: skip
     assert first_difference({"a": [1, 2]}, {"a": [2, 1]}, ordered=False) is not None

@@ -60,38 +60,38 @@ def detail(result: SuiteResult, check_id: str) -> str:
     return next(c.detail for c in result.checks if c.id == check_id)
 
 
-def test_a_correct_gateway_passes_the_checks_the_broken_ones_fail():
+def test_a_correct_gateway_passes_the_checks_the_broken_ones_fail() -> None:
     result = run_against(CORRECT, only=MINI_GATEWAY_CHECKS)
     assert failing(result) == set(), [(c.id, c.detail) for c in result.failed]
     assert len(result.checks) == len(MINI_GATEWAY_CHECKS)
 
 
-def test_forwarding_program_id_fails_the_strip_check():
+def test_forwarding_program_id_fails_the_strip_check() -> None:
     result = run_against(FORWARDS_PROGRAM_ID, only=MINI_GATEWAY_CHECKS)
     assert failing(result) == {"strip.program_id.top_level"}
     assert "the backend received `program_id`" in detail(result, "strip.program_id.top_level")
     assert "conformance-" in detail(result, "strip.program_id.top_level")  # the payload
 
 
-def test_dropping_extra_body_siblings_fails_the_extra_body_fidelity_check():
+def test_dropping_extra_body_siblings_fails_the_extra_body_fidelity_check() -> None:
     result = run_against(DROPS_EXTRA_BODY_SIBLINGS, only=MINI_GATEWAY_CHECKS)
     assert failing(result) == {"fidelity.extra_body_siblings"}
     assert "extra_body" in detail(result, "fidelity.extra_body_siblings")
 
 
-def test_reordering_keys_fails_only_the_key_order_check():
+def test_reordering_keys_fails_only_the_key_order_check() -> None:
     result = run_against(SORTS_KEYS, only=MINI_GATEWAY_CHECKS)
     assert failing(result) == {"fidelity.key_order"}
     assert "key order changed" in detail(result, "fidelity.key_order")
 
 
-def test_adding_a_usage_chunk_fails_the_unrequested_chunk_check():
+def test_adding_a_usage_chunk_fails_the_unrequested_chunk_check() -> None:
     result = run_against(ADDS_USAGE_CHUNK, only=MINI_GATEWAY_CHECKS)
     assert failing(result) == {"stream.no_unrequested_chunk"}
     assert '"usage"' in detail(result, "stream.no_unrequested_chunk")
 
 
-def test_answering_500_to_bad_input_fails_the_rejection_checks():
+def test_answering_500_to_bad_input_fails_the_rejection_checks() -> None:
     result = run_against(ERRORS_500_ON_BAD_INPUT, only=MINI_GATEWAY_CHECKS)
     assert failing(result) == {
         "reject.program_id.blank",
@@ -103,7 +103,7 @@ def test_answering_500_to_bad_input_fails_the_rejection_checks():
 
 
 @pytest.mark.slow  # ~3 s
-def test_a_thunderagent_like_gateway_passes_the_thunderagent_profile():
+def test_a_thunderagent_like_gateway_passes_the_thunderagent_profile() -> None:
     result = run_against(THUNDERAGENT_LIKE, profile="thunderagent")
     assert failing(result) == set(), [(c.id, c.detail) for c in result.failed]
     assert statuses(result)["release.next_request_new_program"] == "pass"
@@ -120,13 +120,15 @@ def test_a_thunderagent_like_gateway_passes_the_thunderagent_profile():
         "no_context.byte_identical",
     ],
 )
-def test_a_thunderagent_like_gateway_fails_what_only_the_full_profile_expects(check_id):
+def test_a_thunderagent_like_gateway_fails_what_only_the_full_profile_expects(
+    check_id: str,
+) -> None:
     result = run_against(THUNDERAGENT_LIKE, only=[check_id])
     assert statuses(result) == {check_id: "fail"}
 
 
 @pytest.mark.slow  # runs the full profile against a thunder-mw subprocess
-def test_a_gateway_that_does_not_read_the_body_form_fails_precedence_and_strip():
+def test_a_gateway_that_does_not_read_the_body_form_fails_precedence_and_strip() -> None:
     # thunder-mw itself with `dynamo_body` turned off: the header names the program, the
     # body's nvext is forwarded, and the trajectory_final flag is never read.
     from thunder_mw.middleware.app import create_app

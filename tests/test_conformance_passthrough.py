@@ -16,7 +16,7 @@ EFFECT_PREFIXES = ("accept.", "strip.", "reject.", "lifecycle.", "precedence.")
 
 
 @pytest.mark.parametrize("views", [False, True], ids=["no-program-views", "empty-program-views"])
-def test_no_effect_check_passes_against_a_plain_pass_through_proxy(views):
+def test_no_effect_check_passes_against_a_plain_pass_through_proxy(views: bool) -> None:
     port = free_port()
     app = passthrough_proxy(f"http://127.0.0.1:{port}", empty_program_views=views)
     with serving(app) as proxy:

@@ -5,6 +5,8 @@ predicts, so a change to the suite that misjudges a real server is caught."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Set
+from pathlib import Path
 
 import pytest
 from asgi_servers import free_port
@@ -41,7 +43,7 @@ CHAT_FORMS = {i.removeprefix("accept.") for i in ALL if i.startswith("accept.")}
 }
 
 # What each peer does, as its documentation and the issue's first runs describe it:
-EXPECTED: dict[str, dict[str, set[str]]] = {
+EXPECTED: dict[str, dict[str, Set[str]]] = {
     # Reads vllm_xargs.agentic_context (its diagnostics list the program), re-serialises bodies
     # (adds defaults: every fidelity check fails), forwards every agent-context field and
     # header (by design for vllm_xargs), validates none, has no /programs routes. Its program
@@ -68,7 +70,7 @@ EXPECTED: dict[str, dict[str, set[str]]] = {
 }
 
 
-def run_against(peer: Peer, profile: str, tmp_path) -> SuiteResult:
+def run_against(peer: Peer, profile: str, tmp_path: Path) -> SuiteResult:
     port = free_port()
     with running_peer(peer, port, tmp_path / f"{peer.name}.log") as url:
         return asyncio.run(
@@ -77,7 +79,7 @@ def run_against(peer: Peer, profile: str, tmp_path) -> SuiteResult:
 
 
 @pytest.mark.parametrize("peer", [VLLM_ROUTER, SMG], ids=lambda p: p.name)
-def test_each_peer_conforms_to_its_own_profile(peer, tmp_path):
+def test_each_peer_conforms_to_its_own_profile(peer: Peer, tmp_path: Path) -> None:
     result = run_against(peer, peer.name, tmp_path)
     assert {c.id for c in result.checks} == PEER_CONTRACTS[peer.name]
     assert result.failed == [], format_table(result)
@@ -85,7 +87,9 @@ def test_each_peer_conforms_to_its_own_profile(peer, tmp_path):
 
 
 @pytest.mark.parametrize("peer", [VLLM_ROUTER, SMG], ids=lambda p: p.name)
-def test_the_full_profile_judges_each_peer_as_its_behaviour_predicts(peer, tmp_path):
+def test_the_full_profile_judges_each_peer_as_its_behaviour_predicts(
+    peer: Peer, tmp_path: Path
+) -> None:
     result = run_against(peer, "full", tmp_path)
     expected = EXPECTED[peer.name]
     want = {i: "pass" for i in expected["pass"]} | {i: "n/a" for i in expected["n/a"]}

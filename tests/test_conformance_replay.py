@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+
+import pytest
+from real_vllm import RealVllm
 
 from thunder_mw.conformance.cli import add_conformance_arguments, run_conformance
 
@@ -21,7 +25,9 @@ REPLAYED = [
 CONTEXT_FIELDS = {"program_id", "docker_ids", "tool_ids", "nvext", "agent_context", "extra_body"}
 
 
-def test_forwarded_bodies_are_accepted_by_the_real_vllm_engine(vllm_engine, tmp_path, capsys):
+def test_forwarded_bodies_are_accepted_by_the_real_vllm_engine(
+    vllm_engine: RealVllm, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     parser = argparse.ArgumentParser()
     add_conformance_arguments(parser)
     report = tmp_path / "report.json"

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from thunder_mw.middleware.agent_context import AgentContextMiddleware
+from thunder_mw.middleware.types import Message, Receive, Scope, Send
 from thunder_mw.schemas.config import AgentContextSettings, Convention
 
 json_scalars = (
@@ -82,7 +84,7 @@ ALL = AgentContextSettings(
 )
 
 
-async def _downstream(scope, receive, send):
+async def _downstream(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"ok"})
 
@@ -90,22 +92,27 @@ async def _downstream(scope, receive, send):
 async def _call(raw: bytes, hdrs: list[tuple[bytes, bytes]], mode: str) -> tuple[int, bytes]:
     settings_ = ALL.model_copy(update={"on_missing": mode})
     app = AgentContextMiddleware(_downstream, settings_, max_body_bytes=1 << 20)
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": hdrs}
-    sent: list[dict] = []
+    scope: Scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "headers": hdrs,
+    }
+    sent: list[Message] = []
     delivered = False
 
-    async def receive():
+    async def receive() -> Message:
         nonlocal delivered
         if delivered:
             return {"type": "http.disconnect"}
         delivered = True
         return {"type": "http.request", "body": raw, "more_body": False}
 
-    async def send(message):
+    async def send(message: Message) -> None:
         sent.append(message)
 
     await app(scope, receive, send)
-    status = sent[0]["status"]
+    status: int = sent[0]["status"]
     body = b"".join(m.get("body", b"") for m in sent[1:])
     return status, body
 
@@ -122,7 +129,9 @@ def _assert_well_formed(status: int, body: bytes) -> None:
 @pytest.mark.slow  # ~3 s: 400 examples
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=bodies, hdrs=headers, mode=st.sampled_from(["ephemeral", "passthrough", "reject"]))
-def test_arbitrary_json_and_headers_never_cause_a_server_error(body, hdrs, mode):
+def test_arbitrary_json_and_headers_never_cause_a_server_error(
+    body: Any, hdrs: list[tuple[str, bytes]], mode: str
+) -> None:
     raw = json.dumps(body).encode()
     encoded = [(n.encode(), v) for n, v in hdrs]
     _assert_well_formed(*asyncio.run(_call(raw, encoded, mode)))
@@ -130,11 +139,11 @@ def test_arbitrary_json_and_headers_never_cause_a_server_error(body, hdrs, mode)
 
 @settings(max_examples=200, deadline=None)
 @given(raw=st.binary(max_size=200))
-def test_arbitrary_bytes_never_cause_a_server_error(raw):
+def test_arbitrary_bytes_never_cause_a_server_error(raw: bytes) -> None:
     _assert_well_formed(*asyncio.run(_call(raw, [], "ephemeral")))
 
 
-def test_json_nested_past_the_decoders_depth_limit_is_a_400_naming_the_body():
+def test_json_nested_past_the_decoders_depth_limit_is_a_400_naming_the_body() -> None:
     status, body = asyncio.run(_call(b"[" * 100_000, [], "ephemeral"))
     assert status == 400
     assert json.loads(body)["error"]["code"] == "invalid_json"

@@ -4,21 +4,29 @@ unplanned, never held; and requests that could only run alone, held briefly then
 from __future__ import annotations
 
 import pytest
-from test_scheduler_core import ctx, info, make, run_step
+from test_scheduler_core import _program, ctx, info, make, run_step
 
 from thunder_mw.middleware.request_body import BodyError, decode_object
 from thunder_mw.policies import context_limit
-from thunder_mw.policies.core import Forward, Hold, Paused, Reject, RequestInfo, Resumed
+from thunder_mw.policies.core import (
+    Forward,
+    Hold,
+    Paused,
+    Reject,
+    RequestInfo,
+    Resumed,
+    SchedulerCore,
+)
 from thunder_mw.policies.program_table import ProgramState
 
 
-def engines(core, max_model_len=None):
+def engines(core: SchedulerCore, max_model_len: int | None = None) -> SchedulerCore:
     for backend in core.backends.values():
         backend.max_model_len = max_model_len
     return core
 
 
-def test_max_tokens_past_every_model_length_is_refused_without_touching_anyone():
+def test_max_tokens_past_every_model_length_is_refused_without_touching_anyone() -> None:
     core = engines(make(capacities=(100_000, 100_000)), max_model_len=32_768)
     run_step(core, "busy", 20_000, 0)
     decision, actions = core.on_request(ctx("huge"), info(10, out=200_000), 1)
@@ -32,11 +40,11 @@ def test_max_tokens_past_every_model_length_is_refused_without_touching_anyone()
     assert "200000 in the completion" in decision.message
     assert actions == []
     assert core.table.get("huge") is None  # no program was made for it
-    assert core.table.get("busy").state is ProgramState.ACTIVE
+    assert _program(core, "busy").state is ProgramState.ACTIVE
     assert core.counters["context_length_refusals"] == 1
 
 
-def test_a_prompt_past_every_kv_cache_is_refused_naming_the_messages():
+def test_a_prompt_past_every_kv_cache_is_refused_naming_the_messages() -> None:
     core = make(capacities=(1000, 2000))  # model lengths unknown: the KV cache bounds
     chars = 2001 * context_limit.MAX_CHARS_PER_TOKEN  # at least 2,001 tokens, whatever it is
     decision, _ = core.on_request(ctx("p"), RequestInfo(prompt_chars=chars), 0)
@@ -44,20 +52,20 @@ def test_a_prompt_past_every_kv_cache_is_refused_naming_the_messages():
     assert "2000 tokens (KV cache of b1)" in decision.message
 
 
-def test_an_unhealthy_engine_with_room_does_not_make_a_request_fit():
+def test_an_unhealthy_engine_with_room_does_not_make_a_request_fit() -> None:
     core = make(capacities=(1000, 10_000))
     core.on_backend("b1", healthy=False, now=0)
     decision, _ = core.on_request(ctx("p"), info(10, out=5000), 1)
     assert isinstance(decision, Reject) and "KV cache of b0" in decision.message
 
 
-def test_an_engine_with_unknown_limits_might_take_anything():
+def test_an_engine_with_unknown_limits_might_take_anything() -> None:
     core = make(capacities=(1000, None))
     decision, _ = core.on_request(ctx("p"), info(10, out=50_000), 0)
     assert not isinstance(decision, Reject)
 
 
-def test_past_the_model_length_by_the_estimate_only_goes_to_the_engine_unplanned():
+def test_past_the_model_length_by_the_estimate_only_goes_to_the_engine_unplanned() -> None:
     """The estimate (4 chars a token) says 5,000 tokens; the floor (32 a token) 625: only the
     engine's tokenizer can tell, so it is asked at once, and nothing is reserved or paused."""
     core = engines(make(capacities=(10_000, 10_000)), max_model_len=2048)
@@ -67,19 +75,19 @@ def test_past_the_model_length_by_the_estimate_only_goes_to_the_engine_unplanned
     assert isinstance(decision, Forward) and not decision.planned
     assert decision.backend == "b1"  # the longest model length
     assert actions == [] and core.table.get("long") is None
-    assert sum(b.reserved for b in core.backends.values()) == core.table.get("busy").reserved_tokens
+    assert sum(b.reserved for b in core.backends.values()) == _program(core, "busy").reserved_tokens
 
 
-def test_a_known_program_sent_unplanned_goes_home_when_home_serves_as_long_a_model():
+def test_a_known_program_sent_unplanned_goes_home_when_home_serves_as_long_a_model() -> None:
     core = engines(make(capacities=(10_000, 10_000)), max_model_len=2048)
     home = run_step(core, "a", 1000, 0)
-    reserved = core.table.get("a").reserved_tokens
+    reserved = _program(core, "a").reserved_tokens
     decision, _ = core.on_request(ctx("a"), info(4000), 2)
     assert isinstance(decision, Forward) and not decision.planned and decision.backend == home
-    assert core.table.get("a").reserved_tokens == reserved  # its reservation did not grow
+    assert _program(core, "a").reserved_tokens == reserved  # its reservation did not grow
 
 
-def test_larger_than_every_kv_cache_by_the_estimate_is_held_alone_then_placed():
+def test_larger_than_every_kv_cache_by_the_estimate_is_held_alone_then_placed() -> None:
     core = make(capacities=(1000,))
     run_step(core, "resident", 600, 0)
     decision, _ = core.on_request(ctx("big"), info(1100), 1)  # floor 137: may fit an engine
@@ -92,7 +100,7 @@ def test_larger_than_every_kv_cache_by_the_estimate_is_held_alone_then_placed():
     assert "resident" in paused
 
 
-def test_a_request_that_merely_waits_for_room_is_not_alone_and_leaves_on_its_deadline():
+def test_a_request_that_merely_waits_for_room_is_not_alone_and_leaves_on_its_deadline() -> None:
     core = make(capacities=(1000,))
     run_step(core, "resident", 700, 0)
     decision, _ = core.on_request(ctx("late"), info(500), 1)
@@ -102,8 +110,8 @@ def test_a_request_that_merely_waits_for_room_is_not_alone_and_leaves_on_its_dea
     assert core.queue_length() == 0
 
 
-def test_only_the_prompt_bearing_fields_count_toward_the_floor():
-    body = {
+def test_only_the_prompt_bearing_fields_count_toward_the_floor() -> None:
+    body: dict[str, object] = {
         "model": "m",
         "messages": [{"role": "system", "content": "ab"}, {"role": "user", "content": "cde"}],
         "tools": [{"type": "function", "function": {"name": "fg"}}],
@@ -116,7 +124,7 @@ def test_only_the_prompt_bearing_fields_count_toward_the_floor():
     assert context_limit.prompt_floor(ids) == 3  # a token id is one token
 
 
-def test_a_huge_non_prompt_field_is_not_a_too_long_prompt():
+def test_a_huge_non_prompt_field_is_not_a_too_long_prompt() -> None:
     """The raw body is 100 KB; its prompt is one word: the engine decides, not the floor."""
     core = engines(make(capacities=(3072,)), max_model_len=2048)
     info_ = RequestInfo(prompt_chars=100_000, max_tokens=8, prompt_text_chars=10)
@@ -124,7 +132,7 @@ def test_a_huge_non_prompt_field_is_not_a_too_long_prompt():
     assert not isinstance(decision, Reject)
 
 
-def test_an_integer_past_64_bits_is_refused_as_the_body_is_read():
+def test_an_integer_past_64_bits_is_refused_as_the_body_is_read() -> None:
 
     assert decode_object(b'{"top_k": 9223372036854775807}', for_engine=True)["top_k"] == 2**63 - 1
     # Admin bodies, and fields no engine reads as an integer, take any integer JSON allows.

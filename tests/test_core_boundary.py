@@ -3,16 +3,19 @@ and stages read a view and return decisions the core applies (policies/stage_con
 
 from __future__ import annotations
 
-from thunder_mw.policies import Pause, Stage, StageView
-from thunder_mw.policies.core import Forward, Hold, RequestInfo, Resumed, SchedulerCore
+from collections.abc import Iterator
+from typing import Any
+
+from thunder_mw.policies import Pause, Stage, StageDecision, StageView
+from thunder_mw.policies.core import Forward, Hold, Paused, RequestInfo, Resumed, SchedulerCore
 from thunder_mw.policies.events import ProgramHistory
 from thunder_mw.policies.pipeline import build_pipeline
-from thunder_mw.policies.program_table import ProgramState, Usage
+from thunder_mw.policies.program_table import Program, ProgramState, Usage
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
 CHARS_PER_TOKEN = 4
-PIPELINE = [
+PIPELINE: list[dict[str, Any]] = [
     {"admission": {"high_watermark": 1.0, "low_watermark": 0.8, "buffer_tokens_per_program": 0}},
     {"state_aware_pause": {"acting_token_weight": 1.0, "yield_idle_after_s": None}},
     {"migration": {}},
@@ -33,6 +36,12 @@ def make(*extra: Stage, capacities: tuple[int, ...] = (1000,)) -> SchedulerCore:
     return SchedulerCore(labels, stages, chars_per_token=CHARS_PER_TOKEN)
 
 
+def _program(core: SchedulerCore, program_id: str) -> Program:
+    program = core.table.get(program_id)
+    assert program is not None, program_id
+    return program
+
+
 def run_step(core: SchedulerCore, pid: str, tokens: int, now: float) -> None:
     decision, _ = core.on_request(ctx(pid), info(tokens), now)
     assert isinstance(decision, Forward), decision
@@ -48,7 +57,7 @@ def test_other_replicas_reservations_count_against_the_engine_until_they_shrink(
     assert isinstance(decision, Hold)
     actions = core.on_foreign_reservations("b0", 100, 2.0)
     assert [(a.program_id, a.backend) for a in actions if isinstance(a, Resumed)] == [("a", "b0")]
-    assert core.backends["b0"].reserved == 100 + core.table.get("a").reserved_tokens
+    assert core.backends["b0"].reserved == 100 + _program(core, "a").reserved_tokens
     assert core.on_foreign_reservations("b0", -5, 3.0) == []  # never below zero
     assert core.foreign_reserved("b0") == 0 and core.on_foreign_reservations("gone", 1, 3) == []
 
@@ -85,7 +94,7 @@ class _PausesAndLooks(Stage):
         super().__init__()
         self.seen: list[ProgramState] = []
 
-    def on_tick(self, view: StageView, now: float):  # type: ignore[no-untyped-def]
+    def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
         program = view.program("a")
         if program is not None and program.state is ProgramState.ACTIVE:
             yield Pause(program, "test")
@@ -130,5 +139,8 @@ def test_victims_a_stage_looks_at_but_does_not_pause_stay_in_the_pause_order() -
 def test_decisions_from_outside_the_pipeline_are_applied_as_a_stages_would_be() -> None:
     core = make()
     run_step(core, "a", 300, 0.0)
-    actions = core.apply([Pause(core.table.get("a"), "operator")], 2.0)
-    assert [(a.program_id, a.reason) for a in actions] == [("a", "operator")]
+    actions = core.apply([Pause(_program(core, "a"), "operator")], 2.0)
+    assert [(a.program_id, a.reason) for a in actions if isinstance(a, Paused)] == [
+        ("a", "operator")
+    ]
+    assert len(actions) == 1

@@ -8,11 +8,13 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import pytest
-from asgi_servers import serving, serving_gateway
+from asgi_servers import ServerThread, serving, serving_gateway
 from fake_engine import FakeEngine
 
 from thunder_mw.benchmarks.dashboard_demo import chromium, find_chromium
@@ -41,7 +43,10 @@ def browser() -> str:
     return path
 
 
-def chat(program_id: str, max_tokens: int, **extra) -> dict:
+T = TypeVar("T")
+
+
+def chat(program_id: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
     return {
         "model": "sim-model",
         "messages": [{"role": "user", "content": f"{program_id} " * 40}],
@@ -52,11 +57,11 @@ def chat(program_id: str, max_tokens: int, **extra) -> dict:
     }
 
 
-def programs(gw) -> dict[str, dict]:
+def programs(gw: ServerThread) -> dict[str, dict[str, Any]]:
     return {p["program_id"]: p for p in httpx.get(f"{gw.url}/programs").json()["programs"]}
 
 
-def until(predicate, timeout_s: float = 20.0, what: str = "condition"):
+def until(predicate: Callable[[], T], timeout_s: float = 20.0, what: str = "condition") -> T:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
@@ -71,12 +76,12 @@ class Scenario:
     a short call each; then one program per engine starts a long streaming call that needs
     nearly all of its engine, so the others are paused and their next requests wait."""
 
-    def __init__(self, gw) -> None:
+    def __init__(self, gw: ServerThread) -> None:
         self.gw = gw
         self.threads: list[threading.Thread] = []
         self.waiters: list[str] = []
 
-    def run(self, body: dict) -> None:
+    def run(self, body: dict[str, Any]) -> None:
         def go() -> None:
             asyncio.run(self._post(body))
 
@@ -84,7 +89,7 @@ class Scenario:
         thread.start()
         self.threads.append(thread)
 
-    async def _post(self, body: dict) -> None:
+    async def _post(self, body: dict[str, Any]) -> None:
         async with httpx.AsyncClient(base_url=self.gw.url, timeout=120) as client:
             async with client.stream("POST", "/v1/chat/completions", json=body) as r:
                 async for _ in r.aiter_raw():
@@ -111,7 +116,7 @@ class Scenario:
 
 
 @pytest.fixture(scope="module")
-def loaded_gateway():
+def loaded_gateway() -> Iterator[tuple[ServerThread, Scenario]]:
     config = ThunderConfig(
         backends=[
             {"name": f"sim-{i}", "type": "sim", "capacity_tokens": 1000, "sim": SIM}
@@ -130,7 +135,9 @@ def loaded_gateway():
         scenario.join()
 
 
-def test_the_dashboard_renders_engines_and_paused_programs_in_chromium(browser, loaded_gateway):
+def test_the_dashboard_renders_engines_and_paused_programs_in_chromium(
+    browser: str, loaded_gateway: tuple[ServerThread, Scenario]
+) -> None:
     gw, scenario = loaded_gateway
     dom = chromium(f"{gw.url}/dashboard", binary=browser, budget_ms=3000)
     assert 'data-backend="sim-0"' in dom and 'data-backend="sim-1"' in dom
@@ -140,7 +147,9 @@ def test_the_dashboard_renders_engines_and_paused_programs_in_chromium(browser, 
     assert re.search(r'<span class="tag t-pause">pause</span>', dom)  # a decision listed
 
 
-def test_a_screenshot_of_the_loaded_dashboard_is_kept(browser, loaded_gateway):
+def test_a_screenshot_of_the_loaded_dashboard_is_kept(
+    browser: str, loaded_gateway: tuple[ServerThread, Scenario]
+) -> None:
     gw, _ = loaded_gateway
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"
@@ -151,22 +160,24 @@ def test_a_screenshot_of_the_loaded_dashboard_is_kept(browser, loaded_gateway):
 
 # ------------------------------------------------------------------ with an admin token
 @pytest.fixture
-def guarded():
+def guarded() -> Iterator[ServerThread]:
     with serving_gateway(FakeEngine(), {"name": "e0"}, server={"admin_token": "s3cret"}) as gw:
         yield gw
 
 
-def test_with_a_token_the_page_takes_it_once_and_polls_with_a_header(browser, guarded):
+def test_with_a_token_the_page_takes_it_once_and_polls_with_a_header(
+    browser: str, guarded: ServerThread
+) -> None:
     dom = chromium(f"{guarded.url}/dashboard?token=s3cret", binary=browser, budget_ms=2000)
     assert 'data-backend="e0"' in dom
 
 
-def test_the_page_without_its_token_is_refused(guarded):
+def test_the_page_without_its_token_is_refused(guarded: ServerThread) -> None:
     assert httpx.get(f"{guarded.url}/dashboard").status_code == 401
     assert httpx.get(f"{guarded.url}/dashboard?token=wrong").status_code == 401
 
 
-def test_only_the_page_accepts_the_token_in_its_url(guarded):
+def test_only_the_page_accepts_the_token_in_its_url(guarded: ServerThread) -> None:
     assert httpx.get(f"{guarded.url}/dashboard?token=s3cret").status_code == 200
     assert httpx.get(f"{guarded.url}/dashboard/state?token=s3cret").status_code == 401
     authorized = {"Authorization": "Bearer s3cret"}

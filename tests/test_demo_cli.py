@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,9 @@ from thunder_mw.sim.ports import free_port
 
 
 @pytest.mark.slow  # a `thunder-mw` process
-def test_thunder_mw_alone_serves_the_built_in_demo_and_says_where_it_listens(tmp_path):
+def test_thunder_mw_alone_serves_the_built_in_demo_and_says_where_it_listens(
+    tmp_path: Path,
+) -> None:
     port = free_port()
     env = {
         **os.environ,
@@ -52,7 +55,7 @@ def test_thunder_mw_alone_serves_the_built_in_demo_and_says_where_it_listens(tmp
     assert sum("Shutting down" in line for line in lines) == 1, lines
 
 
-def test_the_serve_help_says_what_runs_without_a_config(capsys):
+def test_the_serve_help_says_what_runs_without_a_config(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     assert "without it: the built-in demo, config/demo.yaml" in " ".join(
@@ -61,7 +64,7 @@ def test_the_serve_help_says_what_runs_without_a_config(capsys):
 
 
 @pytest.mark.slow  # a `thunder-mw` process
-def test_a_taken_port_is_reported_before_any_engine_is_probed(tmp_path):
+def test_a_taken_port_is_reported_before_any_engine_is_probed(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -59,7 +59,7 @@ def recorder(answer_as_engine: bool) -> Iterator[_Recorder]:
 
 
 @pytest.fixture
-def engine_and_decoy(monkeypatch):
+def engine_and_decoy(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[_Recorder, _Recorder]]:
     """A fake engine, and a decoy named by every environment variable that could divert."""
     with recorder(True) as engine, recorder(False) as decoy:
         proxy = decoy.url.replace("tcp://", "http://")
@@ -70,7 +70,9 @@ def engine_and_decoy(monkeypatch):
         yield engine, decoy
 
 
-def test_the_configured_url_wins_over_docker_host_and_proxies(engine_and_decoy, monkeypatch):
+def test_the_configured_url_wins_over_docker_host_and_proxies(
+    engine_and_decoy: tuple[_Recorder, _Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine, decoy = engine_and_decoy
     monkeypatch.setenv("DOCKER_HOST", decoy.url)
     docker_engine = DockerEngine(engine.url, max_calls=1, timeout_s=5)
@@ -81,7 +83,9 @@ def test_the_configured_url_wins_over_docker_host_and_proxies(engine_and_decoy, 
     assert engine.paths and decoy.paths == []
 
 
-def test_docker_host_is_used_when_no_url_is_configured(engine_and_decoy, monkeypatch):
+def test_docker_host_is_used_when_no_url_is_configured(
+    engine_and_decoy: tuple[_Recorder, _Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine, decoy = engine_and_decoy
     monkeypatch.setenv("DOCKER_HOST", engine.url)
     docker_engine = DockerEngine(None, max_calls=1, timeout_s=5)

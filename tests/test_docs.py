@@ -31,13 +31,13 @@ def _reference_block(text: str) -> str:
     return text[start : text.index(END)]
 
 
-def test_configuration_reference_matches_the_config_models():
+def test_configuration_reference_matches_the_config_models() -> None:
     assert _reference_block(REFERENCE.read_text()) == config_reference(), (
         "run: python scripts/update_config_reference.py"
     )
 
 
-def test_update_script_check_fails_on_a_stale_reference(tmp_path):
+def test_update_script_check_fails_on_a_stale_reference(tmp_path: Path) -> None:
     script = (ROOT / "scripts" / "update_config_reference.py").read_text()
     stale = tmp_path / "docs" / "configuration.md"
     stale.parent.mkdir()
@@ -68,7 +68,7 @@ def _links(page: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_relative_link_points_at_an_existing_file(page):
+def test_every_relative_link_points_at_an_existing_file(page: Path) -> None:
     broken = []
     for target in _links(page):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
@@ -82,7 +82,7 @@ def test_every_relative_link_points_at_an_existing_file(page):
     assert not broken, f"{page.relative_to(ROOT)}: broken links: {broken}"
 
 
-def test_link_checker_sees_links_and_headings():
+def test_link_checker_sees_links_and_headings() -> None:
     assert _links(ROOT / "README.md"), "README.md has no relative links to check?"
     assert _anchor("Replaying against your own stack: `thunder-mw replay`") == (
         "replaying-against-your-own-stack-thunder-mw-replay"

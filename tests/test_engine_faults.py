@@ -21,18 +21,19 @@ from held_requests import BIG, start_hog, wait_for
 
 from thunder_mw.engines.pool import SUSPECT_RECHECK_S, BackendPool
 from thunder_mw.middleware.app import ThunderGateway, create_app
+from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.policies import Pause
 from thunder_mw.policies.core import RequestInfo, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
-from thunder_mw.policies.program_table import ProgramState, Usage
-from thunder_mw.schemas.agent_context import AgentContext, Convention
-from thunder_mw.schemas.config import BackendSettings, ServerSettings, ThunderConfig
+from thunder_mw.policies.program_table import Program, ProgramState, Usage
+from thunder_mw.schemas.agent_context import AgentContext
+from thunder_mw.schemas.config import BackendSettings, Convention, ServerSettings, ThunderConfig
 from thunder_mw.sim.ports import free_port
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 # No growth buffer: a program idle between calls then reserves exactly its context, so "the
 # reservation was freed" is an exact number.
-POLICIES = [
+POLICIES: list[dict[str, Any]] = [
     {"admission": {"buffer_tokens_per_program": 0}},
     {"state_aware_pause": {}},
     {"migration": {}},
@@ -55,7 +56,8 @@ class Gateway:
         )
 
     def program(self, program_id: str) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/programs/{program_id}").json()
+        view: dict[str, Any] = httpx.get(f"{self.url}/programs/{program_id}").json()
+        return view
 
     def core(self, read: Callable[[SchedulerCore], Any]) -> Any:
         async def on_loop() -> Any:
@@ -65,7 +67,7 @@ class Gateway:
 
     def accounting(self, label: str) -> dict[str, Any]:
         """What the core counts against one engine."""
-        return self.core(
+        counts: dict[str, Any] = self.core(
             lambda core: {
                 "reserved": core.backends[label].reserved,
                 "pending_release": core.backends[label].pending_release,
@@ -74,21 +76,30 @@ class Gateway:
                 "capacity": core.backends[label].capacity,
             }
         )
+        return counts
 
     def active_on(self, label: str) -> list[str]:
-        return self.core(
+        active: list[str] = self.core(
             lambda core: [
                 p.program_id
                 for p in core.programs()
                 if p.state is ProgramState.ACTIVE and p.backend == label
             ]
         )
+        return active
 
     def until(self, condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
         while not condition():
             assert time.monotonic() < deadline, f"never happened: {what}"
             time.sleep(0.02)
+
+
+def _program(core: SchedulerCore, program_id: str) -> Program:
+    """The core's entry for `program_id` (the test fails here if it has none)."""
+    program = core.table.get(program_id)
+    assert program is not None, program_id
+    return program
 
 
 @contextmanager
@@ -100,7 +111,8 @@ def gateway(backends: list[dict[str, Any]], **config: Any) -> Iterator[Gateway]:
 
 def healthy_in_pool(gw: Gateway, label: str) -> bool:
     backends = httpx.get(f"{gw.url}/health").json()["backends"]
-    return next(b for b in backends if b["name"] == label)["healthy"]
+    healthy: bool = next(b for b in backends if b["name"] == label)["healthy"]
+    return healthy
 
 
 class SilentEngine:
@@ -112,7 +124,7 @@ class SilentEngine:
         self.abandoned = threading.Event()  # the gateway gave up and closed the connection
         self.url = ""
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
@@ -155,7 +167,7 @@ def test_an_engine_silent_past_the_first_byte_timeout_gets_a_504_and_frees_the_r
 
 
 @pytest.mark.slow  # ~3 s
-def test_a_stream_slower_overall_than_the_first_byte_timeout_is_not_cut(engine) -> None:
+def test_a_stream_slower_overall_than_the_first_byte_timeout_is_not_cut(engine: FakeEngine) -> None:
     engine.chunks, engine.chunk_delay_s = 8, 0.25  # first event after 0.25 s, the last after 2 s
     with gateway([{"name": "e", "url": engine.url}], server={"first_byte_timeout_s": 1.0}) as gw:
         r = gw.chat("p", stream=True)
@@ -215,7 +227,7 @@ def test_an_engine_refusing_connections_is_left_by_its_programs_and_new_ones() -
 
 @pytest.mark.slow  # ~3 s
 def test_a_program_held_while_its_engine_goes_away_runs_on_the_other_engine() -> None:
-    slow = {"chunks": 30, "chunk_delay_s": 0.1}  # each hog streams for about 3 s
+    slow: dict[str, Any] = {"chunks": 30, "chunk_delay_s": 0.1}  # each hog streams for about 3 s
     a, b = FakeEngine(**slow), FakeEngine(**slow)
     server_a = ServerThread(a).start()
     try:
@@ -327,7 +339,7 @@ def test_core_paused_and_held_programs_of_a_dead_engine_resume_on_the_other() ->
     core = _core()
     assert _request(core, "paused", 200, 0.0).backend == "a"
     core.on_finished("paused", Usage(150, 50), True, 1.0)
-    core.apply([Pause(core.table.get("paused"))], 1.5)  # as the pause stage would
+    core.apply([Pause(_program(core, "paused"))], 1.5)  # as the pause stage would
     assert _request(core, "hog-a", 950, 2.0).backend == "a"
     assert _request(core, "hog-b", 950, 2.0).backend == "b"
     assert _request(core, "held", 500, 3.0).program_id == "held"  # Hold: nothing fits
@@ -348,7 +360,7 @@ def anyio_backend() -> str:
 
 
 @pytest.mark.anyio
-async def test_pool_probes_an_engine_at_once_after_a_failed_call(engine) -> None:
+async def test_pool_probes_an_engine_at_once_after_a_failed_call(engine: FakeEngine) -> None:
     pool = BackendPool(
         [BackendSettings(name="e", url=engine.url)], ServerSettings(probe_interval_s=3600)
     )

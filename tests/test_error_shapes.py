@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 from asgi_servers import serving
+from fake_engine import FakeEngine
 
 from thunder_mw.middleware.app import ThunderMiddleware, create_app
 from thunder_mw.schemas.config import ThunderConfig
@@ -50,25 +51,33 @@ def chat(client: openai.OpenAI, **kw: Any) -> Any:
     )
 
 
+def body_of(error: openai.APIStatusError) -> dict[str, Any]:
+    """The error object the client parsed (every error the gateway writes is a JSON object)."""
+    assert isinstance(error.body, dict)
+    return error.body
+
+
 # ------------------------------------------------------------------ 404 / 405 / 500
-def test_a_wrong_method_on_an_inference_route_is_an_openai_405_naming_the_method(client):
+def test_a_wrong_method_on_an_inference_route_is_an_openai_405_naming_the_method(
+    client: openai.OpenAI,
+) -> None:
     with pytest.raises(openai.APIStatusError) as info:
         client.get("/chat/completions", cast_to=object)
     error = info.value
     assert error.status_code == 405 and error.response.headers["allow"] == "POST"
-    assert error.body["code"] == "method_not_allowed"
-    assert error.body["type"] == "invalid_request_error"
-    assert "GET /v1/chat/completions" in error.body["message"]
+    assert body_of(error)["code"] == "method_not_allowed"
+    assert body_of(error)["type"] == "invalid_request_error"
+    assert "GET /v1/chat/completions" in body_of(error)["message"]
 
 
-def test_post_to_the_models_route_is_a_405_allowing_get(client):
+def test_post_to_the_models_route_is_a_405_allowing_get(client: openai.OpenAI) -> None:
     with pytest.raises(openai.APIStatusError) as info:
         client.post("/models", cast_to=object, body={})
     assert info.value.status_code == 405 and info.value.response.headers["allow"] == "GET"
-    assert info.value.body["code"] == "method_not_allowed"
+    assert body_of(info.value)["code"] == "method_not_allowed"
 
 
-def test_an_unknown_v1_route_is_the_engines_own_404_relayed(client):
+def test_an_unknown_v1_route_is_the_engines_own_404_relayed(client: openai.OpenAI) -> None:
     # The path goes to the engine (other /v1 routes are engine routes); the simulator answers
     # its 404 as vLLM does (JSON, test_real_vllm_errors.py compares them), so the client
     # raises NotFoundError with the parsed body.
@@ -92,7 +101,9 @@ async def _raises(scope: Any, receive: Any, send: Any) -> None:
             return
 
 
-def test_a_request_nobody_answered_gets_an_openai_500_not_a_plain_text_page(engine, caplog):
+def test_a_request_nobody_answered_gets_an_openai_500_not_a_plain_text_page(
+    engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
     config = ThunderConfig(backends=[{"name": "e", "url": engine.url}])
     middleware = ThunderMiddleware(_raises, config)
     with (
@@ -101,8 +112,8 @@ def test_a_request_nobody_answered_gets_an_openai_500_not_a_plain_text_page(engi
     ):
         with pytest.raises(openai.InternalServerError) as info:
             chat(c, extra_body={"program_id": "p500"})
-        assert info.value.body["code"] == "internal_error"
-        assert info.value.body["type"] == "server_error"
+        assert body_of(info.value)["code"] == "internal_error"
+        assert body_of(info.value)["type"] == "server_error"
         program = httpx.get(f"{gw.url}/programs/p500").json()
     # The call ended as failed: the program is not left REASONING with a call counted.
     assert program["in_flight"] == 0 and program["failures"] == 1
@@ -110,23 +121,27 @@ def test_a_request_nobody_answered_gets_an_openai_500_not_a_plain_text_page(engi
 
 
 # ------------------------------------------------------------------ header ids
-def test_a_utf8_header_id_names_the_program_as_sent(client, gateway):
-    chat(client, extra_headers={"X-Dynamo-Session-ID": "café-程序".encode()})  # type: ignore[dict-item]
+def test_a_utf8_header_id_names_the_program_as_sent(client: openai.OpenAI, gateway: str) -> None:
+    chat(client, extra_headers={"X-Dynamo-Session-ID": "café-程序".encode()})
     listed = {p["program_id"] for p in httpx.get(f"{gateway}/programs").json()["programs"]}
     assert "café-程序" in listed and "cafÃ©-ç¨åº" not in listed
 
 
-def test_a_header_id_that_is_not_utf8_is_a_400_naming_the_header(client, gateway):
+def test_a_header_id_that_is_not_utf8_is_a_400_naming_the_header(
+    client: openai.OpenAI, gateway: str
+) -> None:
     before = httpx.get(f"{gateway}/programs").json()["count"]
     with pytest.raises(openai.BadRequestError) as info:
-        chat(client, extra_headers={"X-Dynamo-Session-ID": b"\xff\xfe"})  # type: ignore[dict-item]
-    assert info.value.body["param"] == "x-dynamo-session-id"
-    assert "UTF-8" in info.value.body["message"]
+        chat(client, extra_headers={"X-Dynamo-Session-ID": b"\xff\xfe"})
+    assert body_of(info.value)["param"] == "x-dynamo-session-id"
+    assert "UTF-8" in body_of(info.value)["message"]
     assert httpx.get(f"{gateway}/programs").json()["count"] == before  # no `ÿþ` program
 
 
 # ------------------------------------------------------------------ program_id: null
-def test_a_null_program_id_on_a_chat_call_is_no_program_id(client, gateway):
+def test_a_null_program_id_on_a_chat_call_is_no_program_id(
+    client: openai.OpenAI, gateway: str
+) -> None:
     answer = chat(client, extra_body={"program_id": None})
     assert answer.choices[0].message.content
     ids = [p["program_id"] for p in httpx.get(f"{gateway}/programs").json()["programs"]]
@@ -134,7 +149,9 @@ def test_a_null_program_id_on_a_chat_call_is_no_program_id(client, gateway):
 
 
 @pytest.mark.parametrize("body", [{"program_id": None}, {}])
-def test_release_without_a_program_id_null_or_missing_is_the_same_400(gateway, body):
+def test_release_without_a_program_id_null_or_missing_is_the_same_400(
+    gateway: str, body: dict[str, Any]
+) -> None:
     answer = httpx.post(f"{gateway}/programs/release", json=body)
     assert answer.status_code == 400
     error = answer.json()["error"]
@@ -142,10 +159,12 @@ def test_release_without_a_program_id_null_or_missing_is_the_same_400(gateway, b
 
 
 # ------------------------------------------------------------------ failed programs
-def test_a_program_whose_only_call_failed_holds_nothing_and_expires_soon(client, gateway):
+def test_a_program_whose_only_call_failed_holds_nothing_and_expires_soon(
+    client: openai.OpenAI, gateway: str
+) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         chat(client, model="no-such-model", extra_body={"program_id": "doomed"})
-    assert info.value.body["param"] == "model"  # the engine's own 404, relayed
+    assert body_of(info.value)["param"] == "model"  # the engine's own 404, relayed
     seen = httpx.get(f"{gateway}/programs/doomed").json()
     assert seen["failures"] == 1 and seen["steps"] == 0
     assert seen["reserved_tokens"] == 0 and seen["in_flight"] == 0
@@ -160,7 +179,9 @@ def test_a_program_whose_only_call_failed_holds_nothing_and_expires_soon(client,
     assert answer.json()["error"]["code"] == "program_not_found"
 
 
-def test_a_program_with_a_successful_call_outlives_the_failed_ttl(client, gateway):
+def test_a_program_with_a_successful_call_outlives_the_failed_ttl(
+    client: openai.OpenAI, gateway: str
+) -> None:
     chat(client, extra_body={"program_id": "proven"})
     with pytest.raises(openai.NotFoundError):
         chat(client, model="no-such-model", extra_body={"program_id": "proven"})
@@ -169,7 +190,9 @@ def test_a_program_with_a_successful_call_outlives_the_failed_ttl(client, gatewa
     assert seen.status_code == 200 and seen.json()["failures"] == 1
 
 
-def test_a_first_call_abandoned_mid_stream_frees_its_reservation_at_once_then_expires(engine):
+def test_a_first_call_abandoned_mid_stream_frees_its_reservation_at_once_then_expires(
+    engine: FakeEngine,
+) -> None:
     engine.chunks, engine.chunk_delay_s = 50, 0.05
     policies = [*POLICIES[:-1], {"gc_hooks": {"failed_ttl_s": 1.0}}]
     config = ThunderConfig(
@@ -201,7 +224,9 @@ def test_a_first_call_abandoned_mid_stream_frees_its_reservation_at_once_then_ex
         assert gone.status_code == 404
 
 
-def test_a_failing_admin_route_is_a_500_in_the_error_object(engine, monkeypatch):
+def test_a_failing_admin_route_is_a_500_in_the_error_object(
+    engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     app = create_app(ThunderConfig(backends=[{"name": "e", "url": engine.url}]))
 
     def broken() -> list[Any]:

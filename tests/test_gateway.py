@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import AbstractContextManager
+from typing import Any
 
 import httpx
-from asgi_servers import serving
+from asgi_servers import ServerThread, serving
 from fake_engine import FakeEngine
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -17,7 +19,7 @@ from thunder_mw.sim.ports import free_port
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "héllo 😀"}], "temperature": 0.25}
 
 
-def gateway(*engines, **config):
+def gateway(*engines: FakeEngine, **config: Any) -> AbstractContextManager[ServerThread]:
     backends = [{"name": f"e{i}", "url": e.url} for i, e in enumerate(engines)]
     return serving(create_app(ThunderConfig(backends=backends, **config)))
 
@@ -27,7 +29,7 @@ def events(text: str) -> list[str]:
 
 
 # ------------------------------------------------------------------ forwarding and stripping
-def test_chat_request_is_forwarded_without_agent_context(engine):
+def test_chat_request_is_forwarded_without_agent_context(engine: FakeEngine) -> None:
     with gateway(engine) as gw:
         body = {**CHAT, "program_id": "p1", "docker_ids": ["box-1"]}
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=body)
@@ -35,7 +37,7 @@ def test_chat_request_is_forwarded_without_agent_context(engine):
     assert engine.last().raw == json.dumps(CHAT, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def test_body_without_context_reaches_the_engine_byte_for_byte(engine):
+def test_body_without_context_reaches_the_engine_byte_for_byte(engine: FakeEngine) -> None:
     raw = b'{"model": "m",  "messages": [], "n": 1.50, "x": "\\u00e9"}'
     with gateway(engine) as gw:
         r = httpx.post(
@@ -45,7 +47,7 @@ def test_body_without_context_reaches_the_engine_byte_for_byte(engine):
     assert engine.last().raw == raw
 
 
-def test_context_headers_are_not_forwarded(engine):
+def test_context_headers_are_not_forwarded(engine: FakeEngine) -> None:
     with gateway(engine) as gw:
         headers = {"X-Dynamo-Session-ID": "s1", "x-litellm-session-id": "s1", "x-custom": "kept"}
         httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT, headers=headers)
@@ -54,7 +56,7 @@ def test_context_headers_are_not_forwarded(engine):
     assert received["x-custom"] == "kept"
 
 
-def test_client_authorization_is_not_forwarded_by_default(engine):
+def test_client_authorization_is_not_forwarded_by_default(engine: FakeEngine) -> None:
     with gateway(engine) as gw:
         httpx.post(
             f"{gw.url}/v1/chat/completions",
@@ -64,14 +66,14 @@ def test_client_authorization_is_not_forwarded_by_default(engine):
     assert "authorization" not in engine.last().headers
 
 
-def test_backend_api_key_is_sent(engine):
+def test_backend_api_key_is_sent(engine: FakeEngine) -> None:
     cfg = ThunderConfig(backends=[{"url": engine.url, "api_key": "engine-key"}])
     with serving(create_app(cfg)) as gw:
         httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT)
     assert engine.last().headers["authorization"] == "Bearer engine-key"
 
 
-def test_engine_status_and_error_body_pass_through(engine):
+def test_engine_status_and_error_body_pass_through(engine: FakeEngine) -> None:
     engine.status = 422
     with gateway(engine) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "program_id": "p"})
@@ -81,7 +83,7 @@ def test_engine_status_and_error_body_pass_through(engine):
 
 
 # ------------------------------------------------------------------ streaming and usage
-def test_streaming_hides_the_usage_chunk_the_client_did_not_ask_for(engine):
+def test_streaming_hides_the_usage_chunk_the_client_did_not_ask_for(engine: FakeEngine) -> None:
     with gateway(engine) as gw:
         r = httpx.post(
             f"{gw.url}/v1/chat/completions", json={**CHAT, "stream": True, "program_id": "p"}
@@ -95,7 +97,7 @@ def test_streaming_hides_the_usage_chunk_the_client_did_not_ask_for(engine):
     assert program["completion_tokens"] == engine.chunks and program["prompt_tokens"] > 0
 
 
-def test_streaming_keeps_the_usage_chunk_when_the_client_asked(engine):
+def test_streaming_keeps_the_usage_chunk_when_the_client_asked(engine: FakeEngine) -> None:
     body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}, "program_id": "p"}
     with gateway(engine) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=body)
@@ -105,7 +107,7 @@ def test_streaming_keeps_the_usage_chunk_when_the_client_asked(engine):
     assert program["context_tokens"] == json.loads(usage_chunks[0][6:])["usage"]["total_tokens"]
 
 
-def test_stream_is_relayed_chunk_by_chunk(engine):
+def test_stream_is_relayed_chunk_by_chunk(engine: FakeEngine) -> None:
     engine.chunks, engine.chunk_delay_s = 4, 0.3
     arrivals = []
     with gateway(engine) as gw:
@@ -118,7 +120,7 @@ def test_stream_is_relayed_chunk_by_chunk(engine):
     assert len(arrivals) >= 3 and arrivals[-1] - arrivals[0] >= 0.5
 
 
-def test_non_streaming_usage_is_accounted(engine):
+def test_non_streaming_usage_is_accounted(engine: FakeEngine) -> None:
     with gateway(engine) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "program_id": "p"})
         program = httpx.get(f"{gw.url}/programs/p").json()
@@ -126,7 +128,7 @@ def test_non_streaming_usage_is_accounted(engine):
     assert program["context_tokens"] == usage["total_tokens"] and program["steps"] == 1
 
 
-def test_engine_dying_mid_stream_ends_the_stream_with_an_error_event(engine):
+def test_engine_dying_mid_stream_ends_the_stream_with_an_error_event(engine: FakeEngine) -> None:
     engine.chunks, engine.die_after_chunks = 5, 2
     with gateway(engine) as gw:
         r = httpx.post(
@@ -138,7 +140,9 @@ def test_engine_dying_mid_stream_ends_the_stream_with_an_error_event(engine):
     assert program["phase"] == "acting" and program["in_flight"] == 0 and program["failures"] == 1
 
 
-def test_an_engine_ending_its_stream_with_its_own_error_event_fails_the_call(engine):
+def test_an_engine_ending_its_stream_with_its_own_error_event_fails_the_call(
+    engine: FakeEngine,
+) -> None:
     """vLLM streams `data: {"error": ...}` then `[DONE]` when its engine core dies under a
     live API server: relayed as sent, but the call counts as failed and the engine is probed."""
     engine.chunks, engine.error_after_chunks = 5, 2
@@ -152,7 +156,7 @@ def test_an_engine_ending_its_stream_with_its_own_error_event_fails_the_call(eng
     assert program["phase"] == "acting" and program["in_flight"] == 0 and program["failures"] == 1
 
 
-def test_client_disconnect_cancels_the_upstream_request(engine):
+def test_client_disconnect_cancels_the_upstream_request(engine: FakeEngine) -> None:
     engine.chunks, engine.chunk_delay_s = 50, 0.05
     with gateway(engine) as gw:
         with httpx.stream(
@@ -172,7 +176,7 @@ def test_client_disconnect_cancels_the_upstream_request(engine):
 
 
 # ------------------------------------------------------------------ failures and retries
-def test_connection_refused_before_any_byte_is_retried_on_another_backend():
+def test_connection_refused_before_any_byte_is_retried_on_another_backend() -> None:
     a, b = FakeEngine(), FakeEngine()
     with serving(b) as sb:
         b.url = sb.url
@@ -197,7 +201,7 @@ def test_connection_refused_before_any_byte_is_retried_on_another_backend():
     assert [bk["healthy"] for bk in health["backends"]] == [False, True]
 
 
-def test_no_healthy_backend_is_a_503():
+def test_no_healthy_backend_is_a_503() -> None:
     cfg = ThunderConfig(backends=[{"url": f"http://127.0.0.1:{free_port()}"}])
     with serving(create_app(cfg)) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "program_id": "p"})
@@ -205,14 +209,14 @@ def test_no_healthy_backend_is_a_503():
 
 
 # ------------------------------------------------------------------ bad input
-def test_oversized_body_is_a_413(engine):
+def test_oversized_body_is_a_413(engine: FakeEngine) -> None:
     with gateway(engine, server={"max_body_bytes": 1000}) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "pad": "x" * 2000})
     assert r.status_code == 413 and r.json()["error"]["param"] == "body"
     assert engine.received == []
 
 
-def test_non_json_body_is_a_400_naming_the_body(engine):
+def test_non_json_body_is_a_400_naming_the_body(engine: FakeEngine) -> None:
     with gateway(engine) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", content=b"not json")
     assert r.status_code == 400
@@ -224,13 +228,13 @@ def test_non_json_body_is_a_400_naming_the_body(engine):
     }
 
 
-def test_non_object_json_is_a_400(engine):
+def test_non_object_json_is_a_400(engine: FakeEngine) -> None:
     with gateway(engine) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=[1, 2])
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_body"
 
 
-def test_invalid_dynamo_context_names_the_field(engine):
+def test_invalid_dynamo_context_names_the_field(engine: FakeEngine) -> None:
     body = {
         **CHAT,
         "nvext": {
@@ -245,7 +249,7 @@ def test_invalid_dynamo_context_names_the_field(engine):
 
 
 # ------------------------------------------------------------------ requests without context
-def _without_context_count(gw) -> float:
+def _without_context_count(gw: ServerThread) -> float:
     text = httpx.get(f"{gw.url}/metrics").text
     for family in text_string_to_metric_families(text):
         if family.name == "thunder_mw_requests_without_context":
@@ -253,7 +257,7 @@ def _without_context_count(gw) -> float:
     return 0.0
 
 
-def test_requests_without_context_become_separate_ephemeral_programs(engine):
+def test_requests_without_context_become_separate_ephemeral_programs(engine: FakeEngine) -> None:
     engine.chunks, engine.chunk_delay_s = 20, 0.05
     with gateway(engine) as gw:
         # Keep the iterators referenced: a dropped one closes its connection.
@@ -277,13 +281,13 @@ def test_requests_without_context_become_separate_ephemeral_programs(engine):
     assert count == 2
 
 
-def test_on_missing_reject_answers_400(engine):
+def test_on_missing_reject_answers_400(engine: FakeEngine) -> None:
     with gateway(engine, agent_context={"on_missing": "reject"}) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT)
     assert r.status_code == 400 and r.json()["error"]["code"] == "missing_agent_context"
 
 
-def test_on_missing_passthrough_forwards_without_a_program(engine):
+def test_on_missing_passthrough_forwards_without_a_program(engine: FakeEngine) -> None:
     with gateway(engine, agent_context={"on_missing": "passthrough"}) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT)
         programs = httpx.get(f"{gw.url}/programs").json()["programs"]
@@ -291,7 +295,7 @@ def test_on_missing_passthrough_forwards_without_a_program(engine):
 
 
 # ------------------------------------------------------------------ other routes
-def test_models_are_merged_across_backends_without_duplicates():
+def test_models_are_merged_across_backends_without_duplicates() -> None:
     a, b, c = FakeEngine(model="shared"), FakeEngine(model="shared"), FakeEngine(model="other")
     with serving(a) as sa, serving(b) as sb, serving(c) as sc:
         a.url, b.url, c.url = sa.url, sb.url, sc.url
@@ -300,7 +304,7 @@ def test_models_are_merged_across_backends_without_duplicates():
     assert sorted(m["id"] for m in r.json()["data"]) == ["other", "shared"]
 
 
-def test_other_v1_routes_pass_through(engine):
+def test_other_v1_routes_pass_through(engine: FakeEngine) -> None:
     with gateway(engine) as gw:
         r = httpx.post(f"{gw.url}/v1/embeddings?x=1", json={"input": "a", "program_id": "kept"})
     assert r.json() == {"echo": "/v1/embeddings", "method": "POST", "bytes": len(engine.last().raw)}
@@ -308,7 +312,7 @@ def test_other_v1_routes_pass_through(engine):
 
 
 # ------------------------------------------------------------------ admin API
-def test_release_answers_like_thunderagent(engine):
+def test_release_answers_like_thunderagent(engine: FakeEngine) -> None:
     with gateway(engine) as gw:
         httpx.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "program_id": "p"})
         first = httpx.post(f"{gw.url}/programs/release", json={"program_id": "p"})
@@ -319,13 +323,13 @@ def test_release_answers_like_thunderagent(engine):
     assert missing.status_code == 404
 
 
-def test_release_with_a_bad_body_names_the_field(engine):
+def test_release_with_a_bad_body_names_the_field(engine: FakeEngine) -> None:
     with gateway(engine) as gw:
         r = httpx.post(f"{gw.url}/programs/release", json={"program_id": 3})
     assert r.status_code == 400 and r.json()["error"]["param"] == "program_id"
 
 
-def test_final_flag_ends_the_program_after_its_request(engine):
+def test_final_flag_ends_the_program_after_its_request(engine: FakeEngine) -> None:
     body = {
         **CHAT,
         "nvext": {
@@ -343,7 +347,7 @@ def test_final_flag_ends_the_program_after_its_request(engine):
     assert programs == []
 
 
-def test_admin_token_guards_admin_routes_but_not_health(engine):
+def test_admin_token_guards_admin_routes_but_not_health(engine: FakeEngine) -> None:
     with gateway(engine, server={"admin_token": "s3cret"}) as gw:
         denied = httpx.get(f"{gw.url}/programs")
         allowed = httpx.get(f"{gw.url}/programs", headers={"Authorization": "Bearer s3cret"})
@@ -353,7 +357,7 @@ def test_admin_token_guards_admin_routes_but_not_health(engine):
     assert allowed.status_code == 200 and metrics.status_code == 401 and health.status_code == 200
 
 
-def test_metrics_are_prometheus_text_with_request_counts(engine):
+def test_metrics_are_prometheus_text_with_request_counts(engine: FakeEngine) -> None:
     with gateway(engine) as gw:
         httpx.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "program_id": "p"})
         text = httpx.get(f"{gw.url}/metrics").text

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 from asgi_servers import serving
+from fake_engine import FakeEngine
 from fastapi import FastAPI, Request
 
 from thunder_mw import call_state, report_usage
@@ -11,12 +14,12 @@ from thunder_mw.middleware.app import ThunderMiddleware
 from thunder_mw.schemas.config import ThunderConfig
 
 
-def make_gateway(engine_url: str) -> tuple[FastAPI, list[dict]]:
-    seen: list[dict] = []
+def make_gateway(engine_url: str) -> tuple[ThunderMiddleware, list[dict[str, Any]]]:
+    seen: list[dict[str, Any]] = []
     app = FastAPI()
 
     @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> dict:
+    async def chat(request: Request) -> dict[str, Any]:
         body = await request.json()
         call = call_state(request.scope)
         assert call.context is not None and call.backend_url is not None
@@ -30,20 +33,20 @@ def make_gateway(engine_url: str) -> tuple[FastAPI, list[dict]]:
             }
         )
         async with httpx.AsyncClient(base_url=call.backend_url) as client:
-            answer = (await client.post("/v1/chat/completions", json=body)).json()
+            answer: dict[str, Any] = (await client.post("/v1/chat/completions", json=body)).json()
         usage = answer["usage"]
         report_usage(request.scope, usage["prompt_tokens"], usage["completion_tokens"])
         return answer
 
     @app.get("/own-route")
-    async def own() -> dict:
+    async def own() -> dict[str, Any]:
         return {"mine": True}
 
     config = ThunderConfig(backends=[{"name": "engine", "url": engine_url}])
     return ThunderMiddleware(app, config=config), seen
 
 
-def test_wrapped_app_sees_the_stripped_body_and_the_chosen_backend(engine):
+def test_wrapped_app_sees_the_stripped_body_and_the_chosen_backend(engine: FakeEngine) -> None:
     app, seen = make_gateway(engine.url)
     with serving(app) as gw:
         r = httpx.post(
@@ -59,7 +62,7 @@ def test_wrapped_app_sees_the_stripped_body_and_the_chosen_backend(engine):
     assert "program_id" not in engine.last().body
 
 
-def test_usage_reported_by_the_wrapped_app_is_accounted(engine):
+def test_usage_reported_by_the_wrapped_app_is_accounted(engine: FakeEngine) -> None:
     app, _ = make_gateway(engine.url)
     with serving(app) as gw:
         httpx.post(
@@ -69,7 +72,7 @@ def test_usage_reported_by_the_wrapped_app_is_accounted(engine):
     assert program["steps"] == 1 and program["completion_tokens"] == engine.chunks
 
 
-def test_bad_context_is_rejected_before_the_wrapped_app_runs(engine):
+def test_bad_context_is_rejected_before_the_wrapped_app_runs(engine: FakeEngine) -> None:
     app, seen = make_gateway(engine.url)
     with serving(app) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "m", "program_id": ""})
@@ -77,7 +80,7 @@ def test_bad_context_is_rejected_before_the_wrapped_app_runs(engine):
     assert seen == []
 
 
-def test_the_wrapped_apps_own_routes_still_work(engine):
+def test_the_wrapped_apps_own_routes_still_work(engine: FakeEngine) -> None:
     app, _ = make_gateway(engine.url)
     with serving(app) as gw:
         assert httpx.get(f"{gw.url}/own-route").json() == {"mine": True}

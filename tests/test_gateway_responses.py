@@ -5,6 +5,8 @@ program's tokens (cached ones included) from the answer or from `response.comple
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -31,7 +33,7 @@ FORMS = {
 
 
 @pytest.fixture(scope="module")
-def stack():
+def stack() -> Iterator[tuple[str, str]]:
     sim = create_sim_app(SimEngineSettings(num_blocks=256, block_size=16, profile="instant"))
     with serving(sim) as engine:
         config = ThunderConfig(backends=[{"name": "sim-0", "url": engine.url}])
@@ -39,17 +41,20 @@ def stack():
             yield gw.url, engine.url
 
 
-def _fill(value, program: str):
+def _fill(value: Any, program: str) -> Any:
     return json.loads(json.dumps(value).replace("{p}", program))
 
 
 def _ignored(engine_url: str) -> list[str]:
-    return httpx.get(f"{engine_url}/debug/unknown_fields").json()["last"]
+    last: list[str] = httpx.get(f"{engine_url}/debug/unknown_fields").json()["last"]
+    return last
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_each_form_names_the_program_and_is_stripped_from_a_responses_body(stack, form, stream):
+def test_each_form_names_the_program_and_is_stripped_from_a_responses_body(
+    stack: tuple[str, str], form: str, stream: bool
+) -> None:
     url, engine_url = stack
     program = f"resp-{form}-{stream}"
     fields, headers = (_fill(part, program) for part in FORMS[form])
@@ -65,13 +70,16 @@ def test_each_form_names_the_program_and_is_stripped_from_a_responses_body(stack
     assert view["steps"] == 1 and view["completion_tokens"] == 2 and view["prompt_tokens"] > 0
 
 
-def _usage_of_stream(content: bytes) -> dict:
+def _usage_of_stream(content: bytes) -> dict[str, Any]:
     last = json.loads(parse_sse(content)[-1])
     assert last["type"] == "response.completed"
-    return last["response"]["usage"]
+    usage: dict[str, Any] = last["response"]["usage"]
+    return usage
 
 
-def test_the_event_stream_reaches_the_client_unchanged_and_usage_is_accounted(stack):
+def test_the_event_stream_reaches_the_client_unchanged_and_usage_is_accounted(
+    stack: tuple[str, str],
+) -> None:
     url, _ = stack
     body = {
         "model": "sim-model",
@@ -92,7 +100,7 @@ def test_the_event_stream_reaches_the_client_unchanged_and_usage_is_accounted(st
     assert cached[1] > 0 and view["cached_tokens"] == sum(cached)
 
 
-def test_the_non_streamed_answer_accounts_cached_tokens(stack):
+def test_the_non_streamed_answer_accounts_cached_tokens(stack: tuple[str, str]) -> None:
     url, _ = stack
     body = {
         "model": "sim-model",
@@ -116,5 +124,7 @@ def test_the_non_streamed_answer_accounts_cached_tokens(stack):
         (b"event: response.completed", None),
     ],
 )
-def test_the_data_line_of_an_event_is_found_after_an_event_line(event, data):
+def test_the_data_line_of_an_event_is_found_after_an_event_line(
+    event: bytes, data: bytes | None
+) -> None:
     assert _data_of(event) == data

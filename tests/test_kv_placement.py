@@ -3,9 +3,11 @@ and the shared prefix the live gateway keys requests by."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from thunder_mw.middleware.call_state import RequestBody
 from thunder_mw.middleware.live_scheduler import request_info
-from thunder_mw.policies.core import Forward, Hold, RequestInfo, SchedulerCore
+from thunder_mw.policies.core import Decision, Forward, Hold, RequestInfo, SchedulerCore
 from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.prefix_index import PrefixIndex
@@ -14,16 +16,31 @@ from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
 CHARS_PER_TOKEN = 4
-WITH = [{"admission": {}}, {"state_aware_pause": {}}, {"kv_placement": {}}, {"migration": {}}]
-WITHOUT = [{"admission": {}}, {"state_aware_pause": {}}, {"migration": {}}]
+WITH: list[dict[str, Any]] = [
+    {"admission": {}},
+    {"state_aware_pause": {}},
+    {"kv_placement": {}},
+    {"migration": {}},
+]
+WITHOUT: list[dict[str, Any]] = [{"admission": {}}, {"state_aware_pause": {}}, {"migration": {}}]
 
 
-def make(policies, capacities=(100_000, 100_000)) -> SchedulerCore:
+def make(
+    policies: list[dict[str, Any]], capacities: tuple[int, ...] = (100_000, 100_000)
+) -> SchedulerCore:
     labels = [(f"b{i}", c) for i, c in enumerate(capacities)]
     return SchedulerCore(labels, build_pipeline(policies), chars_per_token=CHARS_PER_TOKEN)
 
 
-def send(core, pid, tokens, prefix, now, prefix_tokens=2000, **kw):
+def send(
+    core: SchedulerCore,
+    pid: str,
+    tokens: int,
+    prefix: str | None,
+    now: float,
+    prefix_tokens: int = 2000,
+    **kw: Any,
+) -> Decision:
     info = RequestInfo(
         prompt_chars=(tokens - 1) * CHARS_PER_TOKEN,
         max_tokens=10,
@@ -34,13 +51,15 @@ def send(core, pid, tokens, prefix, now, prefix_tokens=2000, **kw):
     return core.on_request(ctx, info, now)[0]
 
 
-def placed(core, pid, tokens, prefix, now, **kw) -> str:
+def placed(
+    core: SchedulerCore, pid: str, tokens: int, prefix: str | None, now: float, **kw: Any
+) -> str:
     decision = send(core, pid, tokens, prefix, now, **kw)
     assert isinstance(decision, Forward), decision
     return decision.backend
 
 
-def test_a_new_program_goes_where_its_prefix_is_when_the_load_differs_by_less():
+def test_a_new_program_goes_where_its_prefix_is_when_the_load_differs_by_less() -> None:
     for policies, expected in ((WITH, "b1"), (WITHOUT, "b0")):
         core = make(policies)
         assert placed(core, "x", 2100, "sys-x", 0.0) == "b0"
@@ -49,14 +68,14 @@ def test_a_new_program_goes_where_its_prefix_is_when_the_load_differs_by_less():
         assert placed(core, "new", 2100, "sys-y", 1.0) == expected
 
 
-def test_load_outweighs_a_smaller_prefix():
+def test_load_outweighs_a_smaller_prefix() -> None:
     core = make(WITH)
     assert placed(core, "x", 2100, "sys-x", 0.0) == "b0"
     assert placed(core, "y", 9000, "sys-y", 0.0) == "b1"  # b1 has 6,900 tokens less room
     assert placed(core, "new", 2100, "sys-y", 1.0) == "b0"
 
 
-def test_only_engines_that_admit_the_program_are_candidates():
+def test_only_engines_that_admit_the_program_are_candidates() -> None:
     core = make(WITH, capacities=(10_000, 10_000))
     assert placed(core, "x", 2100, "sys-x", 0.0) == "b0"
     assert placed(core, "y", 9500, "sys-y", 0.0) == "b1"  # b1 is full
@@ -66,7 +85,7 @@ def test_only_engines_that_admit_the_program_are_candidates():
     assert isinstance(send(core, "held", 2100, "sys", 1.0), Hold)
 
 
-def test_a_sub_agent_without_a_prefix_of_its_own_goes_where_its_parents_is():
+def test_a_sub_agent_without_a_prefix_of_its_own_goes_where_its_parents_is() -> None:
     core = make(WITH)
     assert placed(core, "x", 2100, "sys-x", 0.0) == "b0"
     assert placed(core, "parent", 2300, "sys-p", 0.0) == "b1"
@@ -75,7 +94,7 @@ def test_a_sub_agent_without_a_prefix_of_its_own_goes_where_its_parents_is():
     assert placed(core, "lone", 500, None, 1.0) == "b0"
 
 
-def test_a_program_with_a_home_is_left_to_the_migration_stage():
+def test_a_program_with_a_home_is_left_to_the_migration_stage() -> None:
     core = make(WITH)
     assert placed(core, "x", 2100, "sys-x", 0.0) == "b0"
     core.on_finished("x", Usage(2100, 10), True, 0.5)
@@ -85,7 +104,7 @@ def test_a_program_with_a_home_is_left_to_the_migration_stage():
     assert program is not None and stage.place(core, program, 1.0) is None
 
 
-def test_an_engine_whose_cache_was_flushed_holds_no_prefix_any_more():
+def test_an_engine_whose_cache_was_flushed_holds_no_prefix_any_more() -> None:
     core = make(WITH)
     placed(core, "x", 2100, "sys-x", 0.0)
     placed(core, "y", 2300, "sys-y", 0.0)
@@ -96,7 +115,7 @@ def test_an_engine_whose_cache_was_flushed_holds_no_prefix_any_more():
     assert stage.index.overlap("b1", "sys-y") == 0
 
 
-def test_the_prefix_index_forgets_the_least_recently_used_past_capacity():
+def test_the_prefix_index_forgets_the_least_recently_used_past_capacity() -> None:
     index = PrefixIndex(lambda label: 1000)
     index.remember("b0", "a", 600)
     index.remember("b0", "b", 300)
@@ -108,13 +127,13 @@ def test_the_prefix_index_forgets_the_least_recently_used_past_capacity():
     assert index.tokens_held("b0") == 300
 
 
-def _info(data: dict) -> RequestInfo:
+def _info(data: dict[str, Any]) -> RequestInfo:
     import msgspec
 
     return request_info(RequestBody(data, msgspec.json.encode(data)))
 
 
-def test_the_live_prefix_key_is_the_system_message():
+def test_the_live_prefix_key_is_the_system_message() -> None:
     system = {"role": "system", "content": "You are a coding agent."}
     a = _info({"messages": [system, {"role": "user", "content": "task a"}]})
     b = _info({"messages": [system, {"role": "user", "content": "task b, longer"}]})

@@ -14,11 +14,13 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 import yaml
+from openai.types.chat import ChatCompletionMessageParam
 
 from thunder_mw.benchmarks.server_process import stop_process, wait_until_healthy
 from thunder_mw.sim.ports import free_port
@@ -126,14 +128,14 @@ def _litellm_proxy(engines: list[str], tmp_path: Path) -> Iterator[tuple[str, st
 
 
 @pytest.fixture(scope="module")
-def proxy(tmp_path_factory) -> Iterator[tuple[str, str]]:
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     tmp_path = tmp_path_factory.mktemp("litellm")
     with ExitStack() as stack:
         engines = [stack.enter_context(_sim_engine(free_port(), i, tmp_path)) for i in range(2)]
         yield stack.enter_context(_litellm_proxy(engines, tmp_path))
 
 
-async def _program(client: openai.AsyncOpenAI, index: int) -> list[tuple[str, dict]]:
+async def _program(client: openai.AsyncOpenAI, index: int) -> list[tuple[str, dict[str, Any]]]:
     """One agent program: STEPS calls whose prompt grows by the answer and a tool result,
     named by thunder-mw's `program_id` or by one of LiteLLM's own session fields."""
     name = f"prog-{index}"
@@ -143,11 +145,11 @@ async def _program(client: openai.AsyncOpenAI, index: int) -> list[tuple[str, di
         ({}, {"x-litellm-session-id": name}),
         ({"metadata": {"session_id": name}}, {}),
     ][index % 4]
-    messages = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "You are a coding agent. " * 20},
         {"role": "user", "content": f"task {index}: " + "fix the failing test " * 40},
     ]
-    seen = []
+    seen: list[tuple[str, dict[str, Any]]] = []
     for _ in range(STEPS):
         raw = await client.chat.completions.with_raw_response.create(
             model=MODEL,
@@ -157,6 +159,7 @@ async def _program(client: openai.AsyncOpenAI, index: int) -> list[tuple[str, di
             extra_headers=headers,
         )
         answer = raw.parse()
+        assert answer.usage is not None
         seen.append((raw.headers["x-litellm-model-id"], answer.usage.model_dump()))
         messages.append({"role": "assistant", "content": answer.choices[0].message.content})
         await asyncio.sleep(TOOL_S)
@@ -164,7 +167,7 @@ async def _program(client: openai.AsyncOpenAI, index: int) -> list[tuple[str, di
     return seen
 
 
-async def _programs(url: str) -> list[list[tuple[str, dict]]]:
+async def _programs(url: str) -> list[list[tuple[str, dict[str, Any]]]]:
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=MASTER_KEY, timeout=120) as c:
         return await asyncio.gather(*(_program(c, i) for i in range(PROGRAMS)))
 
@@ -175,7 +178,9 @@ def _counter(admin: str, name: str) -> float:
     return sum(float(line.rpartition(" ")[2]) for line in samples)
 
 
-def test_the_scheduler_picks_the_deployment_and_holds_programs_under_overflow(proxy) -> None:
+def test_the_scheduler_picks_the_deployment_and_holds_programs_under_overflow(
+    proxy: tuple[str, str],
+) -> None:
     url, admin = proxy
     runs = asyncio.run(_programs(url))
 
@@ -204,7 +209,9 @@ def test_the_scheduler_picks_the_deployment_and_holds_programs_under_overflow(pr
         assert r.json()["released"] is True
 
 
-def test_bad_agent_context_is_refused_by_the_proxy_with_the_field_named(proxy) -> None:
+def test_bad_agent_context_is_refused_by_the_proxy_with_the_field_named(
+    proxy: tuple[str, str],
+) -> None:
     url, _ = proxy
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "program_id": 7}
     auth = {"Authorization": f"Bearer {MASTER_KEY}"}
@@ -213,10 +220,10 @@ def test_bad_agent_context_is_refused_by_the_proxy_with_the_field_named(proxy) -
     assert "program_id" in r.text
 
 
-def test_a_streamed_call_ends_with_its_usage_counted(proxy) -> None:
+def test_a_streamed_call_ends_with_its_usage_counted(proxy: tuple[str, str]) -> None:
     url, admin = proxy
 
-    async def stream() -> dict:
+    async def stream() -> dict[str, Any]:
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=MASTER_KEY) as client:
             chunks = await client.chat.completions.create(
                 model=MODEL,

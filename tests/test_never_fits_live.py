@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
-from asgi_servers import serving
+from asgi_servers import ServerThread, serving
 from fake_engine import FakeEngine
 from held_requests import BIG, start_hog, wait_for
+from real_vllm import RealVllm
 
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
@@ -19,14 +22,14 @@ from thunder_mw.schemas.config import ThunderConfig
 HUGE_PROMPT = "word " * 300_000  # ~300k words: past any engine here whatever the tokenizer
 
 
-def _sim(name: str) -> dict:
+def _sim(name: str) -> dict[str, Any]:
     # The demo's engines (config/demo.yaml): 98,304 tokens of KV, max_model_len 32,768.
     sim = {"num_blocks": 6144, "block_size": 16, "max_model_len": 32768, "time_scale": 10.0}
     return {"name": name, "type": "sim", "sim": sim}
 
 
 @pytest.fixture(scope="module")
-def demo_gateway():
+def demo_gateway() -> Iterator[ServerThread]:
     config = ThunderConfig(
         backends=[_sim("sim-0"), _sim("sim-1")], tools={"docker": {"enabled": False}}
     )
@@ -39,13 +42,13 @@ def demo_gateway():
 
 
 @pytest.fixture
-def client(demo_gateway):
+def client(demo_gateway: ServerThread) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{demo_gateway.url}/v1", api_key="x", max_retries=0) as c:
         yield c
 
 
 def _refused(
-    client: openai.OpenAI, program_id: str, **body
+    client: openai.OpenAI, program_id: str, **body: Any
 ) -> tuple[openai.BadRequestError, float]:
     started = time.monotonic()
     with pytest.raises(openai.BadRequestError) as err:
@@ -64,8 +67,8 @@ def _refused(
     ],
 )
 def test_max_tokens_past_the_model_length_is_refused_at_once_and_nobody_pauses(
-    demo_gateway, client, max_tokens, code
-):
+    demo_gateway: ServerThread, client: openai.OpenAI, max_tokens: int, code: str
+) -> None:
     for i in range(3):
         client.chat.completions.create(
             model="sim-model",
@@ -86,14 +89,16 @@ def test_max_tokens_past_the_model_length_is_refused_at_once_and_nobody_pauses(
         assert view["state"] == "active", view  # nobody was paused to make room
 
 
-def test_a_prompt_past_every_engine_is_refused_at_once(demo_gateway, client):
+def test_a_prompt_past_every_engine_is_refused_at_once(
+    demo_gateway: ServerThread, client: openai.OpenAI
+) -> None:
     error, took = _refused(client, "long", messages=[{"role": "user", "content": HUGE_PROMPT}])
     assert took < 1.0
     assert error.code == "context_length_exceeded" and error.param == "messages"
 
 
 # ---------------------------------------------------------------------- bounds on held requests
-def _gateway(engine_url: str, **server) -> ThunderConfig:
+def _gateway(engine_url: str, **server: Any) -> ThunderConfig:
     return ThunderConfig(
         server=server,
         backends=[{"name": "e", "url": engine_url, "capacity_tokens": 1000}],
@@ -106,7 +111,7 @@ def _gateway(engine_url: str, **server) -> ThunderConfig:
 
 
 @pytest.mark.slow  # ~3 s: holds behind a 3 s stream
-def test_held_requests_are_bounded_by_bytes_with_503_and_retry_after():
+def test_held_requests_are_bounded_by_bytes_with_503_and_retry_after() -> None:
     with serving(FakeEngine(chunks=30, chunk_delay_s=0.1)) as engine:
         with serving(create_app(_gateway(engine.url, max_held_bytes=1500))) as gw:
             hog = start_hog(gw.url)
@@ -128,7 +133,7 @@ def test_held_requests_are_bounded_by_bytes_with_503_and_retry_after():
 
 
 @pytest.mark.slow  # ~3 s: holds behind a 3 s stream
-def test_a_held_request_past_its_deadline_gets_503_and_leaves_the_queue():
+def test_a_held_request_past_its_deadline_gets_503_and_leaves_the_queue() -> None:
     with serving(FakeEngine(chunks=30, chunk_delay_s=0.1)) as engine:
         with serving(create_app(_gateway(engine.url, max_hold_s=0.5))) as gw:
             hog = start_hog(gw.url)
@@ -145,7 +150,7 @@ def test_a_held_request_past_its_deadline_gets_503_and_leaves_the_queue():
 
 
 @pytest.mark.slow  # ~3 s: holds behind a 3 s stream
-def test_a_request_that_could_only_run_alone_is_placed_after_a_short_hold():
+def test_a_request_that_could_only_run_alone_is_placed_after_a_short_hold() -> None:
     """Larger than the engine's whole KV by the estimate (not provably): it would wait for an
     empty engine; after `alone_hold_s` it goes to the engine, which serves it."""
     alone = {**BIG, "messages": [{"role": "user", "content": "x " * 2200}], "program_id": "big"}
@@ -161,7 +166,7 @@ def test_a_request_that_could_only_run_alone_is_placed_after_a_short_hold():
 
 # ---------------------------------------------------------------------- the real vLLM engine
 @pytest.fixture(scope="module")
-def real_gateway(vllm_engine):
+def real_gateway(vllm_engine: RealVllm) -> Iterator[ServerThread]:
     config = ThunderConfig(backends=[{"name": "vllm-0", "url": vllm_engine.url}])
     with serving(create_app(config)) as gw:
         deadline = time.monotonic() + 30
@@ -181,8 +186,8 @@ def real_gateway(vllm_engine):
     ids=["max_tokens", "prompt_past_model_length", "huge_prompt"],
 )
 def test_the_real_engine_and_the_gateway_refuse_the_same_bodies_in_under_a_second(
-    real_gateway, vllm_engine, body
-):
+    real_gateway: ServerThread, vllm_engine: RealVllm, body: dict[str, Any]
+) -> None:
     body = {"model": vllm_engine.model, **body}
     direct = httpx.post(f"{vllm_engine.url}/v1/chat/completions", json=body, timeout=60)
     started = time.monotonic()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import httpx
 import pytest
-from asgi_servers import serving, serving_gateway
+from asgi_servers import ServerThread, serving, serving_gateway
 from fake_engine import FakeEngine
 from held_requests import SMALL, start_hog
 from prometheus_client import generate_latest
@@ -19,12 +21,14 @@ from thunder_mw.observability.decisions import DecisionLog
 from thunder_mw.observability.log_format import JsonFormatter
 from thunder_mw.observability.metrics import GatewayMetrics
 from thunder_mw.policies.core import (
+    Action,
     BackendMetrics,
     Paused,
     ReclaimTools,
     Reject,
     Released,
     Resumed,
+    SchedulerCore,
 )
 from thunder_mw.schemas.config import ThunderConfig
 
@@ -36,7 +40,7 @@ TIGHT_POLICIES = [  # whole-context accounting, no yielding: the pause these tes
 ]
 
 
-def scrape(gw) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def scrape(gw: ServerThread) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = httpx.get(f"{gw.url}/metrics").text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -45,18 +49,18 @@ def scrape(gw) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def names(samples) -> set[str]:
+def names(samples: Iterable[tuple[str, Any]]) -> set[str]:
     return {name for name, _ in samples}
 
 
 @pytest.fixture
-def gw(engine):
+def gw(engine: FakeEngine) -> Iterator[ServerThread]:
     config = ThunderConfig(backends=[{"name": "e0", "url": engine.url}])
     with serving(create_app(config)) as server:
         yield server
 
 
-def test_backend_series_carry_the_backend_label_and_units(gw):
+def test_backend_series_carry_the_backend_label_and_units(gw: ServerThread) -> None:
     httpx.post(f"{gw.url}/v1/chat/completions", json={**SMALL, "program_id": "p"})
     samples = scrape(gw)
     e0 = (("backend", "e0"),)
@@ -66,13 +70,13 @@ def test_backend_series_carry_the_backend_label_and_units(gw):
     assert samples[("thunder_mw_backend_programs", e0)] == 1
 
 
-def test_imbalance_and_queue_gauges_are_exported(gw):
+def test_imbalance_and_queue_gauges_are_exported(gw: ServerThread) -> None:
     samples = scrape(gw)
     assert samples[("thunder_mw_backend_imbalance_ratio", (("source", "reserved"),))] == 0
     assert samples[("thunder_mw_queue_programs", ())] == 0
 
 
-def test_engine_signals_are_re_exported_from_the_probe(engine):
+def test_engine_signals_are_re_exported_from_the_probe(engine: FakeEngine) -> None:
     config = ThunderConfig(backends=[{"name": "e0", "url": engine.url}])
     app = create_app(config)
     with serving(app) as gw:
@@ -89,11 +93,11 @@ def test_engine_signals_are_re_exported_from_the_probe(engine):
     assert samples[("thunder_mw_backend_imbalance_ratio", (("source", "engine"),))] == 0
 
 
-async def _feed(core, metrics) -> None:
+async def _feed(core: SchedulerCore, metrics: BackendMetrics) -> None:
     core.on_backend("e0", metrics=metrics, now=time.monotonic())
 
 
-def test_requests_are_counted_by_route_and_status_and_without_context(gw):
+def test_requests_are_counted_by_route_and_status_and_without_context(gw: ServerThread) -> None:
     httpx.post(f"{gw.url}/v1/chat/completions", json=SMALL)
     samples = scrape(gw)
     route = (("route", "/v1/chat/completions"), ("status", "200"))
@@ -101,13 +105,13 @@ def test_requests_are_counted_by_route_and_status_and_without_context(gw):
     assert samples[("thunder_mw_requests_without_context_total", ())] == 1
 
 
-def test_programs_are_gauged_by_state_and_phase(gw):
+def test_programs_are_gauged_by_state_and_phase(gw: ServerThread) -> None:
     httpx.post(f"{gw.url}/v1/chat/completions", json={**SMALL, "program_id": "p"})
     samples = scrape(gw)
     assert samples[("thunder_mw_programs", (("phase", "acting"), ("state", "active")))] == 1
 
 
-def test_admissions_and_releases_are_counted_with_backend_and_reason(gw):
+def test_admissions_and_releases_are_counted_with_backend_and_reason(gw: ServerThread) -> None:
     httpx.post(f"{gw.url}/v1/chat/completions", json={**SMALL, "program_id": "p"})
     httpx.post(f"{gw.url}/programs/release", json={"program_id": "p"})
     samples = scrape(gw)
@@ -115,13 +119,13 @@ def test_admissions_and_releases_are_counted_with_backend_and_reason(gw):
     assert samples[("thunder_mw_programs_released_total", (("reason", "release"),))] == 1
 
 
-def test_final_and_ephemeral_programs_are_counted_as_released(gw):
+def test_final_and_ephemeral_programs_are_counted_as_released(gw: ServerThread) -> None:
     httpx.post(f"{gw.url}/v1/chat/completions", json=SMALL)  # no context: ephemeral
     samples = scrape(gw)
     assert samples[("thunder_mw_programs_released_total", (("reason", "ephemeral"),))] == 1
 
 
-def test_latency_histograms_count_every_scheduled_request(gw):
+def test_latency_histograms_count_every_scheduled_request(gw: ServerThread) -> None:
     for _ in range(3):
         httpx.post(f"{gw.url}/v1/chat/completions", json={**SMALL, "program_id": "p"})
     samples = scrape(gw)
@@ -130,7 +134,7 @@ def test_latency_histograms_count_every_scheduled_request(gw):
     assert ("thunder_mw_queue_wait_seconds_count", ()) in samples
 
 
-def test_no_series_is_labelled_per_program(gw):
+def test_no_series_is_labelled_per_program(gw: ServerThread) -> None:
     for i in range(5):
         httpx.post(f"{gw.url}/v1/chat/completions", json={**SMALL, "program_id": f"prog-{i}"})
     samples = scrape(gw)
@@ -140,7 +144,7 @@ def test_no_series_is_labelled_per_program(gw):
 
 # ------------------------------------------------------------------ pauses under pressure
 @pytest.fixture
-def tight():
+def tight() -> Iterator[ServerThread]:
     """One engine whose KV holds 1,000 tokens; a slow first program fills it."""
     engine = FakeEngine(chunks=20, chunk_delay_s=0.1)
     with serving_gateway(engine, {"capacity_tokens": 1000}, policies=TIGHT_POLICIES) as gw:
@@ -148,7 +152,9 @@ def tight():
 
 
 @pytest.mark.slow  # ~2 s: holds behind a 2 s stream
-def test_a_held_request_is_counted_in_the_queue_histogram_and_as_a_pause(tight):
+def test_a_held_request_is_counted_in_the_queue_histogram_and_as_a_pause(
+    tight: ServerThread,
+) -> None:
     # Both run a small call and go ACTING; then `grows` asks for nearly the whole engine,
     # so `small` (ACTING: its GPU idle) is paused and its next request waits for the room.
     for program_id in ("small", "grows"):
@@ -169,7 +175,7 @@ def test_a_held_request_is_counted_in_the_queue_histogram_and_as_a_pause(tight):
     assert resumed >= 1
 
 
-def _decision_samples(*actions) -> dict:
+def _decision_samples(*actions: Action) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     metrics = GatewayMetrics()
     decisions = DecisionLog(metrics.registry, metrics.programs_released, log_decisions=False)
     for action in actions:
@@ -181,7 +187,7 @@ def _decision_samples(*actions) -> dict:
     }
 
 
-def test_a_migration_is_counted_with_both_backends_and_as_a_resume():
+def test_a_migration_is_counted_with_both_backends_and_as_a_resume() -> None:
     samples = _decision_samples(Resumed("p", "b1", "b0", forced=False, admitted=False))
     assert (
         samples[("thunder_mw_migrations_total", (("backend", "b1"), ("from_backend", "b0")))] == 1
@@ -189,24 +195,24 @@ def test_a_migration_is_counted_with_both_backends_and_as_a_resume():
     assert samples[("thunder_mw_resumes_total", (("backend", "b1"),))] == 1
 
 
-def test_a_forced_resume_is_counted_apart_from_resumes():
+def test_a_forced_resume_is_counted_apart_from_resumes() -> None:
     samples = _decision_samples(Resumed("p", "b0", "b0", forced=True, admitted=False))
     assert samples[("thunder_mw_forced_resumes_total", (("backend", "b0"),))] == 1
     assert ("thunder_mw_resumes_total", (("backend", "b0"),)) not in samples
 
 
-def test_an_expiry_is_a_release_with_reason_expired():
+def test_an_expiry_is_a_release_with_reason_expired() -> None:
     samples = _decision_samples(Released("p", "expired", ()))
     assert samples[("thunder_mw_programs_released_total", (("reason", "expired"),))] == 1
 
 
-def test_a_pause_marked_during_a_call_is_not_yet_a_pause():
+def test_a_pause_marked_during_a_call_is_not_yet_a_pause() -> None:
     samples = _decision_samples(Paused("p", "b0", "after_reasoning", pending=True))
     assert samples[("thunder_mw_pauses_marked_total", (("backend", "b0"),))] == 1
     assert not any(name == "thunder_mw_pauses_total" for name, _ in samples)
 
 
-def test_reclaims_and_rejections_of_held_requests_are_counted():
+def test_reclaims_and_rejections_of_held_requests_are_counted() -> None:
     samples = _decision_samples(
         ReclaimTools("p", ("c1",), "expired", ("stop",)),
         Reject("p", 409, "program_released", "released"),
@@ -216,11 +222,13 @@ def test_reclaims_and_rejections_of_held_requests_are_counted():
 
 
 # ------------------------------------------------------------------ decision logs
-def test_decisions_are_logged_with_program_backend_and_reason(gw, caplog):
+def test_decisions_are_logged_with_program_backend_and_reason(
+    gw: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="thunder_mw.decisions"):
         httpx.post(f"{gw.url}/v1/chat/completions", json={**SMALL, "program_id": "p"})
     admit = [r for r in caplog.records if r.name == "thunder_mw.decisions"]
-    assert admit and admit[0].thunder == {
+    assert admit and admit[0].thunder == {  # type: ignore[attr-defined]  # the logger's `extra`
         "decision": "admit",
         "program_id": "p",
         "backend": "e0",
@@ -228,7 +236,7 @@ def test_decisions_are_logged_with_program_backend_and_reason(gw, caplog):
     }
 
 
-def test_json_log_lines_carry_the_decision_fields():
+def test_json_log_lines_carry_the_decision_fields() -> None:
     record = logging.LogRecord("thunder_mw.decisions", logging.INFO, "x", 1, "pause", (), None)
     record.thunder = {"decision": "pause", "program_id": "p", "backend": "b", "reason": "acting"}
     line = json.loads(JsonFormatter().format(record))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import openai
 import pytest
-from asgi_servers import serving
+from asgi_servers import ServerThread, serving
 from fake_engine import FakeEngine
 
 from thunder_mw.middleware.app import create_app
@@ -13,7 +15,7 @@ from thunder_mw.schemas.config import ThunderConfig
 
 
 @pytest.fixture
-def stack():
+def stack() -> Iterator[tuple[FakeEngine, ServerThread, openai.OpenAI]]:
     engine = FakeEngine(chunks=4)
     with serving(engine) as es:
         cfg = ThunderConfig(backends=[{"name": "e", "url": es.url}])
@@ -22,7 +24,9 @@ def stack():
                 yield engine, gw, client
 
 
-def test_non_streaming_call_with_extra_body(stack):
+def test_non_streaming_call_with_extra_body(
+    stack: tuple[FakeEngine, ServerThread, openai.OpenAI],
+) -> None:
     engine, gw, client = stack
     answer = client.chat.completions.create(
         model="fake-model",
@@ -31,6 +35,7 @@ def test_non_streaming_call_with_extra_body(stack):
         extra_body={"program_id": "agent-1", "docker_ids": ["sandbox-1"]},
     )
     assert answer.choices[0].message.content == "tok tok tok tok "
+    assert answer.usage is not None
     assert answer.usage.completion_tokens == 4
     sent = engine.last().body
     assert "program_id" not in sent and "docker_ids" not in sent and sent["max_tokens"] == 4
@@ -38,7 +43,9 @@ def test_non_streaming_call_with_extra_body(stack):
     assert program["docker_ids"] == ["sandbox-1"] and program["steps"] == 1
 
 
-def test_streaming_call_with_extra_body(stack):
+def test_streaming_call_with_extra_body(
+    stack: tuple[FakeEngine, ServerThread, openai.OpenAI],
+) -> None:
     _, gw, client = stack
     chunks = list(
         client.chat.completions.create(
@@ -54,7 +61,9 @@ def test_streaming_call_with_extra_body(stack):
     assert program["completion_tokens"] == 4
 
 
-def test_streaming_with_usage_requested(stack):
+def test_streaming_with_usage_requested(
+    stack: tuple[FakeEngine, ServerThread, openai.OpenAI],
+) -> None:
     _, _, client = stack
     chunks = list(
         client.chat.completions.create(
@@ -68,10 +77,13 @@ def test_streaming_with_usage_requested(stack):
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
 
 
-def test_invalid_program_id_raises_a_typed_error_naming_the_field(stack):
+def test_invalid_program_id_raises_a_typed_error_naming_the_field(
+    stack: tuple[FakeEngine, ServerThread, openai.OpenAI],
+) -> None:
     _, _, client = stack
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
             model="fake-model", messages=[], extra_body={"program_id": "   "}
         )
+    assert isinstance(info.value.body, dict)
     assert info.value.body["param"] == "program_id"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,9 @@ def info(tokens: int, out: int = 10) -> RequestInfo:
     return RequestInfo(prompt_chars=(tokens - 1) * CHARS_PER_TOKEN, max_tokens=out)
 
 
-def make(overflow: str = "cost_aware", capacity: int = 1000, max_overflow: float = 0.5):
+def make(
+    overflow: str = "cost_aware", capacity: int = 1000, max_overflow: float = 0.5
+) -> SchedulerCore:
     stages = build_pipeline(
         [
             {
@@ -83,7 +86,9 @@ def test_call_timings_teach_the_per_token_prefill_and_the_decode_step() -> None:
     assert costs.prefill_s_per_token == pytest.approx(0.45 / 2000)
     # Only uncached tokens were computed: 1000 of 3000 cost 0.25 s.
     before = costs.prefill_s_per_token
+    assert before is not None
     costs.observe_call(3000, 2000, 11, ttft_s=0.3, duration_s=0.8)
+    assert costs.prefill_s_per_token is not None
     assert costs.prefill_s_per_token > before
 
 
@@ -295,7 +300,7 @@ def test_a_backends_host_tier_comes_from_its_config_its_sim_engine_or_its_plan()
     from thunder_mw.engines.pool import Backend
     from thunder_mw.schemas.config import BackendSettings
 
-    def tier(**kw):
+    def tier(**kw: Any) -> tuple[int, float | None]:
         return Backend(BackendSettings.model_validate(kw), "http://e", "e").host_tier
 
     assert tier(url="http://e") == (0, None)

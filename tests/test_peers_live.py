@@ -95,7 +95,7 @@ def test_smg_consistent_hashing_keeps_a_program_on_one_engine(engines: list[str]
 
 
 def test_a_missing_peer_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(peers.shutil, "which", lambda name: None)
+    monkeypatch.setattr("thunder_mw.benchmarks.peers.shutil.which", lambda name: None)
     monkeypatch.setattr(peers, "_beside_python", lambda name: None)
     with pytest.raises(peers.PeerMissing, match=r"thunder-mw\[peers\]"):
         peers.peer_executable("smg")

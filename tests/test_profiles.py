@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from asgi_servers import serving, serving_gateway
+from asgi_servers import ServerThread, serving, serving_gateway
 from fake_engine import FakeEngine
 
 from thunder_mw.benchmarks.workloads import load_trace
@@ -21,7 +24,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], 
 
 
 @pytest.fixture
-def gw():
+def gw() -> Iterator[ServerThread]:
     engine = FakeEngine(chunks=5, delay_s=0.2, chunk_delay_s=0.05)
     with serving(engine) as es:
         config = ThunderConfig(backends=[{"name": "e0", "url": es.url}])
@@ -29,18 +32,21 @@ def gw():
             yield server
 
 
-def post(gw, **body) -> httpx.Response:
+def post(gw: ServerThread, **body: Any) -> httpx.Response:
     return httpx.post(f"{gw.url}/v1/chat/completions", json={**CHAT, **body}, timeout=30)
 
 
-def profile(gw, program_id: str) -> dict:
+def profile(gw: ServerThread, program_id: str) -> dict[str, Any]:
     r = httpx.get(f"{gw.url}/profiles/{program_id}")
     assert r.status_code == 200, r.text
-    return r.json()
+    view: dict[str, Any] = r.json()
+    return view
 
 
 # ------------------------------------------------------------------ over the wire
-def test_a_streaming_step_records_time_to_first_token_decode_time_and_tokens(gw):
+def test_a_streaming_step_records_time_to_first_token_decode_time_and_tokens(
+    gw: ServerThread,
+) -> None:
     post(gw, program_id="s", stream=True)
     (step,) = profile(gw, "s")["steps"]
     assert step["stream"] is True and step["backend"] == "e0" and step["status"] == 200
@@ -51,7 +57,7 @@ def test_a_streaming_step_records_time_to_first_token_decode_time_and_tokens(gw)
     assert step["cached_tokens"] == 0
 
 
-def test_a_non_streaming_step_records_total_time_and_tokens(gw):
+def test_a_non_streaming_step_records_total_time_and_tokens(gw: ServerThread) -> None:
     post(gw, program_id="n")
     (step,) = profile(gw, "n")["steps"]
     assert step["stream"] is False
@@ -60,7 +66,7 @@ def test_a_non_streaming_step_records_total_time_and_tokens(gw):
     assert step["completion_tokens"] == 5
 
 
-def test_tool_time_is_the_gap_between_an_answer_and_the_next_request(gw):
+def test_tool_time_is_the_gap_between_an_answer_and_the_next_request(gw: ServerThread) -> None:
     post(gw, program_id="t")
     time.sleep(0.3)  # the "tool" the agent runs between its calls
     post(gw, program_id="t")
@@ -70,7 +76,7 @@ def test_tool_time_is_the_gap_between_an_answer_and_the_next_request(gw):
     assert profile(gw, "t")["tool_s"] == pytest.approx(first["tool_s"], abs=1e-5)  # views round
 
 
-def test_profiles_lists_every_program_without_its_steps(gw):
+def test_profiles_lists_every_program_without_its_steps(gw: ServerThread) -> None:
     post(gw, program_id="a")
     post(gw, program_id="b", stream=True)
     body = httpx.get(f"{gw.url}/profiles").json()
@@ -79,7 +85,7 @@ def test_profiles_lists_every_program_without_its_steps(gw):
     assert by_id["b"]["steps_total"] == 1 and by_id["b"]["completion_tokens"] == 5
 
 
-def test_a_final_call_is_in_the_profile_of_its_released_program(gw):
+def test_a_final_call_is_in_the_profile_of_its_released_program(gw: ServerThread) -> None:
     dynamo = {"session_type_id": "swe", "session_id": "s", "trajectory_id": "f"}
     post(gw, nvext={"agent_context": dynamo})
     post(gw, nvext={"agent_context": {**dynamo, "trajectory_final": True}})
@@ -87,12 +93,12 @@ def test_a_final_call_is_in_the_profile_of_its_released_program(gw):
     assert view["release_reason"] == "final" and view["steps_total"] == 2
 
 
-def test_an_unknown_profile_is_a_404_naming_the_program(gw):
+def test_an_unknown_profile_is_a_404_naming_the_program(gw: ServerThread) -> None:
     r = httpx.get(f"{gw.url}/profiles/nobody")
     assert r.status_code == 404 and r.json()["error"]["code"] == "profile_not_found"
 
 
-def test_profiles_are_behind_the_admin_token():
+def test_profiles_are_behind_the_admin_token() -> None:
     with serving_gateway(FakeEngine(), server={"admin_token": "s3cret"}) as gw:
         denied = httpx.get(f"{gw.url}/profiles")
         allowed = httpx.get(f"{gw.url}/profiles", headers={"Authorization": "Bearer s3cret"})
@@ -128,7 +134,7 @@ def call(store: ProfileStore, program_id: str, at: float, tokens: int = 100) -> 
     store.record(ctx(program_id), timing, "b0", Usage(tokens, 10, tokens // 2))
 
 
-def test_the_step_ring_keeps_the_latest_steps_and_counts_all():
+def test_the_step_ring_keeps_the_latest_steps_and_counts_all() -> None:
     store = ProfileStore(ProfileSettings(ring_size=3), Clock())
     for i in range(5):
         call(store, "p", at=float(i))
@@ -138,7 +144,7 @@ def test_the_step_ring_keeps_the_latest_steps_and_counts_all():
     assert view["steps_total"] == 5 and view["prompt_tokens"] == 500  # totals cover all
 
 
-def test_a_released_profile_stays_for_the_retention_then_goes():
+def test_a_released_profile_stays_for_the_retention_then_goes() -> None:
     clock = Clock()
     store = ProfileStore(ProfileSettings(retention_s=60), clock)
     call(store, "p", at=0.0)
@@ -149,7 +155,7 @@ def test_a_released_profile_stays_for_the_retention_then_goes():
     assert store.get("p") is None and len(store) == 0
 
 
-def test_expire_drops_released_profiles_past_retention_without_a_query():
+def test_expire_drops_released_profiles_past_retention_without_a_query() -> None:
     clock = Clock()
     store = ProfileStore(ProfileSettings(retention_s=60), clock)
     call(store, "gone", at=0.0)
@@ -160,7 +166,7 @@ def test_expire_drops_released_profiles_past_retention_without_a_query():
     assert len(store) == 1  # only the live program's profile is left
 
 
-def test_a_quiet_gateway_lets_released_profiles_go_on_its_tick():
+def test_a_quiet_gateway_lets_released_profiles_go_on_its_tick() -> None:
     engine = FakeEngine()
     with serving(engine) as es:
         config = ThunderConfig(
@@ -177,13 +183,14 @@ def test_a_quiet_gateway_lets_released_profiles_go_on_its_tick():
             r = httpx.post(f"{server.url}/programs/release", json={"program_id": "p"})
             assert r.json()["released"] is True
             store = app.core.observability.profiles
+            assert store is not None
             deadline = time.monotonic() + 10
             while len(store) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert len(store) == 0  # nothing asked for /profiles in between
 
 
-def test_live_profiles_are_never_evicted_by_retention():
+def test_live_profiles_are_never_evicted_by_retention() -> None:
     clock = Clock()
     store = ProfileStore(ProfileSettings(retention_s=1), clock)
     call(store, "live", at=0.0)
@@ -191,7 +198,7 @@ def test_live_profiles_are_never_evicted_by_retention():
     assert store.get("live") is not None
 
 
-def test_past_max_programs_released_profiles_go_first():
+def test_past_max_programs_released_profiles_go_first() -> None:
     store = ProfileStore(ProfileSettings(max_programs=2, retention_s=3600), Clock())
     call(store, "done", at=0.0)
     store.on_action(Released("done", "release", ()))
@@ -201,7 +208,7 @@ def test_past_max_programs_released_profiles_go_first():
     assert store.get("live") is not None and store.get("new") is not None
 
 
-def test_a_reused_program_id_after_release_starts_a_new_profile():
+def test_a_reused_program_id_after_release_starts_a_new_profile() -> None:
     store = ProfileStore(ProfileSettings(), Clock())
     call(store, "p", at=0.0)
     store.on_action(Released("p", "release", ()))
@@ -210,7 +217,7 @@ def test_a_reused_program_id_after_release_starts_a_new_profile():
     assert view is not None and view["steps_total"] == 1 and view["released_at"] is None
 
 
-def test_the_export_is_a_replay_trace_the_benchmarks_load(tmp_path):
+def test_the_export_is_a_replay_trace_the_benchmarks_load(tmp_path: Path) -> None:
     path = tmp_path / "profiles.jsonl"
     store = ProfileStore(ProfileSettings(export_path=str(path)), Clock())
     store.start()
@@ -227,7 +234,7 @@ def test_the_export_is_a_replay_trace_the_benchmarks_load(tmp_path):
     assert program.calls[0].tool_s == pytest.approx(1.5)
 
 
-def test_an_export_waits_for_the_last_call_of_a_program_released_during_it(tmp_path):
+def test_an_export_waits_for_the_last_call_of_a_program_released_during_it(tmp_path: Path) -> None:
     path = tmp_path / "profiles.jsonl"
     store = ProfileStore(ProfileSettings(export_path=str(path)), Clock())
     store.start()

@@ -12,15 +12,17 @@ import openai
 import pytest
 from asgi_servers import serving
 from fake_engine import FakeEngine
+from openai.types.chat import ChatCompletionMessageParam
 
 from thunder_mw.middleware.app import ThunderMiddleware, create_app
 from thunder_mw.middleware.call_state import STATE_KEY, CallState
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import Rejected, SchedulingMiddleware
+from thunder_mw.middleware.types import Message
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import ThunderConfig
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
 class Stack:
@@ -61,30 +63,31 @@ def owned_stack(**server: Any) -> Iterator[Stack]:
 
 
 @pytest.fixture
-def stack():
+def stack() -> Iterator[Stack]:
     with owned_stack() as s:
         yield s
 
 
-def test_the_key_that_started_a_program_keeps_using_it(stack):
+def test_the_key_that_started_a_program_keeps_using_it(stack: Stack) -> None:
     stack.chat("sk-alice", "agent-1")
     answer = stack.chat("sk-alice", "agent-1")
     assert answer.choices[0].message.content == "tok tok "
     assert len(stack.engine.received) == 2
 
 
-def test_another_key_gets_403_naming_the_program_id(stack):
+def test_another_key_gets_403_naming_the_program_id(stack: Stack) -> None:
     stack.chat("sk-alice", "agent-1")
     with pytest.raises(openai.PermissionDeniedError) as info:
         stack.chat("sk-mallory", "agent-1")
     error = info.value.body
+    assert isinstance(error, dict)
     assert info.value.status_code == 403
     assert error["code"] == "program_owned_by_another_key" and error["param"] == "program_id"
     assert error["type"] == "permission_error"
     assert len(stack.engine.received) == 1  # the refused request never reached the engine
 
 
-def test_a_request_without_the_key_gets_403_for_an_owned_program(stack):
+def test_a_request_without_the_key_gets_403_for_an_owned_program(stack: Stack) -> None:
     stack.chat("sk-alice", "agent-1")
     r = httpx.post(
         f"{stack.url}/v1/chat/completions",
@@ -94,7 +97,7 @@ def test_a_request_without_the_key_gets_403_for_an_owned_program(stack):
     assert r.json()["error"]["code"] == "program_owned_by_another_key"
 
 
-def test_a_first_request_without_the_key_gets_401_and_binds_nothing(stack):
+def test_a_first_request_without_the_key_gets_401_and_binds_nothing(stack: Stack) -> None:
     r = httpx.post(
         f"{stack.url}/v1/chat/completions",
         json={"model": "m", "messages": MESSAGES, "program_id": "agent-1"},
@@ -105,12 +108,12 @@ def test_a_first_request_without_the_key_gets_401_and_binds_nothing(stack):
     stack.chat("sk-alice", "agent-1")  # still free for the first client that has a key
 
 
-def test_requests_without_a_program_id_need_no_key(stack):
+def test_requests_without_a_program_id_need_no_key(stack: Stack) -> None:
     r = httpx.post(f"{stack.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
     assert r.status_code == 200
 
 
-def test_the_owner_binding_holds_a_digest_never_the_key(stack):
+def test_the_owner_binding_holds_a_digest_never_the_key(stack: Stack) -> None:
     stack.chat("sk-alice-distinctive", "agent-1")
     owners = stack.app.core.owners.owners
     (digest,) = owners._owner.values()
@@ -119,7 +122,7 @@ def test_the_owner_binding_holds_a_digest_never_the_key(stack):
     assert "sk-alice-distinctive" not in listing
 
 
-def test_another_key_cannot_release_the_program(stack):
+def test_another_key_cannot_release_the_program(stack: Stack) -> None:
     stack.chat("sk-alice", "agent-1")
     r = stack.release("agent-1", {"Authorization": "Bearer sk-mallory"})
     assert r.status_code == 403
@@ -127,7 +130,7 @@ def test_another_key_cannot_release_the_program(stack):
     assert httpx.get(f"{stack.url}/programs/agent-1").status_code == 200
 
 
-def test_the_owner_releases_and_the_id_is_free_again(stack):
+def test_the_owner_releases_and_the_id_is_free_again(stack: Stack) -> None:
     stack.chat("sk-alice", "agent-1")
     r = stack.release("agent-1", {"Authorization": "Bearer sk-alice"})
     assert r.status_code == 200 and r.json()["released"] is True
@@ -136,19 +139,19 @@ def test_the_owner_releases_and_the_id_is_free_again(stack):
         stack.chat("sk-alice", "agent-1")
 
 
-def test_a_final_request_frees_the_id(stack):
+def test_a_final_request_frees_the_id(stack: Stack) -> None:
     stack.chat("sk-alice", "agent-1", {"X-Dynamo-Session-Final": "true"})
     assert stack.chat("sk-bob", "agent-1").choices
 
 
-def test_admin_token_holders_release_any_program():
+def test_admin_token_holders_release_any_program() -> None:
     with owned_stack(admin_token="adm-token") as stack:
         stack.chat("sk-alice", "agent-1")
         r = stack.release("agent-1", {"Authorization": "Bearer adm-token"})
         assert r.status_code == 200 and r.json()["released"] is True
 
 
-def test_ownership_is_off_by_default(engine):
+def test_ownership_is_off_by_default(engine: FakeEngine) -> None:
     config = ThunderConfig(backends=[{"name": "e", "url": engine.url}])
     with serving(create_app(config)) as gw:
         for key in ("sk-alice", "sk-bob"):
@@ -159,7 +162,7 @@ def test_ownership_is_off_by_default(engine):
     assert len(engine.received) == 2
 
 
-def test_a_custom_owner_header_is_honoured(engine):
+def test_a_custom_owner_header_is_honoured(engine: FakeEngine) -> None:
     config = ThunderConfig(
         backends=[{"name": "e", "url": engine.url}],
         agent_context={"program_owner": "header", "program_owner_header": "X-Api-Key"},
@@ -184,12 +187,12 @@ class _RefusingScheduler:
 
 
 def _call(mw: SchedulingMiddleware, key: bytes) -> int:
-    sent: list[dict[str, Any]] = []
+    sent: list[Message] = []
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Message:
         return {"type": "http.disconnect"}
 
     call = CallState()
@@ -200,10 +203,11 @@ def _call(mw: SchedulingMiddleware, key: bytes) -> int:
         "state": {STATE_KEY: call},
     }
     asyncio.run(mw(scope, receive, send))
-    return sent[0]["status"]
+    status: int = sent[0]["status"]
+    return status
 
 
-def test_a_first_request_that_never_ran_leaves_no_owner():
+def test_a_first_request_that_never_ran_leaves_no_owner() -> None:
     async def never_called(scope: Any, receive: Any, send: Any) -> None:
         raise AssertionError("forwarded")
 
@@ -216,7 +220,7 @@ def test_a_first_request_that_never_ran_leaves_no_owner():
     assert _call(mw, b"Bearer sk-bob") == 429  # not 403: alice's refused request owns nothing
 
 
-def test_gateway_mode_binds_programs_too(engine):
+def test_gateway_mode_binds_programs_too(engine: FakeEngine) -> None:
     async def wrapped_app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":

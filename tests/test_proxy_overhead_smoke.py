@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,7 @@ ROW_KEYS = {
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     parser = argparse.ArgumentParser()
     proxy_overhead.add_arguments(parser)
     output = tmp_path_factory.mktemp("bench") / "proxy-overhead.json"
@@ -47,14 +48,14 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return result
 
 
-def test_report_is_written_as_the_returned_json(report: dict) -> None:
+def test_report_is_written_as_the_returned_json(report: dict[str, Any]) -> None:
     written = json.loads(Path(report["_output"]).read_text())
     assert written["scenario"] == "proxy-overhead"
     assert written["mode"] == "live"
     assert written["results"] == report["results"]
 
 
-def test_every_target_mode_and_concurrency_has_one_row(report: dict) -> None:
+def test_every_target_mode_and_concurrency_has_one_row(report: dict[str, Any]) -> None:
     cells = {(r["target"], r["stream"], r["concurrency"]) for r in report["results"]}
     assert cells == {
         (t, s, c) for t in ("direct", "aiohttp-passthrough") for s in (False, True) for c in (1, 4)
@@ -62,14 +63,14 @@ def test_every_target_mode_and_concurrency_has_one_row(report: dict) -> None:
     assert len(report["results"]) == len(cells)
 
 
-def test_rows_have_the_schema_and_nonzero_throughput(report: dict) -> None:
+def test_rows_have_the_schema_and_nonzero_throughput(report: dict[str, Any]) -> None:
     for row in report["results"]:
         assert ROW_KEYS <= row.keys()
         assert row["req_per_s"] > 0
         assert row["errors"] == 0
 
 
-def test_ratios_are_relative_to_the_aiohttp_passthrough(report: dict) -> None:
+def test_ratios_are_relative_to_the_aiohttp_passthrough(report: dict[str, Any]) -> None:
     for row in report["results"]:
         if row["target"] == "aiohttp-passthrough":
             assert row["ratio_vs_aiohttp"] == 1.0
@@ -77,6 +78,6 @@ def test_ratios_are_relative_to_the_aiohttp_passthrough(report: dict) -> None:
             assert row["added_p50_ms"] == 0.0
 
 
-def test_both_targets_pass_the_correctness_probe(report: dict) -> None:
+def test_both_targets_pass_the_correctness_probe(report: dict[str, Any]) -> None:
     assert report["probes"]["direct"]["ok"]
     assert report["probes"]["aiohttp-passthrough"]["ok"]

@@ -21,18 +21,18 @@ DEMO = ROOT / "config" / "demo.yaml"
 MAX_LINES = 170  # a front door (~150 lines); results and diagnoses live in docs/benchmarks.md
 
 
-def test_readme_stays_a_front_door():
+def test_readme_stays_a_front_door() -> None:
     lines = README.read_text().count("\n")
     assert lines < MAX_LINES, f"README.md has {lines} lines; move detail into docs/"
 
 
-def test_readme_names_the_two_commands():
+def test_readme_names_the_two_commands() -> None:
     text = README.read_text()
     assert "thunder-mw --config config/demo.yaml" in text
     assert "bash scripts/test.sh" in text
 
 
-def test_readme_links_every_page_of_docs():
+def test_readme_links_every_page_of_docs() -> None:
     text = README.read_text()
     pages = sorted(p.name for p in (README.parent / "docs").glob("*.md"))
     missing = [name for name in pages if f"docs/{name}" not in text]
@@ -64,7 +64,7 @@ def docker_state(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.mark.slow  # the demo, as its own `thunder-mw` process
-def test_the_readme_usage_examples_work_as_printed(docker_state, tmp_path):
+def test_the_readme_usage_examples_work_as_printed(docker_state: str, tmp_path: Path) -> None:
     demo_url = "http://127.0.0.1:{port}".format(**yaml.safe_load(DEMO.read_text())["server"])
     (client_example, *_) = _blocks("python", "Usage")
     (release_example,) = [b for b in _blocks("bash", "Usage") if "/programs/release" in b]
@@ -106,7 +106,9 @@ def test_the_readme_usage_examples_work_as_printed(docker_state, tmp_path):
     assert journal.exists() is (docker_state == "with Docker")
 
 
-def test_the_readme_gateway_mode_example_builds_its_gateway(monkeypatch):
+def test_the_readme_gateway_mode_example_builds_its_gateway(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     (example,) = [b for b in _blocks("python", "Usage") if "ThunderMiddleware" in b]
     monkeypatch.chdir(ROOT)  # it reads config/cluster.yaml, as a checkout's root has it
     names: dict[str, object] = {}
@@ -116,7 +118,7 @@ def test_the_readme_gateway_mode_example_builds_its_gateway(monkeypatch):
     assert isinstance(names["gateway"], ThunderMiddleware)
 
 
-def test_usage_md_opens_with_the_readme_usage_examples():
+def test_usage_md_opens_with_the_readme_usage_examples() -> None:
     usage = (ROOT / "docs" / "usage.md").read_text()
     first_two = re.findall(r"```(?:python|bash)\n(.*?)```", usage, re.S)[:2]
     assert first_two == [_blocks("python", "Usage")[0], _blocks("bash", "Usage")[0]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 import httpx
 import pytest
@@ -17,10 +18,11 @@ CHAT_MESSAGES = [
 ]
 
 
-def _post(engine: RealVllm, path: str, body: dict[str, object]) -> dict[str, object]:
+def _post(engine: RealVllm, path: str, body: dict[str, object]) -> dict[str, Any]:
     response = httpx.post(f"{engine.url}{path}", json=body, timeout=TIMEOUT)
     assert response.status_code == 200, response.text
-    return response.json()
+    answer: dict[str, Any] = response.json()
+    return answer
 
 
 def _random_token_ids(count: int, seed: int) -> list[int]:

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 from asgi_servers import serving
+from real_vllm import RealVllm
 
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import SimEngineSettings, ThunderConfig
@@ -21,7 +22,7 @@ FAILED_TTL_S = 0.5
 
 
 @pytest.fixture(scope="module")
-def gateway(vllm_engine) -> Iterator[str]:
+def gateway(vllm_engine: RealVllm) -> Iterator[str]:
     config = ThunderConfig(
         backends=[{"name": "vllm-0", "url": vllm_engine.url}],
         policies=[
@@ -37,14 +38,14 @@ def gateway(vllm_engine) -> Iterator[str]:
 
 
 @pytest.fixture
-def client(gateway) -> Iterator[openai.OpenAI]:
+def client(gateway: str) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0) as client:
         yield client
 
 
 def test_an_unknown_v1_route_is_vllms_own_404_relayed_and_the_simulator_answers_alike(
-    gateway, vllm_engine, client
-):
+    gateway: str, vllm_engine: RealVllm, client: openai.OpenAI
+) -> None:
     direct = httpx.get(f"{vllm_engine.url}/v1/no-such-route", timeout=10)
     through = httpx.get(f"{gateway}/v1/no-such-route", timeout=10)
     assert through.status_code == direct.status_code == 404
@@ -64,18 +65,21 @@ def test_an_unknown_v1_route_is_vllms_own_404_relayed_and_the_simulator_answers_
 
 
 def test_a_wrong_method_is_the_gateways_405_in_the_openai_error_object(
-    gateway, vllm_engine, client
-):
+    gateway: str, vllm_engine: RealVllm, client: openai.OpenAI
+) -> None:
     assert httpx.get(f"{vllm_engine.url}/v1/chat/completions", timeout=10).status_code == 405
     with pytest.raises(openai.APIStatusError) as info:
         client.get("/chat/completions", cast_to=object)
     assert info.value.status_code == 405
     assert info.value.response.headers["allow"] == "POST"
+    assert isinstance(info.value.body, dict)
     assert set(info.value.body) == {"message", "type", "param", "code"}
     assert info.value.body["code"] == "method_not_allowed"
 
 
-def test_a_program_whose_calls_vllm_refuses_holds_nothing_and_expires(gateway, client):
+def test_a_program_whose_calls_vllm_refuses_holds_nothing_and_expires(
+    gateway: str, client: openai.OpenAI
+) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(
             model="no-such-model",
@@ -83,6 +87,7 @@ def test_a_program_whose_calls_vllm_refuses_holds_nothing_and_expires(gateway, c
             max_tokens=8,
             extra_body={"program_id": "refused"},
         )
+    assert isinstance(info.value.body, dict)
     assert "no-such-model" in info.value.body["message"]  # vLLM's own 404, relayed
     seen = httpx.get(f"{gateway}/programs/refused").json()
     assert seen["failures"] == 1 and seen["reserved_tokens"] == 0 and seen["in_flight"] == 0

@@ -4,32 +4,38 @@ by the engine's own log of the request fields it ignored."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
-from asgi_servers import serving
+from asgi_servers import ServerThread, serving
+from openai.types.chat import ChatCompletionMessageParam
+from real_vllm import RealVllm
 
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
 
-PROMPT = [{"role": "user", "content": "Summarise the repository layout in one line."}]
+PROMPT: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Summarise the repository layout in one line."}
+]
 
 
 @pytest.fixture(scope="module")
-def gateway(vllm_engine):
+def gateway(vllm_engine: RealVllm) -> Iterator[ServerThread]:
     config = ThunderConfig(backends=[{"name": "vllm-0", "url": vllm_engine.url}])
     with serving(create_app(config)) as gw:
         yield gw
 
 
-def _ignored_after(vllm_engine, offset: int) -> set[str]:
+def _ignored_after(vllm_engine: RealVllm, offset: int) -> set[str]:
     # vLLM writes its "ignored fields" line when it parses the request; give the log a moment.
     time.sleep(0.3)
     return vllm_engine.ignored_fields_since(offset)
 
 
-def test_engine_capacity_is_discovered(gateway, vllm_engine):
+def test_engine_capacity_is_discovered(gateway: ServerThread, vllm_engine: RealVllm) -> None:
     health = httpx.get(f"{gateway.url}/health").json()
     backend = health["backends"][0]
     assert backend["healthy"] is True
@@ -38,12 +44,14 @@ def test_engine_capacity_is_discovered(gateway, vllm_engine):
 
 
 @pytest.fixture
-def client(gateway):
+def client(gateway: ServerThread) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as client:
         yield client
 
 
-def test_openai_client_non_streaming_through_thunder_mw(gateway, vllm_engine, client):
+def test_openai_client_non_streaming_through_thunder_mw(
+    gateway: ServerThread, vllm_engine: RealVllm, client: openai.OpenAI
+) -> None:
     offset = vllm_engine.log_offset()
     answer = client.chat.completions.create(
         model=vllm_engine.model,
@@ -52,6 +60,7 @@ def test_openai_client_non_streaming_through_thunder_mw(gateway, vllm_engine, cl
         temperature=0,
         extra_body={"program_id": "real-1", "docker_ids": ["sandbox-a"], "ignore_eos": True},
     )
+    assert answer.usage is not None
     assert answer.usage.completion_tokens == 8 and answer.usage.prompt_tokens > 0
     assert answer.choices[0].message.content
     program = httpx.get(f"{gateway.url}/programs/real-1").json()
@@ -61,7 +70,9 @@ def test_openai_client_non_streaming_through_thunder_mw(gateway, vllm_engine, cl
     assert not ignored & {"program_id", "docker_ids"}, ignored
 
 
-def test_openai_client_streaming_through_thunder_mw(gateway, vllm_engine, client):
+def test_openai_client_streaming_through_thunder_mw(
+    gateway: ServerThread, vllm_engine: RealVllm, client: openai.OpenAI
+) -> None:
     offset = vllm_engine.log_offset()
     chunks = list(
         client.chat.completions.create(
@@ -84,7 +95,9 @@ def test_openai_client_streaming_through_thunder_mw(gateway, vllm_engine, client
     assert not ignored & {"program_id", "nvext"}, ignored
 
 
-def test_dynamo_context_is_stripped_before_the_engine(gateway, vllm_engine):
+def test_dynamo_context_is_stripped_before_the_engine(
+    gateway: ServerThread, vllm_engine: RealVllm
+) -> None:
     offset = vllm_engine.log_offset()
     body = {
         "model": vllm_engine.model,
@@ -102,7 +115,9 @@ def test_dynamo_context_is_stripped_before_the_engine(gateway, vllm_engine):
     assert not ignored & {"nvext", "vllm_xargs", "agent_context"}, ignored
 
 
-def test_prefix_cache_hits_are_captured_for_a_program(gateway, vllm_engine):
+def test_prefix_cache_hits_are_captured_for_a_program(
+    gateway: ServerThread, vllm_engine: RealVllm
+) -> None:
     vllm_engine.reset_prefix_cache()
     prompt = " ".join(f"word{i}" for i in range(400))
     body = {"model": vllm_engine.model, "prompt": prompt, "max_tokens": 1, "program_id": "real-3"}
@@ -120,7 +135,7 @@ def test_prefix_cache_hits_are_captured_for_a_program(gateway, vllm_engine):
 # CONTROL, a field vLLM does not read: the engine logging it as ignored proves that its log
 # would show a context field that got through.
 CONTROL = "x_thunder_control"
-DYNAMO_FORMS = {
+DYNAMO_FORMS: dict[str, tuple[str, dict[str, Any], dict[str, str], str, str | None]] = {
     "program_id+docker_ids": (
         "/v1/chat/completions", {"program_id": "f-ta", "docker_ids": ["box-f"]}, {}, "f-ta", None
     ),
@@ -180,7 +195,7 @@ STRIPPED = {"program_id", "docker_ids", "extra_body", "nvext", "vllm_xargs", "me
 
 
 @pytest.fixture(scope="module")
-def all_forms_gateway(vllm_engine):
+def all_forms_gateway(vllm_engine: RealVllm) -> Iterator[ServerThread]:
     conventions = ["thunderagent", "dynamo_body", "dynamo_headers", "vllm_router", "litellm",
                    "coding_agents"]  # fmt: skip
     config = ThunderConfig(
@@ -193,8 +208,8 @@ def all_forms_gateway(vllm_engine):
 
 @pytest.mark.parametrize("form", list(DYNAMO_FORMS))
 def test_the_real_engine_answers_each_form_with_the_context_stripped(
-    form, all_forms_gateway, vllm_engine
-):
+    form: str, all_forms_gateway: ServerThread, vllm_engine: RealVllm
+) -> None:
     path, fields, headers, program, parent = DYNAMO_FORMS[form]
     if path == "/v1/responses":
         body = {"model": vllm_engine.model, "input": "Say hi.", "max_output_tokens": 2}

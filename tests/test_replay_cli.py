@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
-from asgi_servers import serving
+from asgi_servers import ServerThread, serving
+from real_vllm import RealVllm
 
 from thunder_mw.benchmarks.replay import Replayer
 from thunder_mw.benchmarks.replay_cli import ProgressBar
@@ -23,19 +27,21 @@ SIM = {"type": "sim", "sim": {"time_scale": 50.0, "profile": "instant"}}
 
 
 @pytest.fixture(scope="module")
-def gateway():
+def gateway() -> Iterator[ServerThread]:
     config = ThunderConfig(backends=[{**SIM, "name": "s0"}, {**SIM, "name": "s1"}])
     with serving(create_app(config)) as server:
         yield server
 
 
-def replay(tmp_path, *argv: str) -> tuple[int, dict]:
+def replay(tmp_path: Path, *argv: str) -> tuple[int, dict[str, Any]]:
     output = tmp_path / "replay.json"
     code = main(["replay", *argv, "--output", str(output)])
     return code, json.loads(output.read_text())
 
 
-def test_a_replay_through_thunder_mw_reads_the_engines_behind_it(gateway, tmp_path):
+def test_a_replay_through_thunder_mw_reads_the_engines_behind_it(
+    gateway: ServerThread, tmp_path: Path
+) -> None:
     code, report = replay(
         tmp_path,
         "--url",
@@ -58,7 +64,7 @@ def test_a_replay_through_thunder_mw_reads_the_engines_behind_it(gateway, tmp_pa
     assert httpx.get(f"{gateway.url}/programs").json()["count"] == 0
 
 
-def test_a_trace_file_replays_its_programs(gateway, tmp_path):
+def test_a_trace_file_replays_its_programs(gateway: ServerThread, tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
     save_trace(generate("chat", 2, seed=7, prefix="t"), trace)
     code, report = replay(
@@ -68,12 +74,13 @@ def test_a_trace_file_replays_its_programs(gateway, tmp_path):
     assert report["programs"] == 2 and report["result"]["programs_completed"] == 2
 
 
-def test_the_progress_bar_ends_with_every_call_and_program_done():
+def test_the_progress_bar_ends_with_every_call_and_program_done() -> None:
     programs = generate("chat", 3, seed=1)
     calls = sum(len(p.calls) for p in programs)
     out = io.StringIO()
     bar = ProgressBar(programs, out)
-    done = SimpleNamespace(calls_done=0, done=0, failed_calls=0)
+    # Any: a stand-in for the Replayer, with only the counters the bar reads.
+    done: Any = SimpleNamespace(calls_done=0, done=0, failed_calls=0)
     for step in range(1, calls + 1):
         done.calls_done = step
         bar(done)
@@ -84,7 +91,7 @@ def test_the_progress_bar_ends_with_every_call_and_program_done():
     assert f"{calls}/{calls} calls, 3/3 programs, 0 failed" in lines[-1]
 
 
-def test_replayer_reports_progress_after_every_call(gateway):
+def test_replayer_reports_progress_after_every_call(gateway: ServerThread) -> None:
     seen: list[int] = []
     replayer = Replayer(gateway.url, time_scale=50, progress=lambda r: seen.append(r.calls_done))
     programs = generate("chat", 2, seed=3)
@@ -93,7 +100,9 @@ def test_replayer_reports_progress_after_every_call(gateway):
 
 
 @pytest.mark.real_vllm
-def test_a_replay_straight_to_the_real_engine_reads_its_own_counters(vllm_engine, tmp_path):
+def test_a_replay_straight_to_the_real_engine_reads_its_own_counters(
+    vllm_engine: RealVllm, tmp_path: Path
+) -> None:
     vocab = json.loads((vllm_engine.model_dir / "config.json").read_text())["vocab_size"]
     code, report = replay(
         tmp_path,

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = (ROOT / "config" / "nginx-replicas.conf").read_text()
 
 
-def test_every_line_of_the_documented_nginx_excerpt_is_in_the_shipped_file():
+def test_every_line_of_the_documented_nginx_excerpt_is_in_the_shipped_file() -> None:
     doc = (ROOT / "docs" / "replicas.md").read_text()
     block = re.search(r"```nginx\n(.*?)```", doc, re.S)
     assert block is not None
@@ -21,7 +21,7 @@ def test_every_line_of_the_documented_nginx_excerpt_is_in_the_shipped_file():
     assert missing == []
 
 
-def test_nginx_hashes_on_the_program_headers_thunder_mw_reads():
+def test_nginx_hashes_on_the_program_headers_thunder_mw_reads() -> None:
     hashed = set(re.findall(r"\$http_([a-z0-9_]+)", CONF))
     names = {
         context_parsing.H_DYNAMO_SESSION,

@@ -12,31 +12,36 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
-from asgi_servers import serving
+from asgi_servers import ServerThread, serving
+from fake_engine import FakeEngine
 from starlette.applications import Starlette
+from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from thunder_mw.cli.bounded_head import bounded_httptools
 from thunder_mw.middleware.app import ThunderMiddleware, create_app
+from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 from thunder_mw.schemas.config import ThunderConfig
 from thunder_mw.sim.ports import free_port
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def standalone(engine, **server):
+def standalone(engine: FakeEngine, **server: Any) -> AbstractContextManager[ServerThread]:
     config = ThunderConfig(backends=[{"name": "e", "url": engine.url}], server=server)
     return serving(create_app(config))
 
 
-def test_a_head_over_the_default_32_kib_gets_431(engine):
+def test_a_head_over_the_default_32_kib_gets_431(engine: FakeEngine) -> None:
     with standalone(engine) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT, headers={"x-big": "a" * 40_000})
     assert r.status_code == 431
@@ -46,26 +51,26 @@ def test_a_head_over_the_default_32_kib_gets_431(engine):
     assert engine.received == []
 
 
-def test_a_head_under_the_limit_is_forwarded(engine):
+def test_a_head_under_the_limit_is_forwarded(engine: FakeEngine) -> None:
     with standalone(engine) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT, headers={"x-big": "a" * 20_000})
     assert r.status_code == 200
     assert engine.last().headers["x-big"] == "a" * 20_000
 
 
-def test_the_limit_is_configurable(engine):
+def test_the_limit_is_configurable(engine: FakeEngine) -> None:
     with standalone(engine, max_header_bytes=4096) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT, headers={"x-big": "a" * 5000})
     assert r.status_code == 431
 
 
-def test_a_long_query_string_counts_toward_the_limit(engine):
+def test_a_long_query_string_counts_toward_the_limit(engine: FakeEngine) -> None:
     with standalone(engine, max_header_bytes=4096) as gw:
         r = httpx.get(f"{gw.url}/v1/models?q={'a' * 5000}")
     assert r.status_code == 431
 
 
-def test_too_many_headers_get_431(engine):
+def test_too_many_headers_get_431(engine: FakeEngine) -> None:
     headers = {f"x-h{i}": "v" for i in range(101)}
     with standalone(engine) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT, headers=headers)
@@ -74,17 +79,17 @@ def test_too_many_headers_get_431(engine):
     assert engine.received == []
 
 
-def test_admin_routes_are_bounded_too(engine):
+def test_admin_routes_are_bounded_too(engine: FakeEngine) -> None:
     with standalone(engine) as gw:
         r = httpx.get(f"{gw.url}/health", headers={"x-big": "a" * 40_000})
     assert r.status_code == 431
 
 
 @pytest.fixture
-def mounted(engine):
+def mounted(engine: FakeEngine) -> Iterator[tuple[ServerThread, list[str]]]:
     calls: list[str] = []
 
-    async def anything(request):
+    async def anything(request: Request) -> PlainTextResponse:
         calls.append(request.url.path)
         return PlainTextResponse("ok")
 
@@ -94,14 +99,16 @@ def mounted(engine):
         yield server, calls
 
 
-def test_gateway_mode_answers_431_before_the_wrapped_app(mounted):
+def test_gateway_mode_answers_431_before_the_wrapped_app(
+    mounted: tuple[ServerThread, list[str]],
+) -> None:
     server, calls = mounted
     r = httpx.get(f"{server.url}/anything", headers={"x-big": "a" * 40_000})
     assert r.status_code == 431 and r.json()["error"]["code"] == "headers_too_large"
     assert calls == []
 
 
-def test_gateway_mode_passes_an_ordinary_head(mounted):
+def test_gateway_mode_passes_an_ordinary_head(mounted: tuple[ServerThread, list[str]]) -> None:
     server, calls = mounted
     assert httpx.get(f"{server.url}/anything").status_code == 200
     assert calls == ["/anything"]
@@ -114,8 +121,8 @@ class _Transport(asyncio.Transport):
         self.written: list[bytes] = []
         self.closed = False
 
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written.append(bytes(data))
 
     def close(self) -> None:
         self.closed = True
@@ -131,13 +138,14 @@ class _Transport(asyncio.Transport):
     def resume_reading(self) -> None: ...
 
 
-async def _unused_app(scope, receive, send) -> None:
+async def _unused_app(scope: Scope, receive: Receive, send: Send) -> None:
     raise AssertionError("a refused head must never reach the app")
 
 
 def _guarded_protocol(max_head_bytes: int) -> tuple[Any, _Transport]:
     """The bounded uvicorn protocol on an in-memory transport, on the running loop."""
     protocol_class = bounded_httptools(max_head_bytes)
+    assert issubclass(protocol_class, HttpToolsProtocol)
     config = uvicorn.Config(_unused_app, http=protocol_class, lifespan="off")
     config.load()
     protocol = protocol_class(
@@ -151,7 +159,7 @@ def _guarded_protocol(max_head_bytes: int) -> tuple[Any, _Transport]:
     return protocol, transport
 
 
-def test_an_unfinished_head_past_the_guard_is_answered_431_and_closed():
+def test_an_unfinished_head_past_the_guard_is_answered_431_and_closed() -> None:
     async def feed() -> _Transport:
         protocol, transport = _guarded_protocol(1000)
         protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ")
@@ -167,7 +175,7 @@ def test_an_unfinished_head_past_the_guard_is_answered_431_and_closed():
     assert json.loads(body)["error"]["code"] == "headers_too_large"
 
 
-def test_a_request_that_is_not_http_is_a_400_in_the_error_object_not_plain_text():
+def test_a_request_that_is_not_http_is_a_400_in_the_error_object_not_plain_text() -> None:
     async def feed() -> _Transport:
         protocol, transport = _guarded_protocol(1000)
         protocol.data_received(b"\x16\x03\x01 not an HTTP request\r\n\r\n")  # TLS to http://
@@ -182,7 +190,7 @@ def test_a_request_that_is_not_http_is_a_400_in_the_error_object_not_plain_text(
 
 
 @contextlib.contextmanager
-def guarded(app, max_head_bytes: int) -> Iterator[str]:
+def guarded(app: ASGIApp, max_head_bytes: int) -> Iterator[str]:
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
@@ -207,7 +215,7 @@ def guarded(app, max_head_bytes: int) -> Iterator[str]:
         thread.join(timeout=10)
 
 
-async def _echo_length(scope, receive, send) -> None:
+async def _echo_length(scope: Scope, receive: Receive, send: Send) -> None:
     size = 0
     while True:
         message = await receive()
@@ -234,12 +242,12 @@ def _hangs_up_on_endless_head(port: int, most_bytes: int) -> bool:
     return answer == b"" or answer.startswith(b"HTTP/1.1 431")
 
 
-def test_the_guard_stops_reading_an_endless_head_over_tcp():
+def test_the_guard_stops_reading_an_endless_head_over_tcp() -> None:
     with guarded(_echo_length, 64 * 1024) as url:
         assert _hangs_up_on_endless_head(int(url.rsplit(":", 1)[1]), 16 * 1024 * 1024)
 
 
-def test_the_guard_passes_large_bodies_and_kept_alive_connections():
+def test_the_guard_passes_large_bodies_and_kept_alive_connections() -> None:
     with guarded(_echo_length, 4096) as url, httpx.Client() as client:
         for size in (10, 3_000_000, 200_000):
             r = client.post(url, content=b"x" * size, headers={"x-pad": "p" * 2000})

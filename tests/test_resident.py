@@ -24,7 +24,7 @@ def info(tokens: int, out: int = 10) -> RequestInfo:
     return RequestInfo(prompt_chars=(tokens - 1) * CHARS_PER_TOKEN, max_tokens=out)
 
 
-def make(floor: float | None, capacities=(10_000,)) -> SchedulerCore:
+def make(floor: float | None, capacities: tuple[int, ...] = (10_000,)) -> SchedulerCore:
     stages = build_pipeline(
         [
             {

@@ -53,11 +53,13 @@ def generate(url: str, program: str, step: int, tokens: int = 8, **extra: Any) -
 
 
 def home(url: str, program: str) -> str | None:
-    return httpx.get(f"{url}/programs/{program}", timeout=10).json()["backend"]
+    backend: str | None = httpx.get(f"{url}/programs/{program}", timeout=10).json()["backend"]
+    return backend
 
 
 def in_flight(url: str) -> int:
-    return httpx.get(f"{url}/generation", timeout=10).json()["in_flight_calls"]
+    calls: int = httpx.get(f"{url}/generation", timeout=10).json()["in_flight_calls"]
+    return calls
 
 
 def wait_for(condition: Any, timeout_s: float = 10.0) -> None:
@@ -72,7 +74,9 @@ def backends(url: str) -> dict[str, dict[str, Any]]:
     return {b["name"]: b for b in listed}
 
 
-def test_generate_is_scheduled_as_its_rid_program_and_accounts_meta_info(gateway):
+def test_generate_is_scheduled_as_its_rid_program_and_accounts_meta_info(
+    gateway: ServerThread,
+) -> None:
     answer = generate(gateway.url, "prog-a", 0, tokens=5)
     assert answer.status_code == 200, answer.text
     meta = answer.json()["meta_info"]
@@ -83,7 +87,9 @@ def test_generate_is_scheduled_as_its_rid_program_and_accounts_meta_info(gateway
     assert program["completion_tokens"] == meta["completion_tokens"] == 5
 
 
-def test_a_streamed_generate_is_relayed_event_by_event_with_its_usage_counted(gateway):
+def test_a_streamed_generate_is_relayed_event_by_event_with_its_usage_counted(
+    gateway: ServerThread,
+) -> None:
     body = {
         "text": "hello " * 10,
         "sampling_params": {"max_new_tokens": 6, "ignore_eos": True},
@@ -100,7 +106,7 @@ def test_a_streamed_generate_is_relayed_event_by_event_with_its_usage_counted(ga
     assert program["completion_tokens"] == 6 and program["steps"] == 1
 
 
-def test_an_engine_added_mid_run_receives_new_programs(gateway):
+def test_an_engine_added_mid_run_receives_new_programs(gateway: ServerThread) -> None:
     url = gateway.url
     for i in range(4):
         assert generate(url, f"old-{i}", 0).status_code == 200
@@ -117,7 +123,9 @@ def test_an_engine_added_mid_run_receives_new_programs(gateway):
     assert added.json()["backend"]["url"] in workers
 
 
-def test_a_drained_engine_finishes_its_calls_and_leaves_with_no_program_lost(gateway):
+def test_a_drained_engine_finishes_its_calls_and_leaves_with_no_program_lost(
+    gateway: ServerThread,
+) -> None:
     url = gateway.url
     programs = [f"p{i}" for i in range(6)]
     for p in programs:
@@ -142,7 +150,9 @@ def test_a_drained_engine_finishes_its_calls_and_leaves_with_no_program_lost(gat
     assert home(url, on_sim0[0]) == "sim-1"
 
 
-def test_a_weight_update_cycle_holds_new_calls_and_releases_them_after(gateway):
+def test_a_weight_update_cycle_holds_new_calls_and_releases_them_after(
+    gateway: ServerThread,
+) -> None:
     url = gateway.url
     assert generate(url, "warm", 0).status_code == 200
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -175,7 +185,7 @@ def test_a_weight_update_cycle_holds_new_calls_and_releases_them_after(gateway):
     assert late.json()["meta_info"]["weight_version"] == "v1"  # it ran after the update
 
 
-def test_sglang_and_vllm_spellings_pause_and_resume_the_gateway(gateway):
+def test_sglang_and_vllm_spellings_pause_and_resume_the_gateway(gateway: ServerThread) -> None:
     url = gateway.url
     paused = httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}, timeout=10)
     assert paused.status_code == 200 and paused.json()["paused"] is True
@@ -189,7 +199,7 @@ def test_sglang_and_vllm_spellings_pause_and_resume_the_gateway(gateway):
     assert generate(url, "after", 0).status_code == 200
 
 
-def test_sglang_router_worker_api_adds_lists_and_removes_engines(gateway):
+def test_sglang_router_worker_api_adds_lists_and_removes_engines(gateway: ServerThread) -> None:
     url = gateway.url
     sim1 = backends(url)["sim-1"]["url"]
     listed = httpx.get(f"{url}/workers", timeout=10).json()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 import pytest
 
 from thunder_mw.policies.core import (
+    Action,
     BackendMetrics,
     Forward,
     Hold,
@@ -18,15 +21,23 @@ from thunder_mw.policies.core import (
 )
 from thunder_mw.policies.decisions import Pause
 from thunder_mw.policies.pipeline import PipelineError, build_pipeline
-from thunder_mw.policies.program_table import Phase, ProgramState, Usage
+from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usage
 from thunder_mw.policies.stages import Admission
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
 CHARS_PER_TOKEN = 4
+A = TypeVar("A")
 
 
-def ctx(pid: str, **kw) -> AgentContext:
+def _program(core: SchedulerCore, program_id: str) -> Program:
+    """The core's entry for `program_id` (the test fails here if it has none)."""
+    program = core.table.get(program_id)
+    assert program is not None, program_id
+    return program
+
+
+def ctx(pid: str, **kw: Any) -> AgentContext:
     return AgentContext(program_id=pid, source=Convention.THUNDERAGENT, **kw)
 
 
@@ -35,7 +46,11 @@ def info(tokens: int, out: int = 10) -> RequestInfo:
     return RequestInfo(prompt_chars=(tokens - 1) * CHARS_PER_TOKEN, max_tokens=out)
 
 
-def make(capacities=(1000,), policies=None, **stage_params) -> SchedulerCore:
+def make(
+    capacities: tuple[int | None, ...] = (1000,),
+    policies: list[dict[str, Any]] | None = None,
+    **stage_params: dict[str, Any],
+) -> SchedulerCore:
     if policies is None:
         policies = [
             {
@@ -60,7 +75,9 @@ def make(capacities=(1000,), policies=None, **stage_params) -> SchedulerCore:
     return SchedulerCore(labels, build_pipeline(policies), chars_per_token=CHARS_PER_TOKEN)
 
 
-def run_step(core, pid, tokens, now, out=10, **kw):
+def run_step(
+    core: SchedulerCore, pid: str, tokens: int, now: float, out: int = 10, **kw: Any
+) -> str:
     """One request that is forwarded and answered: the program ends up ACTING."""
     decision, _ = core.on_request(ctx(pid, **kw), info(tokens, out), now)
     assert isinstance(decision, Forward), decision
@@ -68,12 +85,12 @@ def run_step(core, pid, tokens, now, out=10, **kw):
     return decision.backend
 
 
-def of(actions, kind):
+def of(actions: list[Action], kind: type[A]) -> list[A]:
     return [a for a in actions if isinstance(a, kind)]
 
 
 # ------------------------------------------------------------------ admission
-def test_a_new_program_that_fits_is_forwarded_and_reserves_its_footprint():
+def test_a_new_program_that_fits_is_forwarded_and_reserves_its_footprint() -> None:
     core = make()
     decision, actions = core.on_request(ctx("a"), info(300, 20), 0.0)
     assert decision == Forward("a", "b0")
@@ -81,24 +98,24 @@ def test_a_new_program_that_fits_is_forwarded_and_reserves_its_footprint():
     assert of(actions, Resumed)[0].admitted
 
 
-def test_a_program_that_does_not_fit_is_held_then_admitted_when_room_frees():
+def test_a_program_that_does_not_fit_is_held_then_admitted_when_room_frees() -> None:
     core = make()
     run_step(core, "a", 700, 0)
     decision, _ = core.on_request(ctx("b"), info(500), 2.0)
     assert isinstance(decision, Hold)
     _, actions = core.on_release("a", "release", 3.0)
     assert [(r.program_id, r.backend) for r in of(actions, Resumed)] == [("b", "b0")]
-    program = core.table.get("b")
+    program = _program(core, "b")
     assert program.state is ProgramState.ACTIVE and program.in_flight == 1
 
 
-def test_congested_backend_admits_nothing_until_below_the_low_watermark():
+def test_congested_backend_admits_nothing_until_below_the_low_watermark() -> None:
     core = make()
     run_step(core, "a", 500, 0)
     run_step(core, "b", 450, 0)
     core.on_request(ctx("b"), info(600), 5)  # b grows: 1100 reserved > high -> congested
     admission = next(s for s in core.stages if isinstance(s, Admission))
-    assert admission.congested["b0"] or core.table.get("a").state is ProgramState.PAUSED
+    assert admission.congested["b0"] or _program(core, "a").state is ProgramState.PAUSED
     # After the pause the backend holds ~610 (> low 800? no): check hysteresis directly.
     backend = core.backends["b0"]
     admission.congested["b0"] = True
@@ -109,7 +126,7 @@ def test_congested_backend_admits_nothing_until_below_the_low_watermark():
     assert core.admits(small, backend, 6)
 
 
-def test_unknown_capacity_admits_everything():
+def test_unknown_capacity_admits_everything() -> None:
     core = make(capacities=(None,))
     for i in range(20):
         decision, _ = core.on_request(ctx(f"p{i}"), info(10_000), 0)
@@ -117,7 +134,7 @@ def test_unknown_capacity_admits_everything():
 
 
 # ------------------------------------------------------------------ pausing
-def test_overflow_pauses_acting_programs_before_reasoning_ones():
+def test_overflow_pauses_acting_programs_before_reasoning_ones() -> None:
     core = make()
     run_step(core, "grower", 100, 0)
     run_step(core, "acting", 400, 0)
@@ -125,10 +142,10 @@ def test_overflow_pauses_acting_programs_before_reasoning_ones():
     _, actions = core.on_request(ctx("grower"), info(400), 3)  # its context grows: overflow
     paused = of(actions, Paused)
     assert [p.program_id for p in paused] == ["acting"] and not paused[0].pending
-    assert core.table.get("reasoning").state is ProgramState.ACTIVE
+    assert _program(core, "reasoning").state is ProgramState.ACTIVE
 
 
-def test_shortest_first_pauses_the_smallest_acting_program():
+def test_shortest_first_pauses_the_smallest_acting_program() -> None:
     core = make(pause={"victim": "shortest_first"})
     run_step(core, "grower", 100, 0)
     run_step(core, "big", 500, 0)
@@ -137,7 +154,7 @@ def test_shortest_first_pauses_the_smallest_acting_program():
     assert [p.program_id for p in of(actions, Paused)] == ["small"]
 
 
-def test_cost_benefit_pauses_the_program_with_the_longest_expected_tool_time():
+def test_cost_benefit_pauses_the_program_with_the_longest_expected_tool_time() -> None:
     core = make()
     # Teach the model: "slow" has long tool gaps (30 s), "quick" short ones (1 s).
     run_step(core, "grower", 100, 0)
@@ -150,7 +167,7 @@ def test_cost_benefit_pauses_the_program_with_the_longest_expected_tool_time():
     assert [p.program_id for p in of(actions, Paused)] == ["slow"]
 
 
-def test_marking_a_reasoning_program_lowers_the_projection_so_only_one_is_marked():
+def test_marking_a_reasoning_program_lowers_the_projection_so_only_one_is_marked() -> None:
     core = make()
     run_step(core, "r3", 100, 0)
     core.on_request(ctx("r1"), info(400), 1)
@@ -161,7 +178,7 @@ def test_marking_a_reasoning_program_lowers_the_projection_so_only_one_is_marked
 
 
 @pytest.mark.parametrize(("rule", "marked"), [("largest", "r2"), ("smallest", "r1")])
-def test_the_reasoning_victim_rule_picks_which_call_is_marked(rule, marked):
+def test_the_reasoning_victim_rule_picks_which_call_is_marked(rule: str, marked: str) -> None:
     core = make(pause={"reasoning_victim": rule})
     run_step(core, "r3", 100, 0)
     core.on_request(ctx("r1"), info(300), 1)
@@ -172,7 +189,7 @@ def test_the_reasoning_victim_rule_picks_which_call_is_marked(rule, marked):
     assert [p.program_id for p in of(actions, Paused) if p.pending] == [marked]
 
 
-def test_the_original_rule_over_pauses_and_is_kept_only_for_its_baseline():
+def test_the_original_rule_over_pauses_and_is_kept_only_for_its_baseline() -> None:
     core = make(capacities=(1200,), policies=[{"thunderagent": {}}])
     run_step(core, "r3", 100, 0)
     core.on_request(ctx("r1"), info(300), 1)
@@ -182,7 +199,7 @@ def test_the_original_rule_over_pauses_and_is_kept_only_for_its_baseline():
     assert len([p for p in of(actions, Paused) if p.pending]) == 3
 
 
-def test_a_program_marked_while_reasoning_pauses_when_its_call_ends():
+def test_a_program_marked_while_reasoning_pauses_when_its_call_ends() -> None:
     core = make()
     run_step(core, "r2", 100, 0)
     core.on_request(ctx("r1"), info(500), 1)
@@ -191,11 +208,11 @@ def test_a_program_marked_while_reasoning_pauses_when_its_call_ends():
     actions = core.on_finished(marked.program_id, Usage(500, 10), True, 2)
     paused = of(actions, Paused)
     assert paused and paused[0].program_id == marked.program_id and not paused[0].pending
-    assert core.table.get(marked.program_id).state is ProgramState.PAUSED
+    assert _program(core, marked.program_id).state is ProgramState.PAUSED
     assert core.backends["b0"].pending_release == 0
 
 
-def test_a_paused_programs_next_request_is_held_and_nothing_running_is_aborted():
+def test_a_paused_programs_next_request_is_held_and_nothing_running_is_aborted() -> None:
     core = make()
     run_step(core, "b", 100, 0)
     run_step(core, "a", 600, 0)
@@ -203,33 +220,33 @@ def test_a_paused_programs_next_request_is_held_and_nothing_running_is_aborted()
     assert of(actions, Paused)[0].program_id == "a"
     decision, _ = core.on_request(ctx("a"), info(620), 3)
     assert isinstance(decision, Hold)
-    assert core.table.get("b").in_flight == 1
+    assert _program(core, "b").in_flight == 1
 
 
 # ------------------------------------------------------------------ resume and migration
-def test_resume_prefers_the_home_backend_when_it_has_room():
+def test_resume_prefers_the_home_backend_when_it_has_room() -> None:
     core = make(capacities=(1000, 1000))
     home = run_step(core, "a", 600, 0)
-    program = core.table.get("a")
+    program = _program(core, "a")
     core.apply([Pause(program)], 1)
     decision, actions = core.on_request(ctx("a"), info(620), 2)
     assert decision == Forward("a", home) and not of(actions, Resumed)[0].migrated
 
 
-def test_resume_migrates_to_the_backend_with_the_most_room_when_home_is_full():
+def test_resume_migrates_to_the_backend_with_the_most_room_when_home_is_full() -> None:
     core = make(capacities=(1000, 1000))
     assert run_step(core, "a", 600, 0) == "b0"
-    core.apply([Pause(core.table.get("a"))], 1)
+    core.apply([Pause(_program(core, "a"))], 1)
     decision, _ = core.on_request(ctx("filler"), info(800), 2)
     assert decision == Forward("filler", "b0")  # both empty: the first with the most room
     decision, actions = core.on_request(ctx("a"), info(620), 3)
     assert decision == Forward("a", "b1")
     resumed = of(actions, Resumed)[0]
     assert resumed.migrated and resumed.previous_backend == "b0"
-    assert core.table.get("a").migrations == 1
+    assert _program(core, "a").migrations == 1
 
 
-def test_queue_order_is_priority_then_largest_first():
+def test_queue_order_is_priority_then_largest_first() -> None:
     core = make()
     run_step(core, "hog", 990, 0, out=5)
     for pid, tokens, priority in (("low-big", 400, 0), ("low-small", 100, 0), ("high", 200, 5)):
@@ -239,7 +256,7 @@ def test_queue_order_is_priority_then_largest_first():
     assert [r.program_id for r in of(actions, Resumed)] == ["high", "low-big", "low-small"]
 
 
-def test_a_starving_program_is_force_resumed_after_the_timeout():
+def test_a_starving_program_is_force_resumed_after_the_timeout() -> None:
     core = make(migration={"resume_timeout_s": 100})
     core.on_request(ctx("hog"), info(990), 0)
     decision, _ = core.on_request(ctx("starved"), info(500), 1)
@@ -250,28 +267,28 @@ def test_a_starving_program_is_force_resumed_after_the_timeout():
 
 
 # ------------------------------------------------------------------ failures, release, expiry
-def test_a_failed_call_returns_the_program_to_acting_and_frees_its_request_tokens():
+def test_a_failed_call_returns_the_program_to_acting_and_frees_its_request_tokens() -> None:
     core = make()
     run_step(core, "a", 300, 0)
     core.on_request(ctx("a"), info(600), 2)
     assert core.backends["b0"].reserved > 600  # its request's estimate is reserved
     core.on_finished("a", None, False, 3)
-    program = core.table.get("a")
+    program = _program(core, "a")
     assert program.phase is Phase.ACTING and program.in_flight == 0 and program.failures == 1
     assert core.backends["b0"].reserved == 310  # back to its last known context
 
 
-def test_a_failed_first_call_leaves_its_program_holding_nothing():
+def test_a_failed_first_call_leaves_its_program_holding_nothing() -> None:
     core = make(policies=[{"admission": {"buffer_tokens_per_program": 64}}, {"gc_hooks": {}}])
     core.on_request(ctx("a"), info(300, 200), 0)
     assert core.backends["b0"].reserved == 564
     core.on_finished("a", None, False, 1)
-    program = core.table.get("a")
+    program = _program(core, "a")
     assert program.failures == 1 and program.reserved_tokens == 0
     assert core.backends["b0"].reserved == 0  # not even the per-program buffer
 
 
-def test_a_program_whose_calls_all_failed_expires_after_failed_ttl_not_idle_ttl():
+def test_a_program_whose_calls_all_failed_expires_after_failed_ttl_not_idle_ttl() -> None:
     core = make(gc={"idle_ttl_s": 1800, "failed_ttl_s": 30})
     core.on_request(ctx("doomed", docker_ids=("box-1",)), info(100), 0)
     core.on_finished("doomed", None, False, 1)
@@ -285,7 +302,7 @@ def test_a_program_whose_calls_all_failed_expires_after_failed_ttl_not_idle_ttl(
     assert core.table.get("doomed") is None and core.table.get("fine") is not None
 
 
-def test_one_successful_call_takes_a_program_off_the_failed_expiry():
+def test_one_successful_call_takes_a_program_off_the_failed_expiry() -> None:
     core = make(gc={"idle_ttl_s": 1800, "failed_ttl_s": 30})
     core.on_request(ctx("a"), info(100), 0)
     core.on_finished("a", None, False, 1)
@@ -293,7 +310,7 @@ def test_one_successful_call_takes_a_program_off_the_failed_expiry():
     assert not of(core.on_tick(100), Released) and core.table.get("a") is not None
 
 
-def test_a_never_answered_program_with_a_call_in_flight_or_held_does_not_expire():
+def test_a_never_answered_program_with_a_call_in_flight_or_held_does_not_expire() -> None:
     core = make(gc={"failed_ttl_s": 5})
     core.on_request(ctx("slow"), info(100), 0)  # in flight for longer than the TTL
     core.on_request(ctx("hog"), info(880), 0)
@@ -305,7 +322,7 @@ def test_a_never_answered_program_with_a_call_in_flight_or_held_does_not_expire(
     assert [r.program_id for r in of(core.on_tick(106.5), Released)] == ["slow"]
 
 
-def test_release_while_held_answers_the_held_request_with_409():
+def test_release_while_held_answers_the_held_request_with_409() -> None:
     core = make()
     core.on_request(ctx("hog"), info(990), 0)
     core.on_request(ctx("held"), info(500), 1)
@@ -316,7 +333,7 @@ def test_release_while_held_answers_the_held_request_with_409():
     assert core.queue_length() == 0
 
 
-def test_a_held_request_whose_client_left_leaves_the_queue():
+def test_a_held_request_whose_client_left_leaves_the_queue() -> None:
     core = make()
     core.on_request(ctx("hog"), info(990), 0)
     core.on_request(ctx("gone"), info(500), 1)
@@ -325,7 +342,7 @@ def test_a_held_request_whose_client_left_leaves_the_queue():
     assert of(actions, Released)[0].reason == "abandoned"
 
 
-def test_idle_programs_expire_and_their_containers_are_reclaimed():
+def test_idle_programs_expire_and_their_containers_are_reclaimed() -> None:
     core = make(gc={"idle_ttl_s": 60})
     run_step(core, "a", 100, 0, docker_ids=("box-1",))
     assert not of(core.on_tick(30), Released)
@@ -336,32 +353,32 @@ def test_idle_programs_expire_and_their_containers_are_reclaimed():
     assert core.table.get("a") is None and core.backends["b0"].reserved == 0
 
 
-def test_a_program_with_a_call_in_flight_never_expires():
+def test_a_program_with_a_call_in_flight_never_expires() -> None:
     core = make(gc={"idle_ttl_s": 10})
     core.on_request(ctx("a"), info(100), 0)
     assert not of(core.on_tick(1000), Released)
 
 
-def test_a_final_request_ends_the_program_after_it_is_answered():
+def test_a_final_request_ends_the_program_after_it_is_answered() -> None:
     core = make()
     core.on_request(ctx("a", final=True), info(100), 0)
     actions = core.on_finished("a", Usage(100, 10), True, 1)
     assert of(actions, Released)[0].reason == "final" and core.table.get("a") is None
 
 
-def test_parallel_requests_of_one_program_are_legal_and_counted():
+def test_parallel_requests_of_one_program_are_legal_and_counted() -> None:
     core = make()
     core.on_request(ctx("a"), info(100), 0)
     decision, _ = core.on_request(ctx("a"), info(100), 0)
-    assert isinstance(decision, Forward) and core.table.get("a").in_flight == 2
+    assert isinstance(decision, Forward) and _program(core, "a").in_flight == 2
     core.on_finished("a", Usage(100, 10), True, 1)
-    assert core.table.get("a").phase is Phase.REASONING
+    assert _program(core, "a").phase is Phase.REASONING
     core.on_finished("a", Usage(100, 10), True, 1)
-    assert core.table.get("a").phase is Phase.ACTING
+    assert _program(core, "a").phase is Phase.ACTING
 
 
 # ------------------------------------------------------------------ backends
-def test_growing_preemptions_shrink_the_planned_capacity_and_quiet_restores_it():
+def test_growing_preemptions_shrink_the_planned_capacity_and_quiet_restores_it() -> None:
     core = make()
     core.on_backend("b0", metrics=BackendMetrics(preemptions_total=0), now=0)
     core.on_backend("b0", metrics=BackendMetrics(preemptions_total=5), now=5)
@@ -371,7 +388,7 @@ def test_growing_preemptions_shrink_the_planned_capacity_and_quiet_restores_it()
     assert core.backends["b0"].scale == pytest.approx(1.0)
 
 
-def test_a_backend_going_down_hands_its_idle_programs_back_and_they_move():
+def test_a_backend_going_down_hands_its_idle_programs_back_and_they_move() -> None:
     core = make(capacities=(1000, 1000))
     home = run_step(core, "a", 300, 0)
     core.on_backend(home, healthy=False, now=2)
@@ -380,13 +397,13 @@ def test_a_backend_going_down_hands_its_idle_programs_back_and_they_move():
     assert isinstance(decision, Forward) and decision.backend != home
 
 
-def test_capacity_is_rediscovered_after_a_restart():
+def test_capacity_is_rediscovered_after_a_restart() -> None:
     core = make()
     core.on_backend("b0", capacity=5000, now=1)
     assert core.backends["b0"].capacity == 5000
 
 
-def test_no_healthy_backend_rejects_at_once():
+def test_no_healthy_backend_rejects_at_once() -> None:
     core = make()
     core.on_backend("b0", healthy=False, now=0)
     decision, _ = core.on_request(ctx("a"), info(10), 1)
@@ -394,17 +411,18 @@ def test_no_healthy_backend_rejects_at_once():
 
 
 # ------------------------------------------------------------------ baselines and pipeline
-def test_round_robin_spreads_one_programs_requests_over_backends():
+def test_round_robin_spreads_one_programs_requests_over_backends() -> None:
     core = make(capacities=(1000, 1000), policies=[{"round_robin": {}}])
     seen = set()
     for t in range(4):
         decision, _ = core.on_request(ctx("a"), info(10), t)
+        assert isinstance(decision, Forward)
         seen.add(decision.backend)
         core.on_finished("a", Usage(10, 1), True, t + 0.5)
     assert seen == {"b0", "b1"}
 
 
-def test_sticky_keeps_a_program_home_and_never_holds():
+def test_sticky_keeps_a_program_home_and_never_holds() -> None:
     core = make(capacities=(1000, 1000), policies=[{"sticky": {}}])
     homes = {run_step(core, "a", 500, t) for t in range(3)}
     assert len(homes) == 1
@@ -413,19 +431,19 @@ def test_sticky_keeps_a_program_home_and_never_holds():
         assert isinstance(decision, Forward) and decision.planned
 
 
-def test_unknown_stage_params_are_errors_naming_the_location():
+def test_unknown_stage_params_are_errors_naming_the_location() -> None:
     with pytest.raises(PipelineError) as info_:
         build_pipeline([{"admission": {"high": 1}}, {"nope": {}}])
     assert info_.value.problems[0] == "policies[0].admission.high: unknown parameter"
     assert info_.value.problems[1].startswith("policies[1].nope: unknown stage")
 
 
-def test_third_party_stage_by_import_path():
+def test_third_party_stage_by_import_path() -> None:
     stages = build_pipeline([{"thunder_mw.policies.stages:Sticky": {}}])
     assert stages[0].name == "sticky"
 
 
-def test_a_program_idle_in_a_long_tool_yields_its_room_to_a_waiting_one():
+def test_a_program_idle_in_a_long_tool_yields_its_room_to_a_waiting_one() -> None:
     core = make(pause={"yield_idle_after_s": 5})
     run_step(core, "idle", 600, 0)
     run_step(core, "idle", 600, 31)  # its tool calls take ~30 s
@@ -435,16 +453,16 @@ def test_a_program_idle_in_a_long_tool_yields_its_room_to_a_waiting_one():
     assert [(p.program_id, p.reason) for p in paused] == [("idle", "yield_to_queue")]
 
 
-def test_a_program_about_to_return_from_its_tool_keeps_its_room():
+def test_a_program_about_to_return_from_its_tool_keeps_its_room() -> None:
     core = make(pause={"yield_idle_after_s": 5})
     run_step(core, "quick", 600, 0)
     run_step(core, "quick", 600, 2)  # its tool calls take ~1 s
     decision, _ = core.on_request(ctx("new"), info(500), 3.5)
     assert isinstance(decision, Hold)
-    assert core.table.get("quick").state is ProgramState.ACTIVE
+    assert _program(core, "quick").state is ProgramState.ACTIVE
 
 
-def test_programs_do_not_yield_when_yielding_is_off():
+def test_programs_do_not_yield_when_yielding_is_off() -> None:
     core = make()
     run_step(core, "idle", 600, 0)
     run_step(core, "idle", 600, 31)
@@ -452,7 +470,7 @@ def test_programs_do_not_yield_when_yielding_is_off():
     assert isinstance(decision, Hold)
 
 
-def test_a_pipeline_error_survives_pickling_as_its_problems():
+def test_a_pipeline_error_survives_pickling_as_its_problems() -> None:
     """`bench --jobs N` runs pipelines in worker processes: the error crosses back pickled."""
     import pickle
 

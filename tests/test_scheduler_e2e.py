@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 import httpx
 import pytest
 from asgi_servers import serving
 
 from thunder_mw.middleware.app import create_app
-from thunder_mw.policies.core import Paused, Released, Resumed
+from thunder_mw.policies.core import Action, Paused, Released, Resumed
 from thunder_mw.schemas.config import ThunderConfig
 
 PROGRAMS = 12
@@ -18,7 +19,7 @@ STEPS = 4
 WORDS_PER_TURN = 150  # the simulator counts each of these words as one token
 
 
-def sim_backend(name: str, seed: int) -> dict:
+def sim_backend(name: str, seed: int) -> dict[str, Any]:
     return {
         "name": name,
         "type": "sim",
@@ -63,7 +64,7 @@ async def drive(url: str) -> list[list[int]]:
 
 
 @pytest.mark.slow  # ~5 s
-def test_more_programs_than_fit_are_paused_resumed_migrated_and_all_complete():
+def test_more_programs_than_fit_are_paused_resumed_migrated_and_all_complete() -> None:
     config = ThunderConfig(
         backends=[sim_backend("sim-0", 0), sim_backend("sim-1", 1)],
         policies=[
@@ -80,7 +81,7 @@ def test_more_programs_than_fit_are_paused_resumed_migrated_and_all_complete():
         ],
     )
     app = create_app(config)
-    actions: list = []
+    actions: list[Action] = []
     app.core.scheduler.listeners.append(actions.append)
     with serving(app) as gw:
         results = asyncio.run(drive(gw.url))

@@ -52,9 +52,9 @@ def fleet(request: pytest.FixtureRequest) -> Fleet:
     return lambda replica: RedisStore(settings, replica)
 
 
-def record(program_id: str, holder: str, **kw: object) -> ProgramRecord:
+def record(program_id: str, holder: str) -> ProgramRecord:
     return ProgramRecord(
-        program_id=program_id, holder=holder, state="active", phase="acting", backend="e0", **kw
+        program_id=program_id, holder=holder, state="active", phase="acting", backend="e0"
     )
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
-from asgi_servers import serving, serving_gateway
+from asgi_servers import ServerThread, serving, serving_gateway
 from fake_engine import FakeEngine
 from held_requests import BIG, SMALL, start_hog, wait_for
 
@@ -16,7 +17,7 @@ from thunder_mw.schemas.config import ThunderConfig
 
 
 @pytest.fixture
-def tight():
+def tight() -> Iterator[ServerThread]:
     """One engine whose KV holds 1,000 tokens; a slow first program fills it."""
     engine = FakeEngine(chunks=30, chunk_delay_s=0.1)
     policies = [
@@ -30,7 +31,7 @@ def tight():
 
 
 @pytest.mark.slow  # ~3 s: holds behind a 3 s stream
-def test_a_request_that_does_not_fit_waits_and_then_runs(tight):
+def test_a_request_that_does_not_fit_waits_and_then_runs(tight: ServerThread) -> None:
     hog = start_hog(tight.url)
     started = time.monotonic()
     r = httpx.post(
@@ -43,11 +44,11 @@ def test_a_request_that_does_not_fit_waits_and_then_runs(tight):
 
 
 @pytest.mark.slow  # ~3 s: holds behind a 3 s stream
-def test_releasing_a_program_while_its_request_is_held_answers_409(tight):
+def test_releasing_a_program_while_its_request_is_held_answers_409(tight: ServerThread) -> None:
     hog = start_hog(tight.url)
-    answer: dict = {}
+    answer: dict[str, httpx.Response] = {}
 
-    def held():
+    def held() -> None:
         answer["r"] = httpx.post(
             f"{tight.url}/v1/chat/completions", json={**BIG, "program_id": "held"}, timeout=30
         )
@@ -65,10 +66,10 @@ def test_releasing_a_program_while_its_request_is_held_answers_409(tight):
 
 
 @pytest.mark.slow  # ~3 s: holds behind a 3 s stream
-def test_a_client_that_gives_up_while_held_leaves_the_queue(tight):
+def test_a_client_that_gives_up_while_held_leaves_the_queue(tight: ServerThread) -> None:
     hog = start_hog(tight.url)
 
-    def impatient():
+    def impatient() -> None:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(
                 f"{tight.url}/v1/chat/completions", json={**BIG, "program_id": "gone"}, timeout=0.5
@@ -86,7 +87,7 @@ def test_a_client_that_gives_up_while_held_leaves_the_queue(tight):
     assert httpx.get(f"{tight.url}/programs/hog").json()["phase"] == "acting"
 
 
-def test_programs_view_shows_scheduling_state(tight):
+def test_programs_view_shows_scheduling_state(tight: ServerThread) -> None:
     httpx.post(f"{tight.url}/v1/chat/completions", json={**SMALL, "program_id": "p"})
     view = httpx.get(f"{tight.url}/programs/p").json()
     for field in (
@@ -103,7 +104,7 @@ def test_programs_view_shows_scheduling_state(tight):
 
 
 @pytest.mark.slow  # ~3 s: holds behind a 3 s stream
-def test_past_the_held_request_limit_new_requests_get_429_with_retry_after():
+def test_past_the_held_request_limit_new_requests_get_429_with_retry_after() -> None:
     engine = FakeEngine(chunks=30, chunk_delay_s=0.1)
     with serving(engine) as es:
         config = ThunderConfig(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fake_engine import FakeEngine
 
 from thunder_mw.cli.config_loader import load_config
 from thunder_mw.observability.redaction import SecretRedactor, config_secrets
@@ -69,7 +70,9 @@ def wait_until_up(url: str, process: subprocess.Popen[bytes]) -> None:
 
 @pytest.mark.slow  # `thunder-mw` processes
 @pytest.mark.parametrize("log_format", ["text", "json"])
-def test_debug_logs_with_access_log_hold_no_secret(engine, tmp_path, log_format):
+def test_debug_logs_with_access_log_hold_no_secret(
+    engine: FakeEngine, tmp_path: Path, log_format: str
+) -> None:
     port = free_port()
     config = write_config(tmp_path, engine.url, port, log_format)
     process = subprocess.Popen(
@@ -94,7 +97,7 @@ def test_debug_logs_with_access_log_hold_no_secret(engine, tmp_path, log_format)
 
 
 @pytest.mark.slow  # `thunder-mw` processes
-def test_check_config_prints_secrets_masked(engine, tmp_path):
+def test_check_config_prints_secrets_masked(engine: FakeEngine, tmp_path: Path) -> None:
     config = write_config(tmp_path, engine.url, free_port(), "text")
     result = subprocess.run(
         [sys.executable, "-m", "thunder_mw.cli.main", "check-config", str(config)],
@@ -108,7 +111,9 @@ def test_check_config_prints_secrets_masked(engine, tmp_path):
         assert secret not in result.stdout + result.stderr
 
 
-def test_secrets_still_load_from_the_environment(tmp_path, monkeypatch):
+def test_secrets_still_load_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("THUNDER_MW_SERVER__ADMIN_TOKEN", ADMIN_TOKEN)
     path = tmp_path / "c.yaml"
     path.write_text(f"backends:\n  - url: http://127.0.0.1:1\n    api_key: {ENGINE_KEY}\n")
@@ -117,7 +122,7 @@ def test_secrets_still_load_from_the_environment(tmp_path, monkeypatch):
     assert ADMIN_TOKEN not in repr(config) and ENGINE_KEY not in repr(config)
 
 
-def test_backend_urls_with_credentials_are_refused(tmp_path):
+def test_backend_urls_with_credentials_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("backends:\n  - url: http://user:pw-9d1c@127.0.0.1:1\n")
     with pytest.raises(Exception) as info:
@@ -126,7 +131,9 @@ def test_backend_urls_with_credentials_are_refused(tmp_path):
 
 
 # ------------------------------------------------------------------ the filter itself
-def record(msg: str, args: tuple[object, ...] = (), exc: BaseException | None = None):
+def record(
+    msg: str, args: tuple[object, ...] = (), exc: BaseException | None = None
+) -> logging.LogRecord:
     exc_info = (type(exc), exc, exc.__traceback__) if exc else None
     return logging.LogRecord("t", logging.INFO, __file__, 1, msg, args, exc_info)
 
@@ -136,21 +143,21 @@ def formatted(rec: logging.LogRecord) -> str:
     return logging.Formatter("%(message)s").format(rec)
 
 
-def test_a_known_secret_in_an_argument_is_masked():
+def test_a_known_secret_in_an_argument_is_masked() -> None:
     assert formatted(record("key %s used", (ENGINE_KEY,))) == "key *** used"
 
 
-def test_authorization_values_are_masked():
+def test_authorization_values_are_masked() -> None:
     text = formatted(record("got headers %s", ({"authorization": "Bearer sk-unknown-1"},)))
     assert "sk-unknown-1" not in text and "***" in text
 
 
-def test_access_log_arguments_stay_a_tuple():
+def test_access_log_arguments_stay_a_tuple() -> None:
     rec = record('%s - "%s %s HTTP/%s" %d', ("1.2.3.4", "GET", "/d?token=t0k", "1.1", 200))
     assert formatted(rec) == '1.2.3.4 - "GET /d?token=*** HTTP/1.1" 200'
 
 
-def test_exception_text_is_masked():
+def test_exception_text_is_masked() -> None:
     try:
         raise RuntimeError(f"engine refused {ENGINE_KEY}")
     except RuntimeError as exc:

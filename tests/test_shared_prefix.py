@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from thunder_mw.policies.core import Forward, Hold, Paused, RequestInfo, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
-from thunder_mw.policies.program_table import Usage
+from thunder_mw.policies.program_table import Program, Usage
 from thunder_mw.policies.shared_prefix import SharedPrefixes
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
 CHARS_PER_TOKEN = 4
+
+
+def _program(core: SchedulerCore, program_id: str) -> Program:
+    """The core's entry for `program_id` (the test fails here if it has none)."""
+    program = core.table.get(program_id)
+    assert program is not None, program_id
+    return program
 
 
 def ctx(pid: str) -> AgentContext:
@@ -29,7 +38,7 @@ def info(tokens: int, prefix: str | None = "sys", prefix_tokens: int = 400) -> R
 
 
 def make(shared: bool = True, acting_weight: float = 1.0) -> SchedulerCore:
-    policies = [
+    policies: list[dict[str, Any]] = [
         {
             "admission": {
                 "high_watermark": 1.0,
@@ -122,7 +131,7 @@ def test_the_credit_follows_programs_out_and_overflow_is_judged_with_it() -> Non
     paused = [p.program_id for p in actions if isinstance(p, Paused)]
     assert paused == ["a"]
     assert backend.unused == 0
-    assert backend.reserved == core.table.get("b").reserved_tokens > 740
+    assert backend.reserved == _program(core, "b").reserved_tokens > 740
 
 
 def test_release_removes_the_programs_copy() -> None:

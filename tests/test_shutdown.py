@@ -8,6 +8,8 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -21,7 +23,7 @@ from thunder_mw.sim.ports import free_port
 pytestmark = pytest.mark.slow  # a `thunder-mw serve` process, signalled
 
 
-def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path):
+def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path: Path) -> None:
     engine = FakeEngine(chunks=20, chunk_delay_s=0.1)
     with serving(engine) as es:
         port = free_port()
@@ -38,7 +40,7 @@ def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path
         url = f"http://127.0.0.1:{port}"
         try:
             wait_until_healthy(url)
-            results: dict[str, object] = {}
+            results: dict[str, tuple[Any, ...]] = {}
 
             def stream() -> None:
                 body = {**BIG, "stream": True, "program_id": "hog", "max_tokens": 800}
@@ -65,8 +67,8 @@ def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=40)
-    status, body, waited = results["held"]  # type: ignore[misc]
+    status, body, waited = results["held"]
     assert status == 503 and body["error"]["code"] == "shutting_down"
     assert waited < 5  # answered at shutdown, not when the stream ended
-    stream_status, raw = results["stream"]  # type: ignore[misc]
+    stream_status, raw = results["stream"]
     assert stream_status == 200 and raw.rstrip().endswith(b"data: [DONE]")

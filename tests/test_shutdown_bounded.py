@@ -21,6 +21,7 @@ from asgi_servers import serving
 from fake_engine import FakeEngine, Received
 
 from thunder_mw.benchmarks.server_process import wait_until_healthy
+from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.sim.ports import free_port
 
 pytestmark = pytest.mark.slow  # `thunder-mw serve` processes, signalled
@@ -33,7 +34,7 @@ CALL = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "program_
 class SilentEngine(FakeEngine):
     """Answers probes; never answers a chat call (it waits until its client goes away)."""
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
             await super().__call__(scope, receive, send)
             return
@@ -104,7 +105,7 @@ def exit_after(proc: subprocess.Popen[bytes], sig: int, timeout_s: float = 60) -
     return time.monotonic() - started
 
 
-def test_sigterm_exits_within_shutdown_timeout_while_a_call_never_finishes(tmp_path):
+def test_sigterm_exits_within_shutdown_timeout_while_a_call_never_finishes(tmp_path: Path) -> None:
     engine = SilentEngine()
     with serving(engine) as es, gateway(tmp_path, 3, one_backend(es.url)) as (proc, url):
         thread, result = call_in_background(url, CALL)
@@ -121,7 +122,9 @@ def test_sigterm_exits_within_shutdown_timeout_while_a_call_never_finishes(tmp_p
     assert result["at"] - signalled < 3 + EXIT_SLACK_S
 
 
-def test_sigterm_stops_the_demo_while_its_embedded_engine_never_finishes_a_call(tmp_path):
+def test_sigterm_stops_the_demo_while_its_embedded_engine_never_finishes_a_call(
+    tmp_path: Path,
+) -> None:
     # One simulated second per 100,000 wall seconds: the call is generating for good.
     sim = "{name: sim-0, type: sim, sim: {time_scale: 0.00001, num_blocks: 512}}"
     # 6 s: calls get 3 s, the stop (the embedded engine's 1 s among it) the other 3 s.
@@ -139,7 +142,7 @@ def test_sigterm_stops_the_demo_while_its_embedded_engine_never_finishes_a_call(
     assert result["at"] - signalled < 6 + EXIT_SLACK_S
 
 
-def test_a_second_ctrl_c_exits_at_once(tmp_path):
+def test_a_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
     engine = SilentEngine()
     with serving(engine) as es, gateway(tmp_path, 600, one_backend(es.url)) as (proc, url):
         thread, result = call_in_background(url, CALL)
@@ -180,7 +183,7 @@ HANGING_STOP = textwrap.dedent(
 )
 
 
-def test_the_process_exits_at_the_deadline_when_its_own_stop_hangs(tmp_path):
+def test_the_process_exits_at_the_deadline_when_its_own_stop_hangs(tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-c", HANGING_STOP, str(port)],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -233,7 +234,7 @@ def test_metrics_count_the_expiries_and_label_no_series_by_program(soaked: Obser
 
 
 def test_a_program_whose_containers_were_never_adopted_leaves_nothing_in_the_tool_manager(
-    tmp_path,
+    tmp_path: Path,
 ) -> None:
     """The Docker engine is down, so adoption is deferred; the program then expires."""
 

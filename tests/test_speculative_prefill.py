@@ -3,6 +3,9 @@ answer recording of the live side, and the benchmark harness carrying out `Prefi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
@@ -16,8 +19,18 @@ from thunder_mw.middleware.speculative_prefill import (
     warming_body,
 )
 from thunder_mw.observability.prefill_metrics import PrefillMetrics
-from thunder_mw.policies import Pause, Resume, Stage
+from thunder_mw.policies import (
+    BackendView,
+    Decisions,
+    Pause,
+    ProgramView,
+    Resume,
+    Stage,
+    StageDecision,
+    StageView,
+)
 from thunder_mw.policies.core import (
+    Action,
     Forward,
     Hold,
     Prefill,
@@ -25,7 +38,7 @@ from thunder_mw.policies.core import (
     Resumed,
     SchedulerCore,
 )
-from thunder_mw.policies.program_table import ProgramState, Usage
+from thunder_mw.policies.program_table import Program, ProgramState, Usage
 from thunder_mw.policies.speculative_prefill import SpeculativePrefill, SpeculativePrefillParams
 from thunder_mw.policies.stages import Admission, Migration, StateAwarePause
 from thunder_mw.schemas.agent_context import AgentContext
@@ -43,42 +56,57 @@ class _MoveIdleOnTick(Stage):
         super().__init__()
         self.target = target
 
-    def on_tick(self, view, now):
+    def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
         for program in view.programs():
             if program.state is ProgramState.PAUSED and not program.waiting:
                 yield Resume(program, self.target)
 
 
-def make(*stages: Stage, capacities=(100_000, 100_000)) -> SchedulerCore:
+def _program(core: SchedulerCore, program_id: str) -> Program:
+    """The core's entry for `program_id` (the test fails here if it has none)."""
+    program = core.table.get(program_id)
+    assert program is not None, program_id
+    return program
+
+
+def make(*stages: Stage, capacities: tuple[int, ...] = (100_000, 100_000)) -> SchedulerCore:
     labels = [(f"b{i}", c) for i, c in enumerate(capacities)]
     core_stages = [Admission(), StateAwarePause(), Migration(), *stages]
     return SchedulerCore(labels, core_stages, chars_per_token=CHARS_PER_TOKEN)
 
 
-def ctx(pid: str, **kw) -> AgentContext:
+def ctx(pid: str, **kw: Any) -> AgentContext:
     return AgentContext(program_id=pid, source=Convention.THUNDERAGENT, **kw)
 
 
-def run_call(core, pid, tokens, start, end, out=10, **kw):
+def run_call(
+    core: SchedulerCore,
+    pid: str,
+    tokens: int,
+    start: float,
+    end: float,
+    out: int = 10,
+    **kw: Any,
+) -> list[Action]:
     info = RequestInfo(prompt_chars=(tokens - 1) * CHARS_PER_TOKEN, max_tokens=out)
     decision, _ = core.on_request(ctx(pid, **kw), info, start)
     assert isinstance(decision, Forward), decision
     return core.on_finished(pid, Usage(tokens, out), True, end)
 
 
-def spec(**params) -> SpeculativePrefill:
+def spec(**params: Any) -> SpeculativePrefill:
     return SpeculativePrefill(SpeculativePrefillParams(**params))
 
 
-def prefills(actions) -> list[Prefill]:
+def prefills(actions: list[Action]) -> list[Prefill]:
     return [a for a in actions if isinstance(a, Prefill)]
 
 
 # ------------------------------------------------------------------ when the stage warms
-def test_a_program_moved_while_its_tool_runs_is_warmed_on_its_new_engine():
+def test_a_program_moved_while_its_tool_runs_is_warmed_on_its_new_engine() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=None), _MoveIdleOnTick("b1"))
     run_call(core, "a", 2000, 0.0, 1.0)
-    assert core.table.get("a").backend == "b0"
+    assert _program(core, "a").backend == "b0"
     core.drain_backend("b0", 2.0)  # its engine leaves: the ACTING program is unplaced
     actions = core.on_tick(3.0)
     resumed = [a for a in actions if isinstance(a, Resumed)]
@@ -86,7 +114,7 @@ def test_a_program_moved_while_its_tool_runs_is_warmed_on_its_new_engine():
     assert prefills(actions) == [Prefill("a", "b1", 2010, "resume")]
 
 
-def test_a_hint_of_false_turns_warming_off_and_true_turns_it_on_over_the_default():
+def test_a_hint_of_false_turns_warming_off_and_true_turns_it_on_over_the_default() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=None), _MoveIdleOnTick("b1"))
     run_call(core, "off", 2000, 0.0, 1.0, speculative_prefill=False)
     core.drain_backend("b0", 2.0)
@@ -104,14 +132,14 @@ def test_a_hint_of_false_turns_warming_off_and_true_turns_it_on_over_the_default
     assert [p.program_id for p in prefills(core.on_tick(3.0))] == ["asked"]
 
 
-def test_short_contexts_are_not_warmed():
+def test_short_contexts_are_not_warmed() -> None:
     core = make(spec(min_context_tokens=5000, prefetch_before_s=None), _MoveIdleOnTick("b1"))
     run_call(core, "a", 2000, 0.0, 1.0)
     core.drain_backend("b0", 2.0)
     assert prefills(core.on_tick(3.0)) == []
 
 
-def test_a_program_resumed_with_its_request_waiting_is_not_warmed():
+def test_a_program_resumed_with_its_request_waiting_is_not_warmed() -> None:
     """Its request goes out at once and prefills its context itself."""
     core = make(spec(min_context_tokens=0, prefetch_before_s=None), capacities=(3000,))
     run_call(core, "a", 2000, 0.0, 1.0)
@@ -124,22 +152,22 @@ def test_a_program_resumed_with_its_request_waiting_is_not_warmed():
 
 
 # ------------------------------------------------------------------ prefetch
-def test_a_paused_program_is_resumed_and_warmed_shortly_before_its_tool_should_end():
+def test_a_paused_program_is_resumed_and_warmed_shortly_before_its_tool_should_end() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=1.0))
     # Its tool calls take 10 s: the program's own EMA says so after two calls.
     run_call(core, "a", 1000, 0.0, 1.0)
     run_call(core, "a", 2000, 11.0, 12.0)
-    assert core.expected_tool_time(core.table.get("a")) == pytest.approx(10.0)
+    assert core.expected_tool_time(_program(core, "a")) == pytest.approx(10.0)
     core.drain_backend("b0", 13.0)
-    assert core.table.get("a").state is ProgramState.PAUSED
+    assert _program(core, "a").state is ProgramState.PAUSED
     assert prefills(core.on_tick(20.0)) == []  # due at 12 + 10 - 1 = 21
     actions = core.on_tick(21.0)
     assert prefills(actions) == [Prefill("a", "b1", 2010, "prefetch")]
-    assert core.table.get("a").state is ProgramState.ACTIVE
-    assert core.table.get("a").backend == "b1"
+    assert _program(core, "a").state is ProgramState.ACTIVE
+    assert _program(core, "a").backend == "b1"
 
 
-def test_prefetch_never_takes_room_from_a_queued_request():
+def test_prefetch_never_takes_room_from_a_queued_request() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=1.0), capacities=(3000, 3000))
     run_call(core, "a", 2000, 0.0, 1.0)
     core.drain_backend("b0", 1.5)
@@ -148,20 +176,20 @@ def test_prefetch_never_takes_room_from_a_queued_request():
     assert isinstance(core.on_request(ctx("hog"), info, 1.6)[0], Forward)
     assert isinstance(core.on_request(ctx("queued"), info, 1.7)[0], Hold)
     assert prefills(core.on_tick(5.0)) == []
-    assert core.table.get("a").state is ProgramState.PAUSED
+    assert _program(core, "a").state is ProgramState.PAUSED
 
 
-def test_prefetch_needs_room_for_the_next_request():
+def test_prefetch_needs_room_for_the_next_request() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=1.0), capacities=(3000, 3000))
     run_call(core, "a", 2000, 0.0, 1.0)
     core.drain_backend("b0", 1.5)
     run_call(core, "hog", 2500, 1.6, 1.7)  # ACTING on b1, most of its 3 k reserved
     assert core.queue_length() == 0
     assert prefills(core.on_tick(5.0)) == []
-    assert core.table.get("a").state is ProgramState.PAUSED
+    assert _program(core, "a").state is ProgramState.PAUSED
 
 
-def test_prefetch_waits_for_room_at_home_unless_told_to_move_the_program():
+def test_prefetch_waits_for_room_at_home_unless_told_to_move_the_program() -> None:
     """Its KV may still be cached at home: moving it early would recompute it for nothing."""
     for elsewhere, expected in ((False, []), (True, [Prefill("a", "b1", 2010, "prefetch")])):
         core = make(
@@ -169,15 +197,15 @@ def test_prefetch_waits_for_room_at_home_unless_told_to_move_the_program():
             capacities=(100_000, 4500),
         )
         run_call(core, "a", 2000, 0.0, 1.0)
-        core.apply([Pause(core.table.get("a"))], 1.0)  # paused at home (b0), which then fills up
+        core.apply([Pause(_program(core, "a"))], 1.0)  # paused at home (b0), which then fills up
         hog = RequestInfo(prompt_chars=98_500 * CHARS_PER_TOKEN, max_tokens=10)
         assert isinstance(core.on_request(ctx("hog"), hog, 1.5)[0], Forward)  # in flight
-        assert core.table.get("hog").backend == "b0" and core.room(core.backends["b0"]) < 2000
+        assert _program(core, "hog").backend == "b0" and core.room(core.backends["b0"]) < 2000
         assert prefills(core.on_tick(5.0)) == expected
 
 
 # ------------------------------------------------------------------ answers and memory
-def test_a_json_chat_answer_is_recorded_with_its_tool_calls():
+def test_a_json_chat_answer_is_recorded_with_its_tool_calls() -> None:
     recorder = AnswerRecorder(10_000)
     recorder.feed_json(
         msgspec.json.encode(
@@ -210,8 +238,8 @@ def test_a_json_chat_answer_is_recorded_with_its_tool_calls():
     }
 
 
-def test_a_streamed_answer_is_assembled_from_its_deltas():
-    def event(delta):
+def test_a_streamed_answer_is_assembled_from_its_deltas() -> None:
+    def event(delta: dict[str, Any]) -> bytes:
         return b"data: " + msgspec.json.encode({"choices": [{"index": 0, "delta": delta}]})
 
     chunks = [
@@ -235,7 +263,7 @@ def test_a_streamed_answer_is_assembled_from_its_deltas():
     }
 
 
-def test_a_completion_answer_is_recorded_as_text():
+def test_a_completion_answer_is_recorded_as_text() -> None:
     recorder = AnswerRecorder(10_000)
     recorder.feed_json(b'{"choices": [{"index": 0, "text": " world"}]}')
     body = warming_body(
@@ -244,7 +272,7 @@ def test_a_completion_answer_is_recorded_as_text():
     assert body == {"prompt": "hello world", "max_tokens": 1}
 
 
-def test_the_warming_body_is_the_last_request_plus_its_answer_asking_for_one_token():
+def test_the_warming_body_is_the_last_request_plus_its_answer_asking_for_one_token() -> None:
     remembered = _Remembered(
         "/v1/chat/completions",
         {
@@ -277,10 +305,10 @@ def _answer(text: str) -> AnswerRecorder:
     return recorder
 
 
-def test_the_memory_keeps_within_its_byte_budget_dropping_the_least_recent_program():
+def test_the_memory_keeps_within_its_byte_budget_dropping_the_least_recent_program() -> None:
     metrics = PrefillMetrics(CollectorRegistry())
     memory = PromptMemory(1000, metrics)
-    body = {"messages": [{"role": "user", "content": "x"}]}
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "x"}]}
     memory.store("a", "/v1/chat/completions", body, 300, _answer("a" * 100))
     memory.store("b", "/v1/chat/completions", body, 300, _answer("b" * 100))
     assert memory.bytes_held == 800 and len(memory) == 2
@@ -291,16 +319,17 @@ def test_the_memory_keeps_within_its_byte_budget_dropping_the_least_recent_progr
     assert metrics.memory_bytes._value.get() == 0  # not watched: the prefiller wires it
     # A program's newer prompt replaces its older one; one over the budget is not kept.
     memory.store("b", "/v1/chat/completions", body, 500, _answer("b" * 100))
-    assert memory.bytes_held == 1000 and memory.get("b").size == 600
+    held = memory.get("b")
+    assert memory.bytes_held == 1000 and held is not None and held.size == 600
     memory.store("c", "/v1/chat/completions", body, 5000, _answer("c"))
     assert memory.get("c") is None and memory.bytes_held == 600
     memory.forget("b")
     assert memory.bytes_held == 0 and len(memory) == 0
 
 
-def test_an_answer_past_the_budget_is_not_recorded_and_drops_the_older_prompt():
+def test_an_answer_past_the_budget_is_not_recorded_and_drops_the_older_prompt() -> None:
     memory = PromptMemory(1000)
-    body = {"messages": []}
+    body: dict[str, Any] = {"messages": []}
     memory.store("a", "/v1/chat/completions", body, 100, _answer("short"))
     recorder = memory.recorder("/v1/chat/completions")
     assert recorder is not None
@@ -325,7 +354,9 @@ class _ElsewhereAfterEachCall(Stage):
         self.cached: list[tuple[int, int]] = []
         self.left: dict[str, str] = {}
 
-    def on_finished(self, core, program, usage, ok, now):
+    def on_finished(
+        self, view: StageView, program: ProgramView, usage: Usage | None, ok: bool, now: float
+    ) -> Decisions:
         if usage is not None:
             self.cached.append((usage.prompt_tokens, usage.cached_tokens))
         if program.in_flight == 0 and program.backend is not None:
@@ -333,7 +364,9 @@ class _ElsewhereAfterEachCall(Stage):
             return [Pause(program)]
         return ()
 
-    def admits(self, core, program, backend, tokens, now):
+    def admits(
+        self, view: StageView, program: ProgramView, backend: BackendView, tokens: int, now: float
+    ) -> bool:
         return self.left.get(program.program_id) != backend.label
 
 
@@ -355,7 +388,7 @@ def _moved_program_cache(with_prefill: bool) -> list[tuple[int, int]]:
     return rule.cached
 
 
-def test_the_harness_sends_the_warming_request_so_the_moved_program_hits_the_cache():
+def test_the_harness_sends_the_warming_request_so_the_moved_program_hits_the_cache() -> None:
     cold = _moved_program_cache(with_prefill=False)
     warm = _moved_program_cache(with_prefill=True)
     (_, first_cached), (prompt, cold_cached) = cold

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -52,7 +52,7 @@ def request(program: str, messages: list[dict[str, Any]], stream: bool) -> dict[
 
 async def streamed(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The streamed answer's text and the usage the client sees (it asked for it)."""
-    text, usage = "", {}
+    text, usage = "", dict[str, Any]()
     body = {**body, "stream_options": {"include_usage": True}}
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
@@ -74,7 +74,7 @@ def metric(text: str, name: str) -> float:
     return 0.0
 
 
-async def until(done, timeout_s: float = 10.0) -> None:
+async def until(done: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not await done():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
@@ -110,13 +110,14 @@ async def acting(client: httpx.AsyncClient, program: str) -> None:
     """Until the gateway has closed the program's call (it answers the client first)."""
 
     async def done() -> bool:
-        view = (await client.get(f"/programs/{program}")).json()
-        return view["phase"] == "acting" and view["in_flight"] == 0
+        view: dict[str, Any] = (await client.get(f"/programs/{program}")).json()
+        closed: bool = view["phase"] == "acting" and view["in_flight"] == 0
+        return closed
 
     await until(done)
 
 
-def test_a_program_moved_while_acting_is_warmed_and_its_next_call_hits_the_cache():
+def test_a_program_moved_while_acting_is_warmed_and_its_next_call_hits_the_cache() -> None:
     async def run() -> None:
         async with gateway(config()) as (app, client):
             messages = [
@@ -165,7 +166,7 @@ def test_a_program_moved_while_acting_is_warmed_and_its_next_call_hits_the_cache
     asyncio.run(run())
 
 
-def test_the_byte_budget_evicts_the_least_recent_programs_prompt():
+def test_the_byte_budget_evicts_the_least_recent_programs_prompt() -> None:
     async def run() -> None:
         # Room for one program's prompt and answer, not two.
         async with gateway(config(memory_bytes=4000)) as (app, client):

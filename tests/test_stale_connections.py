@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -59,7 +60,8 @@ class Gateway:
 
     def healthy(self) -> bool:
         """The engine's health as the pool publishes it (/health)."""
-        return self.client.get(f"{self.url}/health").json()["backends"][0]["healthy"]
+        healthy: bool = self.client.get(f"{self.url}/health").json()["backends"][0]["healthy"]
+        return healthy
 
     def healthy_in_core(self) -> bool:
         """The engine's health as the scheduler counts it."""
@@ -79,7 +81,9 @@ class Gateway:
 
 
 @contextmanager
-def gateway(engine: ClosingEngine, keep_alive_s: float = LONG_KEEP_ALIVE_S, **server: Any):
+def gateway(
+    engine: ClosingEngine, keep_alive_s: float = LONG_KEEP_ALIVE_S, **server: Any
+) -> Iterator[Gateway]:
     config = ThunderConfig(
         backends=[{"name": "e", "url": engine.url, "keep_alive_s": keep_alive_s}],
         # Only the start-up probe: what decides health here is the calls and their own probes.
@@ -117,7 +121,9 @@ def test_a_call_on_a_pooled_connection_the_engine_closed_is_resent_on_a_fresh_on
     assert healthy and core_healthy
 
 
-def test_a_pooled_connection_idle_past_keep_alive_s_is_retired_before_the_engine_closes_it():
+def test_a_pooled_connection_idle_past_keep_alive_s_is_retired_before_the_engine_closes_it() -> (
+    None
+):
     with ClosingEngine(idle_limit_s=0.5) as engine:  # closes a connection idle > 0.5 s
         with gateway(engine, keep_alive_s=0.2) as gw:
             first = gw.chat("p")
@@ -128,7 +134,7 @@ def test_a_pooled_connection_idle_past_keep_alive_s_is_retired_before_the_engine
     assert engine.dropped == [] and retries == 0  # the second call never met the close
 
 
-def test_a_keep_alive_timeout_the_engine_announces_retires_connections_sooner():
+def test_a_keep_alive_timeout_the_engine_announces_retires_connections_sooner() -> None:
     # The engine says it keeps idle connections 1 s, and does; the gateway would keep them 30 s.
     with ClosingEngine(idle_limit_s=1.0, keep_alive_header="timeout=1, max=100") as engine:
         with gateway(engine) as gw:
@@ -293,7 +299,9 @@ async def test_a_refused_connection_marks_the_engine_down_at_once() -> None:
 
 # ------------------------------------------------------------------ client side
 @pytest.mark.slow  # a `thunder-mw serve` subprocess
-def test_thunder_mw_serve_keeps_idle_client_connections_for_server_keep_alive_s(tmp_path):
+def test_thunder_mw_serve_keeps_idle_client_connections_for_server_keep_alive_s(
+    tmp_path: Path,
+) -> None:
     """The gateway closes an idle client connection after `server.keep_alive_s`, not uvicorn's
     5 s; by default later than httpx's (the OpenAI client's) and aiohttp's pools keep theirs."""
     assert ServerSettings().keep_alive_s > max(httpx.Limits().keepalive_expiry or 0, 15.0)
@@ -343,7 +351,9 @@ def _programs(n: int, calls: int) -> list[ProgramSpec]:
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
-def test_the_replay_client_resends_requests_lost_on_a_connection_the_server_closed(stream):
+def test_the_replay_client_resends_requests_lost_on_a_connection_the_server_closed(
+    stream: bool,
+) -> None:
     # The stand-in plays a server that closes every pooled connection under the next request,
     # the release at the end of each program included.
     with ClosingEngine(close_reused=True) as server:
@@ -356,7 +366,7 @@ def test_the_replay_client_resends_requests_lost_on_a_connection_the_server_clos
     assert server.answered.count("POST /programs/release") == 3
 
 
-def test_replay_writes_partial_results_and_reports_a_release_that_fails(tmp_path):
+def test_replay_writes_partial_results_and_reports_a_release_that_fails(tmp_path: Path) -> None:
     # Every release is dropped, fresh connection or not: the run's results must survive it.
     with ClosingEngine(drop_paths=("/programs/release",)) as server:
         output = tmp_path / "replay.json"
@@ -373,7 +383,7 @@ def test_replay_writes_partial_results_and_reports_a_release_that_fails(tmp_path
     assert "release of" in err.getvalue()
 
 
-def test_the_conformance_client_resends_a_request_lost_on_a_connection_the_server_closed():
+def test_the_conformance_client_resends_a_request_lost_on_a_connection_the_server_closed() -> None:
     async def run(url: str) -> list[int]:
         async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
             session = Session(url, backend=None, client=client)  # type: ignore[arg-type]
@@ -386,7 +396,7 @@ def test_the_conformance_client_resends_a_request_lost_on_a_connection_the_serve
     assert len(server.dropped) >= 1  # the race happened, and cost nothing
 
 
-def test_the_conformance_client_does_not_resend_a_request_lost_on_a_fresh_connection():
+def test_the_conformance_client_does_not_resend_a_request_lost_on_a_fresh_connection() -> None:
     async def run(url: str) -> None:
         async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
             session = Session(url, backend=None, client=client)  # type: ignore[arg-type]
@@ -399,7 +409,7 @@ def test_the_conformance_client_does_not_resend_a_request_lost_on_a_fresh_connec
     assert len(server.dropped) == 1 and server.answered == []
 
 
-def test_the_load_generator_reconnects_when_the_server_closed_its_connection():
+def test_the_load_generator_reconnects_when_the_server_closed_its_connection() -> None:
     request = (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
         b"content-length: 2\r\n\r\n{}"

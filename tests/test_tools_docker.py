@@ -5,23 +5,47 @@ from __future__ import annotations
 import io
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
 
 import docker
 import httpx
 import tool_hooks
-from asgi_servers import ServerThread, serving
+from asgi_servers import ServerThread
+from docker.models.containers import Container
 from docker_fixtures import IMAGE, TEST_LABEL, exists
+from fake_engine import FakeEngine
 
-from thunder_mw.middleware.app import create_app
+from thunder_mw.middleware.app import ThunderGateway, create_app
 from thunder_mw.schemas.config import ThunderConfig
+from thunder_mw.tools.docker_tools import DockerTools
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
+class ToolsServer(ServerThread):
+    """A served gateway and its Docker tool manager."""
+
+    def __init__(self, app: ThunderGateway) -> None:
+        super().__init__(app)
+        assert app.core.tools is not None  # the gateway below never disables them
+        self.tools: DockerTools = app.core.tools
+
+
+class HasUrl(Protocol):
+    url: str
+
+
 @contextmanager
-def gateway(engine, tmp_path, policies=None, server=None, **docker_settings):
+def gateway(
+    engine: FakeEngine,
+    tmp_path: Path,
+    policies: list[dict[str, Any]] | None = None,
+    server: dict[str, Any] | None = None,
+    **docker_settings: Any,
+) -> Iterator[ToolsServer]:
     settings = {
         "enabled": True,
         "journal_path": str(tmp_path / "journal.sqlite3"),
@@ -29,25 +53,29 @@ def gateway(engine, tmp_path, policies=None, server=None, **docker_settings):
         "sweep_interval_s": 0.1,
         **docker_settings,
     }
-    extra = {} if policies is None else {"policies": policies}
+    extra: dict[str, Any] = {} if policies is None else {"policies": policies}
     config = ThunderConfig(
         backends=[{"name": "e0", "url": engine.url}],
         tools={"docker": settings},
         server=server or {},
         **extra,
     )
-    app = create_app(config)
-    with serving(app) as gw:
-        gw.tools = app.core.tools
+    gw = ToolsServer(create_app(config)).start()
+    try:
         yield gw
+    finally:
+        gw.stop()
 
 
-def step(gw: ServerThread, program_id: str, docker_ids: list[str], **headers: str):
+def step(
+    gw: HasUrl, program_id: str, docker_ids: list[str | None], **headers: str
+) -> httpx.Response:
+    # `list[str | None]`: the Docker SDK types a container's id as optional.
     body = {**CHAT, "program_id": program_id, "docker_ids": docker_ids}
     return httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
 
 
-def release(gw: ServerThread, program_id: str) -> httpx.Response:
+def release(gw: HasUrl, program_id: str) -> httpx.Response:
     return httpx.post(f"{gw.url}/programs/release", json={"program_id": program_id}, timeout=30)
 
 
@@ -61,14 +89,18 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0) -> bool:
     return predicate()
 
 
-def error(r: httpx.Response) -> dict:
-    return r.json()["error"]
+def error(r: httpx.Response) -> dict[str, Any]:
+    body: dict[str, Any] = r.json()["error"]
+    return body
 
 
 # ------------------------------------------------------------------ adopt and reclaim
 def test_adopted_container_is_listed_and_removed_on_release(
-    engine, tmp_path, sandbox, docker_client
-):
+    engine: FakeEngine,
+    tmp_path: Path,
+    sandbox: Callable[..., Container],
+    docker_client: docker.DockerClient,
+) -> None:
     box = sandbox()
     with gateway(engine, tmp_path) as gw:
         assert step(gw, "p1", [box.id]).status_code == 200
@@ -78,7 +110,9 @@ def test_adopted_container_is_listed_and_removed_on_release(
         assert wait_for(lambda: not exists(docker_client, box.id))
 
 
-def test_adoption_is_idempotent_across_a_programs_requests(engine, tmp_path, sandbox):
+def test_adoption_is_idempotent_across_a_programs_requests(
+    engine: FakeEngine, tmp_path: Path, sandbox: Callable[..., Container]
+) -> None:
     box = sandbox()
     with gateway(engine, tmp_path) as gw:
         for _ in range(3):
@@ -88,8 +122,11 @@ def test_adoption_is_idempotent_across_a_programs_requests(engine, tmp_path, san
 
 
 def test_release_removes_the_image_once_no_container_uses_it(
-    engine, tmp_path, sandbox, docker_client
-):
+    engine: FakeEngine,
+    tmp_path: Path,
+    sandbox: Callable[..., Container],
+    docker_client: docker.DockerClient,
+) -> None:
     tag = f"thunder-mw/sandbox:gc-{uuid.uuid4().hex[:8]}"
     dockerfile = f"FROM {IMAGE}\nLABEL {TEST_LABEL}=1 run={tag}\n".encode()
     docker_client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True)
@@ -102,8 +139,11 @@ def test_release_removes_the_image_once_no_container_uses_it(
 
 
 def test_trajectory_final_reclaims_the_programs_containers(
-    engine, tmp_path, sandbox, docker_client
-):
+    engine: FakeEngine,
+    tmp_path: Path,
+    sandbox: Callable[..., Container],
+    docker_client: docker.DockerClient,
+) -> None:
     box = sandbox()
     with gateway(engine, tmp_path) as gw:
         r = step(gw, "p1", [box.id], **{"X-Dynamo-Session-Final": "true"})
@@ -111,7 +151,12 @@ def test_trajectory_final_reclaims_the_programs_containers(
         assert wait_for(lambda: not exists(docker_client, box.id))
 
 
-def test_idle_expiry_reclaims_the_programs_containers(engine, tmp_path, sandbox, docker_client):
+def test_idle_expiry_reclaims_the_programs_containers(
+    engine: FakeEngine,
+    tmp_path: Path,
+    sandbox: Callable[..., Container],
+    docker_client: docker.DockerClient,
+) -> None:
     box = sandbox()
     policies = [{"gc_hooks": {"idle_ttl_s": 0.3, "reclaim": ["stop", "remove"]}}]
     with gateway(engine, tmp_path, policies, server={"tick_interval_s": 0.05}) as gw:
@@ -120,7 +165,12 @@ def test_idle_expiry_reclaims_the_programs_containers(engine, tmp_path, sandbox,
         assert httpx.get(f"{gw.url}/programs/p1").status_code == 404
 
 
-def test_custom_hook_runs_before_the_container_is_removed(engine, tmp_path, sandbox, docker_client):
+def test_custom_hook_runs_before_the_container_is_removed(
+    engine: FakeEngine,
+    tmp_path: Path,
+    sandbox: Callable[..., Container],
+    docker_client: docker.DockerClient,
+) -> None:
     box = sandbox()
     tool_hooks.CALLS.clear()
     with gateway(engine, tmp_path, reclaim=["tool_hooks:record", "stop", "remove"]) as gw:
@@ -130,7 +180,12 @@ def test_custom_hook_runs_before_the_container_is_removed(engine, tmp_path, sand
     assert tool_hooks.CALLS == [(box.id, "p1", "release")]
 
 
-def test_reclaim_metrics_count_reclaimed_containers(engine, tmp_path, sandbox, docker_client):
+def test_reclaim_metrics_count_reclaimed_containers(
+    engine: FakeEngine,
+    tmp_path: Path,
+    sandbox: Callable[..., Container],
+    docker_client: docker.DockerClient,
+) -> None:
     box = sandbox()
     with gateway(engine, tmp_path) as gw:
         step(gw, "p1", [box.id])
@@ -144,8 +199,11 @@ def test_reclaim_metrics_count_reclaimed_containers(engine, tmp_path, sandbox, d
 
 # ------------------------------------------------------------------ what must be refused
 def test_unlabelled_container_is_refused_and_survives_a_release_naming_it(
-    engine, tmp_path, sandbox, docker_client
-):
+    engine: FakeEngine,
+    tmp_path: Path,
+    sandbox: Callable[..., Container],
+    docker_client: docker.DockerClient,
+) -> None:
     stranger = sandbox(managed=False)
     with gateway(engine, tmp_path) as gw:
         r = step(gw, "p1", [stranger.id])
@@ -157,7 +215,12 @@ def test_unlabelled_container_is_refused_and_survives_a_release_naming_it(
     assert exists(docker_client, stranger.id)
 
 
-def test_a_refused_request_adopts_none_of_its_containers(engine, tmp_path, sandbox, docker_client):
+def test_a_refused_request_adopts_none_of_its_containers(
+    engine: FakeEngine,
+    tmp_path: Path,
+    sandbox: Callable[..., Container],
+    docker_client: docker.DockerClient,
+) -> None:
     box, stranger = sandbox(), sandbox(managed=False)
     with gateway(engine, tmp_path) as gw:
         assert step(gw, "p1", [box.id, stranger.id]).status_code == 403
@@ -168,7 +231,9 @@ def test_a_refused_request_adopts_none_of_its_containers(engine, tmp_path, sandb
     assert exists(docker_client, box.id)
 
 
-def test_unknown_container_is_a_400_naming_it(engine, tmp_path, docker_client):
+def test_unknown_container_is_a_400_naming_it(
+    engine: FakeEngine, tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
     with gateway(engine, tmp_path) as gw:
         r = step(gw, "p1", ["no-such-container-42"])
     assert r.status_code == 400
@@ -176,7 +241,9 @@ def test_unknown_container_is_a_400_naming_it(engine, tmp_path, docker_client):
     assert "no-such-container-42" in error(r)["message"]
 
 
-def test_container_owned_by_another_program_is_a_409_naming_it(engine, tmp_path, sandbox):
+def test_container_owned_by_another_program_is_a_409_naming_it(
+    engine: FakeEngine, tmp_path: Path, sandbox: Callable[..., Container]
+) -> None:
     box = sandbox()
     with gateway(engine, tmp_path) as gw:
         assert step(gw, "owner", [box.id]).status_code == 200
@@ -185,20 +252,26 @@ def test_container_owned_by_another_program_is_a_409_naming_it(engine, tmp_path,
     assert box.name in error(r)["message"] and "owner" in error(r)["message"]
 
 
-def test_the_same_id_twice_in_one_list_is_a_400(engine, tmp_path, sandbox):
+def test_the_same_id_twice_in_one_list_is_a_400(
+    engine: FakeEngine, tmp_path: Path, sandbox: Callable[..., Container]
+) -> None:
     box = sandbox()
     with gateway(engine, tmp_path) as gw:
         r = step(gw, "p1", [box.id, box.id])
     assert r.status_code == 400 and error(r)["param"] == "docker_ids[1]"
 
 
-def test_65_ids_are_a_400(engine, tmp_path, docker_client):
+def test_65_ids_are_a_400(
+    engine: FakeEngine, tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
     with gateway(engine, tmp_path) as gw:
         r = step(gw, "p1", [f"box-{i}" for i in range(65)])
     assert r.status_code == 400 and "64" in error(r)["message"]
 
 
-def test_release_of_an_unknown_program_answers_released_false(engine, tmp_path, docker_client):
+def test_release_of_an_unknown_program_answers_released_false(
+    engine: FakeEngine, tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
     with gateway(engine, tmp_path) as gw:
         r = release(gw, "nobody")
     assert r.status_code == 200 and r.json() == {"program_id": "nobody", "released": False}
@@ -206,8 +279,11 @@ def test_release_of_an_unknown_program_answers_released_false(engine, tmp_path, 
 
 # ------------------------------------------------------------------ engine trouble
 def test_engine_outage_keeps_serving_and_retries_the_reclaim(
-    engine, tmp_path, sandbox, docker_client
-):
+    engine: FakeEngine,
+    tmp_path: Path,
+    sandbox: Callable[..., Container],
+    docker_client: docker.DockerClient,
+) -> None:
     box = sandbox()
     with gateway(engine, tmp_path, retry_max_interval_s=0.2) as gw:
         assert step(gw, "p1", [box.id]).status_code == 200
@@ -230,7 +306,7 @@ def test_engine_outage_keeps_serving_and_retries_the_reclaim(
         assert health["engine_up"] and health["reclaims_failing"] == []
 
 
-def test_auto_mode_without_an_engine_is_off_and_says_so(engine, tmp_path):
+def test_auto_mode_without_an_engine_is_off_and_says_so(engine: FakeEngine, tmp_path: Path) -> None:
     with gateway(engine, tmp_path, enabled="auto", engine_url="unix:///nonexistent.sock") as gw:
         assert step(gw, "p1", ["anything"]).status_code == 200
         tools = httpx.get(f"{gw.url}/health").json()["tools"]["docker"]
@@ -238,7 +314,7 @@ def test_auto_mode_without_an_engine_is_off_and_says_so(engine, tmp_path):
 
 
 # ------------------------------------------------------------------ warm pool
-def _template(run: str, pool_size: int) -> dict:
+def _template(run: str, pool_size: int) -> dict[str, Any]:
     return {
         "name": "box",
         "image": IMAGE,
@@ -249,11 +325,16 @@ def _template(run: str, pool_size: int) -> dict:
     }
 
 
-def _ours(docker_client, run: str) -> list:
-    return docker_client.api.containers(all=True, quiet=True, filters={"label": f"run={run}"})
+def _ours(docker_client: docker.DockerClient, run: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = docker_client.api.containers(
+        all=True, quiet=True, filters={"label": f"run={run}"}
+    )
+    return found
 
 
-def test_warm_pool_hands_out_faster_than_a_cold_start(engine, tmp_path, docker_client):
+def test_warm_pool_hands_out_faster_than_a_cold_start(
+    engine: FakeEngine, tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
     run = uuid.uuid4().hex
     with gateway(engine, tmp_path, templates=[_template(run, 1)]) as gw:
         assert wait_for(lambda: gw.tools.status()["pool_ready"]["box"] == 1)
@@ -273,7 +354,9 @@ def test_warm_pool_hands_out_faster_than_a_cold_start(engine, tmp_path, docker_c
     assert wait_for(lambda: not _ours(docker_client, run))
 
 
-def test_a_handed_out_sandbox_is_adopted_by_its_programs_requests(engine, tmp_path, docker_client):
+def test_a_handed_out_sandbox_is_adopted_by_its_programs_requests(
+    engine: FakeEngine, tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
     run = uuid.uuid4().hex
     with gateway(engine, tmp_path, templates=[_template(run, 0)]) as gw:
         box = httpx.post(
@@ -285,13 +368,17 @@ def test_a_handed_out_sandbox_is_adopted_by_its_programs_requests(engine, tmp_pa
         assert wait_for(lambda: not exists(docker_client, box["container_id"]))
 
 
-def test_unknown_template_is_a_404(engine, tmp_path, docker_client):
+def test_unknown_template_is_a_404(
+    engine: FakeEngine, tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
     with gateway(engine, tmp_path) as gw:
         r = httpx.post(f"{gw.url}/programs/p1/sandboxes", json={"template": "nope"})
     assert r.status_code == 404 and error(r)["code"] == "template_not_found"
 
 
-def test_pool_containers_are_reclaimed_on_shutdown(engine, tmp_path, docker_client):
+def test_pool_containers_are_reclaimed_on_shutdown(
+    engine: FakeEngine, tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
     run = uuid.uuid4().hex
     with gateway(engine, tmp_path, templates=[_template(run, 2)]) as gw:
         assert wait_for(lambda: gw.tools.status()["pool_ready"]["box"] == 2)
@@ -299,7 +386,9 @@ def test_pool_containers_are_reclaimed_on_shutdown(engine, tmp_path, docker_clie
     assert _ours(docker_client, run) == []
 
 
-def test_a_container_started_with_rm_is_reclaimed_without_a_retry(docker_client):
+def test_a_container_started_with_rm_is_reclaimed_without_a_retry(
+    docker_client: docker.DockerClient,
+) -> None:
     """`--rm` (mini-SWE-agent's default): Docker removes the container once stopped, so the
     remove step may meet "removal already in progress" (409): that is reclaimed, not an
     engine failure to retry."""
@@ -317,6 +406,10 @@ def test_a_container_started_with_rm_is_reclaimed_without_a_retry(docker_client)
                 labels={TEST_LABEL: "1"},
             )
             engine.reclaim(box.id, ["stop", "remove"], {}, "p", "release", 0)
-            assert wait_for(lambda box=box: not exists(docker_client, box.id))
+
+            def gone(box: Container = box) -> bool:
+                return not exists(docker_client, box.id)
+
+            assert wait_for(gone)
     finally:
         engine.close()

@@ -8,19 +8,26 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import yaml
 from docker_fixtures import IMAGE, TEST_LABEL, exists
+from fake_engine import FakeEngine
 from test_tools_docker import step, wait_for
 
 from thunder_mw.sim.ports import free_port
 
+if TYPE_CHECKING:
+    import docker
+    from docker.models.containers import Container
+
 
 @contextmanager
-def gateway_process(config_path, port: int) -> Iterator[subprocess.Popen]:
+def gateway_process(config_path: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "thunder_mw.cli.main", "serve", "--config", str(config_path)],
         stdout=subprocess.DEVNULL,
@@ -42,7 +49,7 @@ def gateway_process(config_path, port: int) -> Iterator[subprocess.Popen]:
             proc.wait(30)
 
 
-def _config(tmp_path, engine, run: str, pool_size: int = 0) -> tuple[object, int]:
+def _config(tmp_path: Path, engine: FakeEngine, run: str, pool_size: int = 0) -> tuple[Path, int]:
     port = free_port()
     config = {
         "server": {"port": port, "log_level": "warning"},
@@ -77,8 +84,11 @@ class _Gw:
 
 
 def test_sigkill_then_restart_reclaims_orphans_and_touches_nothing_else(
-    tmp_path, engine, sandbox, docker_client
-):
+    tmp_path: Path,
+    engine: FakeEngine,
+    sandbox: Callable[..., Container],
+    docker_client: docker.DockerClient,
+) -> None:
     owned, bystander = sandbox(), sandbox()  # both managed; only one is ever adopted
     path, port = _config(tmp_path, engine, uuid.uuid4().hex)
     with gateway_process(path, port) as proc:
@@ -95,8 +105,11 @@ def test_sigkill_then_restart_reclaims_orphans_and_touches_nothing_else(
 
 
 def test_a_program_that_returns_within_the_grace_period_keeps_its_container(
-    tmp_path, engine, sandbox, docker_client
-):
+    tmp_path: Path,
+    engine: FakeEngine,
+    sandbox: Callable[..., Container],
+    docker_client: docker.DockerClient,
+) -> None:
     box = sandbox()
     path, port = _config(tmp_path, engine, uuid.uuid4().hex)
     with gateway_process(path, port) as proc:
@@ -111,12 +124,17 @@ def test_a_program_that_returns_within_the_grace_period_keeps_its_container(
         assert wait_for(lambda: not exists(docker_client, box.id))
 
 
-def test_sigkill_while_the_warm_pool_fills_leaks_no_container(tmp_path, engine, docker_client):
+def test_sigkill_while_the_warm_pool_fills_leaks_no_container(
+    tmp_path: Path, engine: FakeEngine, docker_client: docker.DockerClient
+) -> None:
     run = uuid.uuid4().hex
     path, port = _config(tmp_path, engine, run, pool_size=3)
 
-    def ours() -> list:
-        return docker_client.api.containers(all=True, quiet=True, filters={"label": f"run={run}"})
+    def ours() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = docker_client.api.containers(
+            all=True, quiet=True, filters={"label": f"run={run}"}
+        )
+        return found
 
     with gateway_process(path, port) as proc:
         assert wait_for(lambda: len(ours()) >= 1)

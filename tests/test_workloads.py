@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -17,15 +18,15 @@ from thunder_mw.benchmarks.workloads import (
 )
 
 
-def test_the_same_seed_gives_the_same_programs():
+def test_the_same_seed_gives_the_same_programs() -> None:
     assert generate("swe-agent", 20, seed=7) == generate("swe-agent", 20, seed=7)
 
 
-def test_a_different_seed_gives_different_programs():
+def test_a_different_seed_gives_different_programs() -> None:
     assert generate("swe-agent", 20, seed=7) != generate("swe-agent", 20, seed=8)
 
 
-def test_a_trace_round_trips_through_jsonl(tmp_path):
+def test_a_trace_round_trips_through_jsonl(tmp_path: Path) -> None:
     programs = generate("openhands", 30, seed=3)
     assert any(c.subagents for p in programs for c in p.calls)  # sub-agents survive too
     path = tmp_path / "trace.jsonl"
@@ -34,7 +35,9 @@ def test_a_trace_round_trips_through_jsonl(tmp_path):
     assert len(path.read_text().splitlines()) == 30
 
 
-def test_a_trace_may_give_whole_prompts_and_a_shorter_prompt_is_a_compaction(tmp_path):
+def test_a_trace_may_give_whole_prompts_and_a_shorter_prompt_is_a_compaction(
+    tmp_path: Path,
+) -> None:
     line = {
         "program_id": "t1",
         "system_tokens": 100,
@@ -52,14 +55,14 @@ def test_a_trace_may_give_whole_prompts_and_a_shorter_prompt_is_a_compaction(tmp
     assert program.context_tokens() == [300, 500, 250]
 
 
-def test_a_bad_trace_line_names_its_line(tmp_path):
+def test_a_bad_trace_line_names_its_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"program_id": "x", "calls": [{"output_tokens": 5}]}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:1"):
         load_trace(path)
 
 
-def test_context_grows_by_previous_output_and_tool_result():
+def test_context_grows_by_previous_output_and_tool_result() -> None:
     program = generate("swe-agent", 1, seed=1)[0]
     contexts = program.context_tokens()
     for k in range(1, len(program.calls)):
@@ -76,48 +79,50 @@ def test_context_grows_by_previous_output_and_tool_result():
         ("chat", (2, 4), (220, 340)),
     ],
 )
-def test_presets_match_their_calibration(preset, turns, output):
+def test_presets_match_their_calibration(
+    preset: str, turns: tuple[int, int], output: tuple[int, int]
+) -> None:
     shape = summarise(generate(preset, 200, seed=0))
     assert turns[0] <= shape.turns_mean <= turns[1]
     assert output[0] <= shape.output_tokens_mean <= output[1]
 
 
-def test_swe_agent_contexts_mostly_stay_under_20k_tokens():
+def test_swe_agent_contexts_mostly_stay_under_20k_tokens() -> None:
     finals = sorted(p.context_tokens()[-1] for p in generate("swe-agent", 200, seed=0))
     assert finals[len(finals) // 2] < 20_000
 
 
-def test_tool_orchestra_waits_longer_on_tools_than_swe_agent():
+def test_tool_orchestra_waits_longer_on_tools_than_swe_agent() -> None:
     slow = summarise(generate("tool-orchestra", 150, seed=0)).tool_s_mean
     fast = summarise(generate("swe-agent", 150, seed=0)).tool_s_mean
     assert slow > 3 * fast
 
 
-def test_contexts_are_compacted_below_the_model_length():
+def test_contexts_are_compacted_below_the_model_length() -> None:
     for program in generate("openhands", 100, seed=0, max_context_tokens=16_384):
         for context, call in zip(program.context_tokens(), program.calls, strict=True):
             assert context + call.output_tokens <= 16_384
 
 
-def test_staggered_arrivals_increase_and_batch_arrivals_are_all_at_zero():
+def test_staggered_arrivals_increase_and_batch_arrivals_are_all_at_zero() -> None:
     staggered = [p.arrival_s for p in generate("chat", 50, seed=0, arrival_rate=2.0)]
     assert staggered == sorted(staggered) and staggered[-1] > 0
     assert {p.arrival_s for p in generate("chat", 50, seed=0)} == {0.0}
 
 
-def test_programs_of_a_session_type_share_the_system_prompt_and_nothing_else():
+def test_programs_of_a_session_type_share_the_system_prompt_and_nothing_else() -> None:
     assert system_ids("swe-agent", 64) == system_ids("swe-agent", 64)
     assert system_ids("swe-agent", 64) != system_ids("chat", 64)
     assert growth_ids("p0", 1, 64) != growth_ids("p1", 1, 64)
     assert growth_ids("p0", 1, 64) == growth_ids("p0", 1, 64)
 
 
-def test_every_preset_generates():
+def test_every_preset_generates() -> None:
     for name in PRESETS:
         assert len(generate(name, 3, seed=0)) == 3
 
 
-def test_single_token_words_are_one_token_each_alone_and_together(tmp_path):
+def test_single_token_words_are_one_token_each_alone_and_together(tmp_path: Path) -> None:
     # The replay client's text prompts for routers that take no token ids: every word is one
     # token of the tokenizer, and any sequence of them encodes back to one token per word.
     import random

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-CALLS: list[tuple[str, str, str]] = []
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
+
+CALLS: list[tuple[str | None, str, str]] = []
 
 
-def record(container, program_id: str, reason: str) -> None:
+def record(container: Container, program_id: str, reason: str) -> None:
     CALLS.append((container.id, program_id, reason))

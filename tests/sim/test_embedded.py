@@ -24,7 +24,7 @@ class Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def test_an_embedded_engine_leaves_the_shared_uvicorn_loggers_alone():
+def test_an_embedded_engine_leaves_the_shared_uvicorn_loggers_alone() -> None:
     error, access = logging.getLogger("uvicorn.error"), logging.getLogger("uvicorn.access")
     levels = error.level, access.level
     error.setLevel(logging.INFO)
@@ -52,7 +52,7 @@ def test_an_embedded_engine_leaves_the_shared_uvicorn_loggers_alone():
         access.setLevel(levels[1])
 
 
-def test_stop_cuts_off_a_request_that_never_finishes():
+def test_stop_cuts_off_a_request_that_never_finishes() -> None:
     async def main() -> float:
         # One simulated second per 100,000 wall seconds: the request generates for good.
         engine = EmbeddedEngine(SimEngineSettings(time_scale=0.00001, num_blocks=64))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Status
@@ -9,7 +11,7 @@ from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Status
 BS = 4
 
 
-def _engine(num_blocks: int = 12, **kw: int) -> Engine:
+def _engine(num_blocks: int = 12, **kw: Any) -> Engine:
     cfg = EngineConfig(num_blocks=num_blocks, block_size=BS, profile="instant", **kw)
     return Engine(cfg, [7, 8, 9])
 

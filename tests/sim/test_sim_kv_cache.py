@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams
 from thunder_mw.sim.kv_cache import BlockPool, block_hashes
 
 BS = 4
 
 
-def _engine(num_blocks: int = 12, **kw: int) -> Engine:
+def _engine(num_blocks: int = 12, **kw: Any) -> Engine:
     return Engine(EngineConfig(num_blocks=num_blocks, block_size=BS, profile="instant", **kw), [7])
 
 

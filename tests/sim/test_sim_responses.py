@@ -46,7 +46,8 @@ def test_a_non_streamed_answer_is_a_completed_response_with_usage() -> None:
     async def body(url: str) -> dict[str, Any]:
         async with httpx.AsyncClient(base_url=url) as client:
             request = {"model": "sim-model", "input": "hello there", "max_output_tokens": 4}
-            return (await client.post("/v1/responses", json=request)).json()
+            answer: dict[str, Any] = (await client.post("/v1/responses", json=request)).json()
+            return answer
 
     answer = _with_engine(body)
     assert answer["object"] == "response" and answer["id"].startswith("resp_")
@@ -138,7 +139,8 @@ def test_fields_the_engine_does_not_read_are_recorded_as_ignored() -> None:
         }
         async with httpx.AsyncClient(base_url=url) as client:
             await client.post("/v1/responses", json=request)
-            return (await client.get("/debug/unknown_fields")).json()
+            fields: dict[str, Any] = (await client.get("/debug/unknown_fields")).json()
+            return fields
 
     assert _with_engine(body)["last"] == ["program_id"]
 

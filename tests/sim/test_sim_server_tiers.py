@@ -53,7 +53,8 @@ async def _overflow_and_return(client: httpx.AsyncClient) -> dict[str, Any]:
         r = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1})
         assert r.status_code == 200
     again = await client.post("/v1/completions", json={"prompt": [*a, 5], "max_tokens": 1})
-    return again.json()
+    answer: dict[str, Any] = again.json()
+    return answer
 
 
 def test_vllm_flavour_reports_host_tier_hits_under_the_connector_metric_names() -> None:

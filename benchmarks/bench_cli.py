@@ -2,7 +2,7 @@
 
     thunder-mw bench --scenario swe-agent-knee [--mode des|live] [--policies a,b]
                      [--output PATH] [--results-dir DIR] [--seed N]
-    thunder-mw bench --scenario vllm-cpu-real [--regimes cheap,dear] [--repeats N]
+    thunder-mw bench --scenario vllm-cpu-real [--regimes cheap,dear] [--repeats N] [--resimulate]
     thunder-mw bench --scenario idle-gaps [--output PATH]   (python -m ...idle_gaps for options)
     thunder-mw bench --scenario mini-swe-agent [--programs 32] [--seeds 3]   (needs Docker)
     thunder-mw bench --scenario fuzz [--seed N] [--output PATH]   (python -m ...fuzz for options)
@@ -15,6 +15,7 @@ Runs are independent, so they go to a pool of worker processes (`--jobs`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -118,6 +119,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="vllm-cpu-real: use this running vLLM engine instead of starting one "
         "(its prefix cache is reset before each run: needs VLLM_SERVER_DEV_MODE=1; "
         "with one --regimes entry, the engine of that regime).",
+    )
+    live.add_argument(
+        "--resimulate",
+        action="store_true",
+        help="vllm-cpu-real: rerun only the simulator's half on the result file's recorded "
+        "runs (their programs, KV blocks and fitted profiles) and rewrite its `simulated` "
+        "and `agreement`; the real runs are kept, no engine is started.",
     )
     live.add_argument(
         "--regimes",
@@ -284,6 +292,8 @@ def _run_live(scenario: Scenario, policies: list[str], args: argparse.Namespace)
 def _run_real(scenario: Scenario, systems: list[str], args: argparse.Namespace) -> int:
     from thunder_mw.benchmarks import vllm_real
 
+    if args.resimulate:
+        return _resimulate_real(args.output or args.results_dir / f"{scenario.name}.json", args)
     regimes = args.regimes.split(",")
     unknown = [r for r in regimes if r not in vllm_real.REGIMES]
     if unknown:
@@ -315,6 +325,22 @@ def _run_real(scenario: Scenario, systems: list[str], args: argparse.Namespace) 
     if not args.no_plots:
         for path in vllm_real.write_plots(report, output.with_suffix("")):
             print(f"plot: {path}")
+    return 0
+
+
+def _resimulate_real(path: Path, args: argparse.Namespace) -> int:
+    from thunder_mw.benchmarks import vllm_real
+
+    if not path.is_file():
+        print(f"--resimulate reads a result file: {path} does not exist", file=sys.stderr)
+        return 2
+    report = vllm_real.resimulate(json.loads(path.read_text()))
+    _write_report(report, path)
+    print(vllm_real.format_report(report))
+    print(f"\nsimulated and agreement rewritten in {path}")
+    if not args.no_plots:
+        for plot in vllm_real.write_plots(report, path.with_suffix("")):
+            print(f"plot: {plot}")
     return 0
 
 

@@ -3,8 +3,8 @@
 The engine runs from its own virtual environment (scripts/setup_vllm_cpu.sh) serving the model
 that scripts/build_tiny_model.py makes; `start_vllm` launches one `vllm serve` in its own
 process group, waits for /health and tears the whole group down on exit. It lives in the
-package so a committed `thunder-mw bench` command can start it; tests/real_vllm.py re-exports
-it for the tests. Nothing here imports pytest.
+package so a committed `thunder-mw bench` command can start it; tests/support/real_vllm.py
+re-exports it for the tests. Nothing here imports pytest.
 """
 
 from __future__ import annotations

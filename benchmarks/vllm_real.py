@@ -19,7 +19,7 @@ on 2026-11-30 the same 66 calls took 8.8 s: calls finished before others arrived
 them nearly alone and its LRU cache kept most prefixes (0.64, 1 preemption). The same late
 arrival that hid the overflow in the simulator validation (benchmarks/sim_validation.py).
 The simulator on that wave: 0.59, 0 preemptions, 8.5 s with `cpu-tiny`; 0.27, 5, 18.2 s with
-every cost 4x higher (tests/test_bench_vllm_real.py).
+every cost 4x higher (tests/real/test_bench_vllm_real.py).
 
 Systems (each run on the same engine, prefix cache reset before it, runs interleaved: every
 repeat runs each system once, the order rotated, so load from other processes falls on all):
@@ -42,6 +42,7 @@ scalars); conformance/registry.py records it in the router's profile.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import platform
@@ -56,7 +57,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from thunder_mw.benchmarks import fit_cpu_profile, peers, recompute_cost
+from thunder_mw.benchmarks import bootstrap, fit_cpu_profile, peers, recompute_cost
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation
 from thunder_mw.benchmarks.engine_counters import delta, parse_metrics, read_counters
 from thunder_mw.benchmarks.live import Gateway, live_metrics
@@ -67,7 +68,7 @@ from thunder_mw.benchmarks.replay import (
     single_token_words,
     thunder_identity,
 )
-from thunder_mw.benchmarks.scenarios import POLICIES, Scenario
+from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS, Scenario
 from thunder_mw.benchmarks.vllm_cpu import DEAR_MODEL_DIR, MODEL_DIR, RealVllm, start_vllm
 from thunder_mw.benchmarks.workloads import (
     PRESETS,
@@ -669,27 +670,58 @@ def run_regime(
         "policies": policies,
         "overflow": overflow_check(policies, peak_sum, kv_tokens, ideal),
         "paired": paired_ratios(runs),
-        "agreement": agreement(policies, sims),
-        "simulated": {
-            name: {
-                k: m.get(k)
-                for k in (
-                    "steps_per_min",
-                    "prefix_hit_rate",
-                    "preemptions",
-                    "makespan_s",
-                    "engine_busy",
-                    "mean_batch",
-                    "engine_seconds",
-                )
-            }
-            for name, m in sims.items()
-        },
+        "agreement": agreement(policies, sims, runs),
+        "simulated": simulated_figures(sims),
         "targets": regime_targets(regime.name, runs),
         "runs": runs,
         "engine_start_s": start_s,
         "wall_s": round(time.perf_counter() - started, 1),
     }
+
+
+SIMULATED_KEYS = (
+    "steps_per_min",
+    "prefix_hit_rate",
+    "preemptions",
+    "makespan_s",
+    "engine_busy",
+    "mean_batch",
+    "engine_seconds",
+)
+
+
+def simulated_figures(sims: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The `simulated` part of a regime: each stand-in's figures the document keeps."""
+    return {name: {k: m.get(k) for k in SIMULATED_KEYS} for name, m in sims.items()}
+
+
+def resimulate(report: dict[str, Any]) -> dict[str, Any]:
+    """`report` with each regime's `simulated` and `agreement` recomputed by the DES as the
+    code stands, from what the regime recorded of its run (seed, programs, KV blocks,
+    context limit, the profile fitted on its engine and its per-call overhead); the real
+    runs and their figures are kept as they are. For a change to a stand-in or to the
+    simulator, without the engine."""
+    scenario = SCENARIOS[report["scenario"]]
+    out = copy.deepcopy(report)
+    for name, doc in out["regimes"].items():
+        regime, config, fitted = REGIMES[name], doc["config"], doc["simulated_with"]
+        # The coefficients the run recorded (an in-situ fit lives in its document only).
+        profile = f"{fitted['profile']}-recorded"
+        PROFILES[profile] = StepCost(**fitted["coefficients"], source=f"{name}: recorded")
+        limit = config["max_model_len"]
+        programs = regime_programs(
+            replace(scenario, kv_tokens=config["kv_tokens"], max_model_len=limit),
+            regime,
+            report["seed"],
+            config["programs"],
+        )
+        cluster = sim_cluster(
+            regime, config["kv_blocks"], limit, profile, fitted["call_overhead_s"]
+        )
+        sims = {s: simulated(system_named(s), programs, cluster) for s in doc["runs"]}
+        doc["simulated"] = simulated_figures(sims)
+        doc["agreement"] = agreement(doc["policies"], sims, doc["runs"])
+    return out
 
 
 @contextmanager
@@ -756,9 +788,15 @@ def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def agreement(
-    policies: dict[str, dict[str, Any]], sims: dict[str, dict[str, Any]]
+    policies: dict[str, dict[str, Any]],
+    sims: dict[str, dict[str, Any]],
+    runs: dict[str, list[dict[str, Any]]],
 ) -> dict[str, Any]:
-    """Rows of (policy, real median, simulated, ratio) and whether the rankings agree."""
+    """Rows of (policy, real median, simulated, ratio) and whether the rankings agree: the
+    whole order of the medians (`same_ranking`, which fails on systems the real runs cannot
+    tell apart), and the order of each pair the real runs do tell apart (`pairs`: the paired
+    runs' ratio of means has a 95 % bootstrap interval off 1.0; the simulator must order
+    that pair the same way)."""
     rows: list[dict[str, Any]] = []
     for name, figures in policies.items():
         real = (figures.get("steps_per_min") or {}).get("median")
@@ -782,6 +820,38 @@ def agreement(
         "real_ranking": real_rank,
         "simulated_ranking": sim_rank,
         "same_ranking": real_rank == sim_rank,
+        "pairs": pairwise_order(runs, {r["policy"]: r["simulated"] for r in rows}),
+    }
+
+
+def pairwise_order(
+    runs: dict[str, list[dict[str, Any]]], simulated: dict[str, float | None]
+) -> dict[str, Any]:
+    """For every two systems whose paired real runs differ (interval off 1.0), whether the
+    simulator orders them as the engine did; the rest are ties the ranking may put either way."""
+    names = [n for n in runs if simulated.get(n) is not None]
+    told_apart: list[dict[str, Any]] = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            by_a, by_b = (
+                {r["repeat"]: r["steps_per_min"] for r in runs[n] if r.get("steps_per_min")}
+                for n in (a, b)
+            )
+            repeats = sorted(by_a.keys() & by_b.keys())
+            if len(repeats) < 2:
+                continue
+            c = bootstrap.compare([by_a[k] for k in repeats], [by_b[k] for k in repeats])
+            if c["verdict"] == "tie":
+                continue
+            sim_a, sim_b = simulated[a] or 0.0, simulated[b] or 0.0
+            agrees = (sim_a > sim_b) if c["verdict"] == "win" else (sim_a < sim_b)
+            told_apart.append(
+                {"pair": [a, b], "real_ratio": c["ratio"], "ci95": c["ci95"], "agrees": agrees}
+            )
+    return {
+        "told_apart": len(told_apart),
+        "ordered_alike": sum(p["agrees"] for p in told_apart),
+        "contradicted": [p for p in told_apart if not p["agrees"]],
     }
 
 

@@ -26,7 +26,7 @@ PROFILE_MEANING = {
     "streams relayed, bad bodies refused; it re-serialises bodies and forwards vllm_xargs to the "
     "engine by design, so no fidelity or strip checks. In front of stock vLLM 0.32 that "
     "forwarded object is a 400 from the engine (vllm_xargs values must be scalars: "
-    "tests/test_real_vllm_engine.py); only its header identity (program_scheduling_enable_key "
+    "tests/real/test_real_vllm_engine.py); only its header identity (program_scheduling_enable_key "
     "auto with x-session-id) reaches a stock engine",
     "smg": "what SGLang's model gateway (PyPI smg 1.13.0) documents: an OpenAI-compatible router "
     "that relays streams and refuses bad bodies; it reads no agent context and re-serialises "
@@ -35,7 +35,7 @@ PROFILE_MEANING = {
 }
 
 # The peers' contracts name checks registered by the check modules (kept here, in one place,
-# beside what each peer documents; tests/test_conformance_peers.py runs them).
+# beside what each peer documents; tests/real/test_conformance_peers.py runs them).
 _STREAMS_AND_BODIES = frozenset(
     {
         "stream.same_chunks",

@@ -320,7 +320,15 @@ class ProgressTtl(Stage):
         limit = self.params.max_segment_rounds
         if limit is not None and rounds >= limit and view.queue_length() > 0:
             return (Pause(program, "max_segment_yield"),)
-        deadline = now + self.predicted_ttl(program.session_type)
+        ttl = self.predicted_ttl(program.session_type)
+        if ttl <= 0:
+            # A TTL of 0 (the router's until its statistics window is full) pauses the
+            # program as its call ends: left to the next tick, it would keep its place
+            # through any tool shorter than the tick (issue 26: the real router paused
+            # after 23 of 24 calls, the stand-in held on through most of them).
+            self._deadline_of.pop(program.program_id, None)
+            return (Pause(program, "ttl_expired"),)
+        deadline = now + ttl
         self._deadline_of[program.program_id] = deadline
         heapq.heappush(self._deadlines, (deadline, program.acting_since, program.program_id))
         return ()

@@ -409,6 +409,37 @@ def real_engine_table(name: str = "vllm-cpu-real") -> str:
     return "\n".join(lines) + "\n"
 
 
+def real_agreement_block(name: str = "vllm-cpu-real") -> str:
+    """The real runs beside the simulator's figure per regime and system, and how far the two
+    agree (within the tolerance; the order of the pairs the real runs tell apart)."""
+    sys.path.insert(0, str(RESULTS.parents[2]))
+    from thunder_mw.benchmarks.vllm_real import markdown_table
+
+    report = json.loads((RESULTS / f"{name}.json").read_text())
+    lines = [markdown_table(report), ""]
+    for regime, doc in report["regimes"].items():
+        a = doc["agreement"]
+        off = [f"{r['policy']} {r['ratio']}" for r in a["rows"] if not r["within_tolerance"]]
+        within = (
+            f"every system within {a['tolerance']:.0%}"
+            if not off
+            else f"outside {a['tolerance']:.0%}: " + ", ".join(off)
+        )
+        pairs = a["pairs"]
+        contra = "; ".join(
+            f"{p['pair'][0]} / {p['pair'][1]} real {p['real_ratio']} "
+            f"[{p['ci95'][0]}, {p['ci95'][1]}]"
+            for p in pairs["contradicted"]
+        )
+        lines.append(
+            f"- {regime}: {within}; of the {pairs['told_apart']} pairs of systems the real runs "
+            f"tell apart, the simulator orders {pairs['ordered_alike']} alike"
+            + (f" (not: {contra})" if contra else "")
+            + f"; the whole order of the medians {'agrees' if a['same_ranking'] else 'differs'}."
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _replace_block(path: Path, marker: str, body: str) -> None:
     text = path.read_text()
     start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
@@ -426,6 +457,8 @@ def update_docs() -> None:
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
     _replace_block(README, "real-engine-table", real_engine_table())
     _replace_block(DOCS, "real-engine-table", real_engine_table())
+    _replace_block(DOCS, "real-engine-agreement", real_agreement_block())
+    _replace_block(DOCS.parent / "simulator.md", "vllm-cpu-real-agreement", real_agreement_block())
 
 
 if __name__ == "__main__":

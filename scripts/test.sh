@@ -51,7 +51,7 @@ if [ "$fast" -eq 0 ]; then
     echo "test.sh: Docker engine setup failed; the Docker tool tests will be skipped" >&2
   fi
 
-  # The real redis-server and nginx for the replica tests (tests/test_replicas.py); same rule.
+  # The real redis-server and nginx for the replica tests (tests/real/test_replicas.py); same rule.
   if ! bash scripts/setup_redis_nginx.sh; then
     if [ "${THUNDER_MW_REQUIRE_REAL:-0}" = "1" ]; then
       echo "test.sh: redis-server / nginx setup failed and THUNDER_MW_REQUIRE_REAL=1" >&2

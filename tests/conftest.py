@@ -1,5 +1,11 @@
 """Fixtures shared by the whole test suite, and the markers that pick its fast lane.
 
+Layout (tests/README.md says why): `unit/` pure, no sockets; `live/` the gateway with
+in-process or simulated engines over loopback; `real/` real engines, Docker, Chromium,
+Redis/nginx, peers and agents; `sim/` the simulator's own; `support/` the helpers, imported
+by name (`from support.polling import wait_until`). This file's folder is on sys.path, so
+`support` resolves from every group. The markers below, not the folders, pick the lanes.
+
 Running the tests
 -----------------
 - `bash scripts/test.sh` is what CI runs (.ci/run): it sets up the real vLLM engine, Docker
@@ -29,10 +35,10 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from asgi_servers import serving
-from docker_fixtures import docker_client, sandbox  # noqa: F401  (fixtures for test_tools_*)
-from fake_engine import FakeEngine
-from real_vllm import RealVllm, missing_prerequisites, start_vllm
+from support.asgi_servers import serving
+from support.docker_fixtures import docker_client, sandbox  # noqa: F401  (fixtures for test_tools_*)
+from support.fake_engine import FakeEngine
+from support.real_vllm import RealVllm, missing_prerequisites, start_vllm
 
 # Set by .ci/run: there a missing real engine is a failure, never a silent skip.
 REQUIRE_REAL_ENV = "THUNDER_MW_REQUIRE_REAL"

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
-from asgi_servers import serving
-from real_vllm import RealVllm
+from support.asgi_servers import serving
+from support.real_vllm import RealVllm
 
 from thunder_mw.schemas.config import SimEngineSettings
 from thunder_mw.sim.server import create_sim_app

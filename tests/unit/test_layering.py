@@ -1,0 +1,121 @@
+"""The dependency rule of docs/architecture.md, checked on every module's imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# The layers under the CLI, data to middleware.
+_BELOW_CLI = frozenset(
+    {"schemas", "policies", "sim", "engines", "tools", "observability", "state", "middleware"}
+)
+# What each top-level folder may import of thunder_mw (besides itself).
+ALLOWED: dict[str, frozenset[str]] = {
+    "schemas": frozenset(),
+    "policies": frozenset({"schemas"}),
+    "sim": frozenset({"schemas", "policies"}),
+    "engines": frozenset({"schemas", "policies", "sim"}),
+    "tools": frozenset({"schemas", "policies"}),
+    # The shared state store (Redis) under the live scheduler: an I/O component.
+    "state": frozenset({"schemas", "policies"}),
+    "observability": frozenset({"schemas", "policies", "engines"}),
+    "middleware": frozenset({"schemas", "policies", "engines", "tools", "observability", "state"}),
+    # The CLI assembles everything; the conformance suite drives a gateway the CLI builds.
+    "cli": _BELOW_CLI | {"conformance", "benchmarks"},
+    "conformance": _BELOW_CLI | {"cli"},
+}
+# The package's own `__init__` exports gateway mode's names, lazily.
+TOP_LEVEL = frozenset(ALLOWED) | {"benchmarks"}
+
+
+def _imports(path: Path) -> set[str]:
+    """The thunder_mw subpackages a module imports (at any depth, lazily or not)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "thunder_mw" and len(parts) > 1 and parts[1] in TOP_LEVEL:
+                found.add(parts[1])
+    return found
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_a_folder_imports_only_the_layers_below_it(folder: str) -> None:
+    wrong = {
+        f"{path.relative_to(ROOT)} imports thunder_mw.{other}"
+        for path in (ROOT / folder).rglob("*.py")
+        for other in _imports(path) - ALLOWED[folder] - {folder}
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_the_checker_sees_a_wrong_import(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from thunder_mw.benchmarks.des import simulate\n")
+    assert _imports(module) == {"benchmarks"}
+
+
+def _policy_imports(path: Path, modules: frozenset[str]) -> set[str]:
+    """The policies/ modules a module of policies/ imports (at any depth, lazily or not)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            parts = node.module.split(".")
+            if parts[:2] != ["thunder_mw", "policies"]:
+                continue
+            if len(parts) > 2:
+                found.add(parts[2])
+            else:  # `from thunder_mw.policies import x`: a module, else the package's names
+                named = {alias.name for alias in node.names}
+                found |= (named & modules) or {"__init__"}
+                if named - modules:
+                    found.add("__init__")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[:2] == ["thunder_mw", "policies"]:
+                    found.add(parts[2] if len(parts) > 2 else "__init__")
+    return found
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle in `graph` (module -> modules it imports), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)) is not None:
+            return found
+    return None
+
+
+def test_no_import_cycle_among_the_policies_modules() -> None:
+    folder = ROOT / "policies"
+    modules = frozenset(p.stem for p in folder.glob("*.py"))
+    graph = {p.stem: _policy_imports(p, modules) - {p.stem} for p in folder.glob("*.py")}
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_cycle_checker_sees_a_cycle() -> None:
+    assert _cycle({"core": {"stages"}, "stages": {"core"}}) == ["core", "stages", "core"]
+    assert _cycle({"core": {"stages"}, "stages": set()}) is None

@@ -5,7 +5,7 @@ reservations with the admission gate, replica leases and announcements.
 `MemoryStore` keeps it in this process (one gateway: nothing is shared, and the live
 scheduler does no store work on the request path), `RedisStore` in Redis for several
 replicas (state/redis_store.py). Both pass the same contract tests
-(tests/test_scheduler_store.py). The gate's rule, whatever the store: a reservation may
+(tests/real/test_scheduler_store.py). The gate's rule, whatever the store: a reservation may
 grow only while the engine's reservations summed over every live replica stay within the
 limit, and an engine nobody else reserves admits any program (as the admission stage does).
 """

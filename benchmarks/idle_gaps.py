@@ -369,8 +369,8 @@ def main(argv: list[str] | None = None) -> int:
             "clients": "every openai_every-th program: openai.AsyncOpenAI (httpx pool, 5 s "
             "keep-alive, max_retries=0); the rest: aiohttp (15 s keep-alive, no retries); "
             "half the calls stream",
-            "gateway": "thunder-mw serve, defaults (backends[].keep_alive_s 4, "
-            "server.keep_alive_s 75, failures_to_open 3, probe_interval_s 5)",
+            "gateway": "thunder-mw serve, defaults (backends[].pool_keep_alive_s 4, "
+            "server.client_keep_alive_s 75, failures_to_open 3, probe_interval_s 5)",
             "cpu_count": os.cpu_count(),
             "python": platform.python_version(),
         },

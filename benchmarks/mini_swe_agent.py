@@ -219,7 +219,7 @@ def leftover_containers(run_id_prefix: str = "") -> list[str]:
 # ------------------------------------------------------------------------------ the benchmark
 def gateway_config(policy: str, seed: int, port: int, args: argparse.Namespace) -> dict[str, Any]:
     """Two simulated engines in scripted agent mode behind `thunder-mw serve`."""
-    from thunder_mw.policies.stages import PRESETS
+    from thunder_mw.schemas.pipeline_presets import PRESETS
 
     sim = {
         "flavor": "vllm",

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from thunder_mw.policies.pipeline import PRESETS as PIPELINE_PRESETS
-from thunder_mw.policies.stages import DEFAULT_PIPELINE
+from thunder_mw.schemas.pipeline_presets import DEFAULT_PIPELINE
+from thunder_mw.schemas.pipeline_presets import PRESETS as PIPELINE_PRESETS
 
 DEFAULT_POLICIES = ("round_robin", "sticky", "thunderagent", "thunder-mw")
 VLLM_CAPPED = "vllm_capped"

@@ -85,7 +85,7 @@ def gateway_config(args: argparse.Namespace, engine_urls: list[str]) -> dict[str
             {"name": f"sim-{i}", "type": "vllm", "url": url} for i, url in enumerate(engine_urls)
         ],
         "policies": [
-            {"admission": {}},
+            {"admission": {"overflow": "hold"}},
             {"state_aware_pause": {}},
             {"migration": {}},
             {"gc_hooks": {"idle_ttl_s": args.ttl_s}},
@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             **{k: v for k, v in vars(args).items() if k not in ("output", "no_plot")},
             "calls_per_program": "1 or 2 (1 + i % 2), max_tokens 4, the second streamed",
-            "pipeline": "admission, state_aware_pause, migration, gc_hooks (defaults but TTL)",
+            "pipeline": "admission (overflow: hold), state_aware_pause, migration, gc_hooks "
+            "(defaults but TTL)",
             "engines": f"{args.engines} x thunder-mw sim-engine (vLLM API), separate processes",
             "cpu_count": os.cpu_count(),
             "python": platform.python_version(),

@@ -11,8 +11,9 @@ from pydantic import ValidationError
 
 from thunder_mw.engines.capacity import planned_capacity
 from thunder_mw.policies.capacity_plan import PlanError
-from thunder_mw.policies.pipeline import PipelineError, build_pipeline
+from thunder_mw.policies.pipeline import custom_stage_problems
 from thunder_mw.schemas.config import ThunderConfig
+from thunder_mw.schemas.stage_settings import entry_error
 
 
 class ConfigError(Exception):
@@ -60,10 +61,10 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Th
                 plan_problems.append(_locate(f"backends[{i}].plan: {exc}", root))
     if plan_problems:
         raise ConfigError(str(path), plan_problems)
-    try:
-        build_pipeline(config.policies)
-    except PipelineError as exc:
-        raise ConfigError(str(path), [_locate(p, root) for p in exc.problems]) from None
+    # Built-in stages were validated with the rest; a third-party one by its own class.
+    stage_problems = custom_stage_problems(config.policies)
+    if stage_problems:
+        raise ConfigError(str(path), [_locate(p, root) for p in stage_problems]) from None
     if overrides:
         try:
             config = ThunderConfig.model_validate(_deep_merge(config.model_dump(), overrides))
@@ -95,6 +96,12 @@ def location(loc: tuple[Any, ...]) -> str:
 
 def _describe(err: Any, root: yaml.Node | None) -> str:
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    if loc[:1] == ("policies",) and len(loc) > 1:
+        # An entry of the pipeline: `policies[i].stage.param: message` (schemas/stage_settings.py).
+        entry, message = entry_error({**err, "loc": loc[1:]})
+        loc = ("policies", *entry)
+        line = _line_of(root, loc) if root is not None else None
+        return location(loc) + (f" (line {line})" if line else "") + f": {message}"
     # A section's own check that is about one of its fields names it (`ctx.field`).
     field = (err.get("ctx") or {}).get("field")
     if isinstance(field, str):

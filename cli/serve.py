@@ -78,7 +78,7 @@ def serve(args: argparse.Namespace) -> int:
         server_header=False,
         # Idle client connections outlive the clients' own pools, so clients close them first.
         # (uvicorn schedules it with call_later: fractions of a second work, its hint says int)
-        timeout_keep_alive=config.server.keep_alive_s,  # type: ignore[arg-type]
+        timeout_keep_alive=config.server.client_keep_alive_s,  # type: ignore[arg-type]
         # uvicorn's own bound on running calls at shutdown; they are cancelled past it.
         timeout_graceful_shutdown=calls_s,  # type: ignore[arg-type]  # a float works too
     )

@@ -213,14 +213,14 @@ class BackendPool:
         backend = Backend(settings, url, label)
         if settings.plan is not None:
             backend.planned_capacity = await asyncio.to_thread(planned_capacity, settings.plan)
-        backend.client = self._client(url, settings.keep_alive_s)
+        backend.client = self._client(url, settings.pool_keep_alive_s)
         backend.engine = EngineClient(
             url,
             max_connections=self._server.max_connections_per_backend,
             connect_timeout_s=self._server.connect_timeout_s,
             read_timeout_s=self._server.read_timeout_s,
             first_byte_timeout_s=self._server.first_byte_timeout_s,
-            keep_alive_s=settings.keep_alive_s,
+            keep_alive_s=settings.pool_keep_alive_s,
         )
         return backend
 

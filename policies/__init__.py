@@ -14,15 +14,15 @@ from thunder_mw.policies.decisions import (
     StageDecision,
 )
 from thunder_mw.policies.program_table import Phase, ProgramState, Usage
-from thunder_mw.policies.stage_contract import Decisions, NoParams, Stage, StageView
+from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
 from thunder_mw.policies.views import BackendView, ProgramView
+from thunder_mw.schemas.stage_params import StageParams
 
 __all__ = [
     "BackendView",
     "Count",
     "Decisions",
     "Footprint",
-    "NoParams",
     "Pause",
     "Phase",
     "PlanBackend",
@@ -34,6 +34,7 @@ __all__ = [
     "Resume",
     "Stage",
     "StageDecision",
+    "StageParams",
     "StageView",
     "Usage",
 ]

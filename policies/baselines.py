@@ -22,34 +22,24 @@ import collections
 import heapq
 import zlib
 from collections.abc import Iterator
-from typing import Any
-
-from pydantic import Field
 
 from thunder_mw.policies.decisions import Pause, StageDecision
 from thunder_mw.policies.prefix_index import PrefixIndex
 from thunder_mw.policies.program_table import Phase, ProgramState, Usage
 from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
-from thunder_mw.policies.stages import StageParams
 from thunder_mw.policies.views import BackendView, ProgramView
+
+# Re-exported: stage authors and older code import these names from here.
+from thunder_mw.schemas.stage_params import BatchGainParams as BatchGainParams
+from thunder_mw.schemas.stage_params import ContinuumTtlParams as ContinuumTtlParams
+from thunder_mw.schemas.stage_params import KvAwareParams as KvAwareParams
+from thunder_mw.schemas.stage_params import ProgramBindingParams as ProgramBindingParams
+from thunder_mw.schemas.stage_params import ProgramGateParams as ProgramGateParams
+from thunder_mw.schemas.stage_params import ProgressTtlParams as ProgressTtlParams
+from thunder_mw.schemas.stage_params import StageParams as StageParams
 
 
 # ---------------------------------------------------------------------------- kv_aware
-class KvAwareParams(StageParams):
-    overlap_weight: float = Field(
-        1.0,
-        ge=0,
-        description="Weight of the tokens to prefill against the engine's active tokens "
-        "(Dynamo's overlap_score_weight): cost = weight x new prefill + active tokens.",
-    )
-    index_fraction: float = Field(
-        1.0,
-        gt=0,
-        description="The index forgets the least recently routed prefixes of an engine past "
-        "this x its KV capacity (the engine would have evicted them).",
-    )
-
-
 class KvAware(Stage):
     """Every request goes to the engine with the lowest `weight x tokens to prefill + active
     tokens`, where the tokens to prefill are the request's prompt less what the index says
@@ -194,21 +184,6 @@ class Direct(Stage):
 
 
 # ---------------------------------------------------------------------------- continuum_ttl
-class ContinuumTtlParams(StageParams):
-    ttl_multiplier: float = Field(
-        2.0,
-        gt=0,
-        description="TTL = this x the program's expected tool time (heavy tails: a margin "
-        "over the mean keeps most returns within it).",
-    )
-    max_ttl_s: float = Field(
-        30.0,
-        gt=0,
-        description="No pin when the expected tool time exceeds this (the KV would sit idle "
-        "longer than a recompute costs); the TTL never exceeds it.",
-    )
-
-
 class ContinuumTtl(Stage):
     """Continuum's TTL (arXiv 2511.02230): when a call ends in a tool call, the engine pins
     the call's KV for a TTL chosen from the predicted tool time, and evicts it when the TTL
@@ -230,35 +205,6 @@ class ContinuumTtl(Stage):
 
 
 # ---------------------------------------------------------------------------- progress_ttl
-class ProgressTtlParams(StageParams):
-    max_acting_ttl_s: float = Field(
-        60.0, gt=0, description="An ACTING program keeps its reservation at most this long."
-    )
-    return_quantile: float = Field(
-        0.9,
-        gt=0,
-        le=1,
-        description="The armed TTL is this quantile of the session type's observed return "
-        "times (tool gaps), capped by max_acting_ttl_s.",
-    )
-    min_samples: int = Field(
-        8, ge=1, description="Before this many returns are observed the TTL is the cap."
-    )
-    window: int = Field(256, ge=1, description="Return times kept per session type.")
-    max_segment_rounds: int | None = Field(
-        32,
-        ge=1,
-        description="A program served this many calls since it was admitted yields its place "
-        "when others are queued (null: never).",
-    )
-    immature_ttl_s: float | None = Field(
-        None,
-        ge=0,
-        description="The TTL armed before `min_samples` returns are observed (null: the cap; "
-        "the vLLM router documents 0 until its statistics window is full).",
-    )
-
-
 class ProgressTtl(Stage):
     """The vLLM router's Progress-TTL as its binary describes it: when a program's call ends,
     a TTL is armed from a prediction of when it returns (a quantile of its session type's
@@ -356,15 +302,6 @@ class ProgressTtl(Stage):
 
 
 # ---------------------------------------------------------------------------- batch_gain
-class BatchGainParams(StageParams):
-    prefill_intercept_s: float = Field(
-        0.02, ge=0, description="Prefill cost model: seconds per re-prefill (its intercept)."
-    )
-    prefill_s_per_1k_tokens: float = Field(
-        0.03, ge=0, description="Prefill cost model: seconds per 1,000 context tokens."
-    )
-
-
 class BatchGain(Stage):
     """Batch-gain admission (the vLLM router's `enable_batch_gain_admission`, read from its
     binary's config keys and decision reasons; its arithmetic is not published): when the
@@ -412,18 +349,6 @@ class BatchGain(Stage):
 
 
 # ---------------------------------------------------------------------------- program_gate
-class ProgramGateParams(StageParams):
-    max_active_programs_per_target: int | None = Field(
-        64, ge=1, description="At most this many ACTIVE programs per engine (null: no cap)."
-    )
-    waiting_request_threshold: int = Field(
-        1,
-        ge=0,
-        description="No admission or resume to an engine whose last scraped waiting-request "
-        "count reached this (0: no gate).",
-    )
-
-
 class ProgramGate(Stage):
     """The vLLM router's count guard (`max_active_programs_per_target`) and waiting gate
     (`admission_waiting_request_threshold`): vetoes on admission and resume, besides the
@@ -445,16 +370,6 @@ class ProgramGate(Stage):
 
 
 # ---------------------------------------------------------------------------- program_binding
-class ProgramBindingParams(StageParams):
-    cross_rank_headroom_ratio: float | None = Field(
-        1.2,
-        ge=0,
-        description="global_queue: a program may resume on another engine when that engine's "
-        "room is at least its bound engine's plus this x the program's footprint (null: never "
-        "leave the bound engine, `global_queue: false`).",
-    )
-
-
 class ProgramBinding(Stage):
     """The vLLM router's `binding_strategy: consistent_hash` with `global_queue`: a new
     program is bound to the engine its id hashes to (rendezvous hashing: the same property
@@ -498,79 +413,4 @@ BASELINE_STAGES: dict[str, type[Stage]] = {
         ProgramGate,
         ProgramBinding,
     )
-}
-
-# The vLLM router's program scheduler at the defaults of vllm-project/router's
-# docs/program_scheduling.md (configuration reference): watermarks 1.0 / 1.0, decode buffer
-# 100 tokens, `max_acting_ttl_seconds` 10 (0 until `stats_window_size` 100 returns are
-# seen), `max_segment_rounds` 14, `max_active_programs_per_target` 64,
-# `admission_waiting_request_threshold` 1, MRU resume, `force_resume_timeout_seconds` 300,
-# consistent-hash binding and the recommended `global_queue: true` (cross-rank headroom 1.2).
-# Capacity repair pauses REASONING programs only: "Acting Programs are not reclaimed by
-# admission or resume; their TTL and terminal lifecycle move them out of ACTIVE state".
-# Batch-gain admission "bypasses only the continuous-growth reserve", which is not modelled
-# (no growth reserve here), so it has no stage. What the docs leave open is ours: the TTL is
-# a quantile (0.9) of the session type's return times, capacity repair's victim order the
-# fewest tokens first. benchmarks/README.md lists what is and is not modelled.
-VLLM_ROUTER_PROGRAM_PIPELINE: list[dict[str, Any]] = [
-    {
-        "admission": {
-            "high_watermark": 1.0,
-            "low_watermark": 1.0,
-            "buffer_tokens_per_program": 100,
-            "overflow": "hold",
-        }
-    },
-    {"program_gate": {"max_active_programs_per_target": 64, "waiting_request_threshold": 1}},
-    {
-        "progress_ttl": {
-            "max_acting_ttl_s": 10.0,
-            "max_segment_rounds": 14,
-            "min_samples": 100,
-            "window": 100,
-            "immature_ttl_s": 0.0,
-        }
-    },
-    {
-        "state_aware_pause": {
-            "victim": "shortest_first",
-            "acting_token_weight": 1.0,
-            "yield_idle_after_s": None,
-            "pause_acting": False,
-        }
-    },
-    {"program_binding": {"cross_rank_headroom_ratio": 1.2}},
-    {
-        "migration": {
-            "placement": "mru",
-            "prefer_home_backend": True,
-            "resume_timeout_s": 300,
-            "aging_s": 1e9,
-        }
-    },
-]
-
-# The reading of the router used before its documentation was found (the package's binary
-# only): kept as an ablation of the stand-in (`vllm_router_program/binary-reading`).
-VLLM_ROUTER_PROGRAM_BINARY_READING: list[dict[str, Any]] = [
-    {"admission": {"high_watermark": 0.9, "low_watermark": 0.8, "buffer_tokens_per_program": 256}},
-    {"progress_ttl": {}},
-    {"batch_gain": {}},
-    {
-        "state_aware_pause": {
-            "victim": "shortest_first",
-            "acting_token_weight": 1.0,
-            "yield_idle_after_s": None,
-        }
-    },
-    {"migration": {"placement": "most_room", "prefer_home_backend": True, "resume_timeout_s": 600}},
-]
-
-BASELINE_PRESETS: dict[str, list[dict[str, Any]]] = {
-    "kv_aware": [{"kv_aware": {}}],
-    "session_affinity": [{"session_affinity": {}}],
-    "vllm": [{"direct": {}}],
-    "continuum": [{"session_affinity": {}}, {"continuum_ttl": {}}],
-    "vllm_router_program": VLLM_ROUTER_PROGRAM_PIPELINE,
-    "vllm_router_program/binary-reading": VLLM_ROUTER_PROGRAM_BINARY_READING,
 }

@@ -13,28 +13,14 @@ stage's. Programs with a home engine are left to the migration stage's rules.
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from thunder_mw.policies.prefix_index import PrefixIndex
 from thunder_mw.policies.program_table import ProgramState
 from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
-from thunder_mw.policies.stages import StageParams
 from thunder_mw.policies.views import BackendView, ProgramView
 
-
-class KvPlacementParams(StageParams):
-    overlap_weight: float = Field(
-        1.0,
-        ge=0,
-        description="A cached prefix token is worth this many tokens of room: the engine "
-        "chosen has the most `room + weight x cached prefix tokens` (0: most room only).",
-    )
-    index_fraction: float = Field(
-        1.0,
-        gt=0,
-        description="The prefix index forgets an engine's least recently used prefixes past "
-        "this x its KV capacity.",
-    )
+# Re-exported: stage authors and older code import these names from here.
+from thunder_mw.schemas.stage_params import KvPlacementParams as KvPlacementParams
+from thunder_mw.schemas.stage_params import StageParams as StageParams
 
 
 class KvPlacement(Stage):

@@ -18,39 +18,14 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
-from pydantic import Field
-
 from thunder_mw.policies.decisions import Count, Prefill, Resume, StageDecision
 from thunder_mw.policies.program_table import Phase, ProgramState, Usage
 from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
-from thunder_mw.policies.stages import StageParams
 from thunder_mw.policies.views import ProgramView
 
-
-class SpeculativePrefillParams(StageParams):
-    default: bool = Field(
-        True,
-        description="Warm programs that send no `nvext.agent_hints.speculative_prefill` hint "
-        "(a hint of true or false decides for its program).",
-    )
-    min_context_tokens: int = Field(
-        1024,
-        ge=0,
-        description="Contexts shorter than this are not warmed (their recompute is cheap).",
-    )
-    prefetch_elsewhere: bool = Field(
-        False,
-        description="Prefetch onto another engine when the program's own has no room (its "
-        "KV may well still be cached at home, where its request would find it; false: "
-        "elsewhere only when its own engine is gone or draining).",
-    )
-    prefetch_before_s: float | None = Field(
-        2.0,
-        ge=0,
-        description="Resume a paused, idle program this long before its tool call is "
-        "expected to end, when nobody is queued and an engine has room for its next request, "
-        "and warm it there (null: warm only programs other rules resume).",
-    )
+# Re-exported: stage authors and older code import these names from here.
+from thunder_mw.schemas.stage_params import SpeculativePrefillParams as SpeculativePrefillParams
+from thunder_mw.schemas.stage_params import StageParams as StageParams
 
 
 class SpeculativePrefill(Stage):

@@ -34,12 +34,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
-from pydantic import BaseModel, ConfigDict
-
 from thunder_mw.policies.decisions import StageDecision
 from thunder_mw.policies.estimates import TokenEstimator, ToolTimeModel
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.policies.views import BackendView, ProgramView
+from thunder_mw.schemas.stage_params import StageParams
 
 
 class StageView(Protocol):
@@ -74,12 +73,6 @@ class StageView(Protocol):
     def next_overdue(self, timeout_s: float, now: float) -> ProgramView | None: ...
 
 
-class NoParams(BaseModel):
-    """A stage without parameters: any key given to it is an error."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 Decisions = Iterable[StageDecision]
 
 
@@ -88,9 +81,9 @@ class Stage:
     overrides it."""
 
     name: ClassVar[str] = "stage"
-    Params: ClassVar[type[BaseModel]] = NoParams
+    Params: ClassVar[type[StageParams]] = StageParams
 
-    def __init__(self, params: BaseModel | None = None) -> None:
+    def __init__(self, params: StageParams | None = None) -> None:
         self.params = params if params is not None else self.Params()
 
     def bind(self, view: StageView) -> Decisions:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from thunder_mw.policies.decisions import (
     Footprint,
@@ -37,57 +35,15 @@ from thunder_mw.policies.resident import resident_ratio
 from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
 from thunder_mw.policies.views import BackendView, ProgramView
 
-
-class StageParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# Re-exported: stage authors and older code import these names from here.
+from thunder_mw.schemas.stage_params import AdmissionParams as AdmissionParams
+from thunder_mw.schemas.stage_params import GcParams as GcParams
+from thunder_mw.schemas.stage_params import MigrationParams as MigrationParams
+from thunder_mw.schemas.stage_params import PauseParams as PauseParams
+from thunder_mw.schemas.stage_params import StageParams as StageParams
 
 
 # ---------------------------------------------------------------------------- admission
-class AdmissionParams(StageParams):
-    high_watermark: float = Field(
-        1.0, gt=0, le=1.5, description="Admit while reserved <= this x capacity."
-    )
-    low_watermark: float = Field(
-        0.90, gt=0, le=1.5, description="Once over high, admit again only below this."
-    )
-    buffer_tokens_per_program: int = Field(
-        128, ge=0, description="Tokens reserved per program on top of its context (growth)."
-    )
-    overflow: Literal["hold", "cost_aware"] = Field(
-        "hold",
-        description="A program that does not fit: `hold` it until room appears, or "
-        "`cost_aware`: admit it past capacity when the engine's learned cost of recomputing "
-        "(or reloading from its host KV tier) what then no longer fits is below the batch "
-        "width a hold loses (docs/scheduling.md).",
-    )
-    resident_floor: float | None = Field(
-        None,
-        ge=0.3,
-        le=1,
-        description="Correct the running programs' reservations by the engine's own KV gauge "
-        "(vLLM kv_cache_usage_perc, SGLang token_usage), crediting back down to this share of "
-        "them (null: trust the scheduler's own accounting; docs/scheduling.md).",
-    )
-    host_tier: bool = Field(
-        True,
-        description="cost_aware: count a backend's host (and disk) KV tier in its pool, at "
-        "its reload cost (false: plan with the GPU cache alone).",
-    )
-    shared_prefix: bool = Field(
-        False,
-        description="Count a prefix (system prompt) that programs on one backend share once, "
-        "as an engine with prefix caching holds it (false: every reservation counts its "
-        "whole context; docs/scheduling.md).",
-    )
-    max_overflow: float = Field(
-        0.25,
-        ge=0,
-        le=1,
-        description="cost_aware: the most a backend is filled past its limit with KV to "
-        "recompute, as a share of its capacity (a host KV tier comes on top).",
-    )
-
-
 class Admission(Stage):
     """Admit a new or resumed program only if it fits under the high watermark, with
     hysteresis: a backend that went over high admits nothing until it is back under low.
@@ -252,48 +208,6 @@ class Admission(Stage):
 
 
 # ---------------------------------------------------------------------------- pausing
-class PauseParams(StageParams):
-    victim: Literal["cost_benefit", "shortest_first"] = Field(
-        "cost_benefit", description="How victims are chosen among a backend's programs."
-    )
-    acting_token_weight: float = Field(
-        0.7,
-        ge=0,
-        le=1,
-        description="Share of an ACTING program's context counted as resident (its KV is "
-        "evictable cache while its tool runs).",
-    )
-    high_watermark: float | None = Field(
-        None, description="Overflow threshold (default: the admission stage's high watermark)."
-    )
-    check: Literal["event", "tick"] = Field(
-        "event", description="Check for overflow on every event, or only on ticks."
-    )
-    yield_idle_after_s: float | None = Field(
-        5.0,
-        gt=0,
-        description="When the queue's head fits nowhere, pause ACTING programs expected to "
-        "stay in their tool at least this long more, to make room for it (null: never).",
-    )
-    reasoning_victim: Literal["largest", "smallest"] = Field(
-        "largest",
-        description="cost_benefit: which REASONING program is marked first: the `largest` "
-        "(the fewest programs pay a pause) or the `smallest` (the least context to recompute "
-        "when it returns; the programs furthest along run on: pays on very long contexts, "
-        "costs batch width on moderate ones; docs/scheduling.md).",
-    )
-    reduce_projection: bool = Field(
-        True,
-        description="Count a REASONING program marked to pause as already freed (false "
-        "reproduces the original's over-pausing, for the baseline only).",
-    )
-    pause_acting: bool = Field(
-        True,
-        description="On overflow pause ACTING programs first (false: REASONING ones only, "
-        "the vLLM router's rule that acting programs are never reclaimed; baselines only).",
-    )
-
-
 class StateAwarePause(Stage):
     """On overflow pause ACTING programs first (their GPU is idle anyway), then mark
     REASONING ones to pause after their call, until the projected use is back under high.
@@ -409,23 +323,6 @@ class StateAwarePause(Stage):
 
 
 # ---------------------------------------------------------------------------- migration
-class MigrationParams(StageParams):
-    placement: Literal["best_fit_decreasing", "most_room", "mru"] = Field(
-        "best_fit_decreasing",
-        description="Queue order within a priority band: largest first (BFD), arrival, or "
-        "the most recently queued first (the vLLM router's MRU resume; baselines only).",
-    )
-    prefer_home_backend: bool = Field(
-        True, description="Resume on the previous backend when it has room (KV may be cached)."
-    )
-    resume_timeout_s: float = Field(
-        1800.0, gt=0, description="A program queued this long is resumed regardless of room."
-    )
-    aging_s: float = Field(
-        60.0, gt=0, description="Each this-many seconds queued raises a program one priority."
-    )
-
-
 class Migration(Stage):
     """One global queue of paused and new programs across backends.
 
@@ -470,24 +367,6 @@ class Migration(Stage):
 
 
 # ---------------------------------------------------------------------------- GC hooks
-class GcParams(StageParams):
-    idle_ttl_s: float = Field(
-        1800.0, gt=0, description="A program idle this long (no request in flight) is ended."
-    )
-    failed_ttl_s: float = Field(
-        60.0,
-        gt=0,
-        description="A program none of whose calls has succeeded is ended this long after "
-        "its last request or failed call (a client that gave up, or whose every request "
-        "the engine refused), instead of staying listed until `idle_ttl_s`.",
-    )
-    reclaim: list[str] = Field(
-        default_factory=lambda: ["stop", "remove"],
-        description="What ending a program does to its containers, in order: stop, remove, "
-        "remove_image, or a `module:function` hook.",
-    )
-
-
 class GcHooks(Stage):
     """Ends programs on idle expiry and turns every program end into a reclaim of its tools."""
 
@@ -576,52 +455,4 @@ class Sticky(Stage):
 # ---------------------------------------------------------------------------- registry
 BUILTIN_STAGES: dict[str, type[Stage]] = {
     cls.name: cls for cls in (Admission, StateAwarePause, Migration, GcHooks, RoundRobin, Sticky)
-}
-
-# The original ThunderAgent scheduler's documented rules, as a pipeline (a baseline):
-# capacity check only every 5 s tick, shortest-first victims, marking without lowering the
-# projection, 100 tokens per program, no home preference, 1,800 s force-resume.
-THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
-    {
-        "admission": {
-            "high_watermark": 1.0,
-            "low_watermark": 1.0,
-            "buffer_tokens_per_program": 100,
-            "overflow": "hold",
-        }
-    },
-    {
-        "state_aware_pause": {
-            "victim": "shortest_first",
-            "acting_token_weight": 1.0,
-            "yield_idle_after_s": None,
-            "check": "tick",
-            "reduce_projection": False,
-            "high_watermark": 1.0,
-        }
-    },
-    {
-        "migration": {
-            "placement": "best_fit_decreasing",
-            "prefer_home_backend": False,
-            "resume_timeout_s": 1800,
-        }
-    },
-]
-
-DEFAULT_PIPELINE: list[dict[str, Any]] = [
-    {"admission": {"overflow": "cost_aware"}},
-    {"state_aware_pause": {}},
-    {"migration": {}},
-    {"gc_hooks": {}},
-    # policies/speculative_prefill.py: only programs that ask (agent hint) are warmed by
-    # default; warming every program did not pay in the benchmarks (docs/scheduling.md).
-    {"speculative_prefill": {"default": False}},
-]
-
-PRESETS: dict[str, list[dict[str, Any]]] = {
-    "thunder-mw": DEFAULT_PIPELINE,
-    "thunderagent": THUNDERAGENT_PIPELINE,
-    "sticky": [{"sticky": {}}],
-    "round_robin": [{"round_robin": {}}],
 }

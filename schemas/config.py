@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import logging
 import os
 import tempfile
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -21,10 +23,36 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from thunder_mw.schemas.stage_settings import Pipeline
+
+log = logging.getLogger("thunder_mw.config")
+
 
 class _Section(BaseModel):
     # A typo in a YAML key must be an error at start-up, not a silently ignored setting.
     model_config = ConfigDict(extra="forbid")
+    # Old key -> its new name: still read (each field's validation_alias), with a warning
+    # that names the key by its place in the YAML (`section`).
+    renamed: ClassVar[dict[str, str]] = {}
+    section: ClassVar[str] = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, new in cls.renamed.items():
+                if old not in data:
+                    continue
+                if new in data:
+                    raise PydanticCustomError(
+                        "renamed_twice",
+                        "set `{new}` only (`{old}` is its deprecated name)",
+                        {"field": old, "old": old, "new": new},
+                    )
+                log.warning(
+                    "config: `%s%s` is deprecated, write `%s%s`", cls.section, old, cls.section, new
+                )
+        return data
 
 
 class Convention(enum.StrEnum):
@@ -54,6 +82,9 @@ DEFAULT_CONVENTIONS: tuple[Convention, ...] = (
 
 
 class ServerSettings(_Section):
+    renamed = {"keep_alive_s": "client_keep_alive_s"}
+    section = "server."
+
     host: str = Field(
         "127.0.0.1",
         description="Address to bind; loopback unless told otherwise. Any other address "
@@ -119,13 +150,15 @@ class ServerSettings(_Section):
         description="Window of `failures_to_open`: a failure longer than this after the first "
         "of a run of failures starts a new run.",
     )
-    keep_alive_s: float = Field(
+    client_keep_alive_s: float = Field(
         75.0,
         gt=0,
-        description="Seconds an idle client connection is kept open (uvicorn's "
+        validation_alias=AliasChoices("client_keep_alive_s", "keep_alive_s"),
+        description="Seconds an idle connection from a client is kept open (uvicorn's "
         "`timeout_keep_alive`). Longer than clients' own pools keep theirs (httpx and the "
         "OpenAI client 5 s, aiohttp 15 s), as nginx's 75 s is, so the client closes first and "
-        "never sends a request on a connection the gateway is closing.",
+        "never sends a request on a connection the gateway is closing. Formerly "
+        "`keep_alive_s` (still read, with a warning).",
     )
     tick_interval_s: float = Field(
         1.0, gt=0, description="How often the scheduler runs its timers (expiry, timeouts)."
@@ -346,6 +379,9 @@ class CapacityPlanSettings(_Section):
 
 
 class BackendSettings(_Section):
+    renamed = {"keep_alive_s": "pool_keep_alive_s"}
+    section = "backends[]."
+
     name: str | None = Field(None, description="Name used in logs and labels (default: url).")
     type: Literal["vllm", "sglang", "sim"] = Field("vllm", description="Engine flavour.")
     url: str | None = Field(None, description="Base URL; required unless type is sim.")
@@ -365,14 +401,16 @@ class BackendSettings(_Section):
         description="Speed at which that tier reloads KV to the GPU, tokens/s (its PCIe "
         "bandwidth over the KV bytes per token); without it the tier is not planned with.",
     )
-    keep_alive_s: float = Field(
+    pool_keep_alive_s: float = Field(
         4.0,
         gt=0,
+        validation_alias=AliasChoices("pool_keep_alive_s", "keep_alive_s"),
         description="Seconds a pooled connection to this engine may sit idle before it is "
         "retired. Keep it below the engine's own idle timeout (uvicorn, under vLLM and SGLang: "
         "5 s) so the gateway never sends a call on a connection the engine is closing; a "
         "shorter `Keep-Alive: timeout=N` from the engine wins. A call lost that way anyway is "
-        "resent once on a fresh connection.",
+        "resent once on a fresh connection. Formerly `keep_alive_s` (still read, with a "
+        "warning).",
     )
     api_key: SecretStr | None = Field(
         None,
@@ -732,12 +770,13 @@ class ThunderConfig(BaseSettings):
     backends: list[BackendSettings] = Field(
         default_factory=list, description="Engines to schedule onto."
     )
-    policies: list[dict[str, Any]] | None = Field(
+    policies: Pipeline | None = Field(
         None,
-        description="The scheduler pipeline, in order: one `{stage: params}` per entry "
-        "(omitted: admission, state_aware_pause, migration, gc_hooks and "
-        "speculative_prefill {default: false} with their other defaults; "
-        "`[]`: sticky placement, no admission control).",
+        description="The scheduler pipeline, in order: one `{stage: params}` per entry, a "
+        "param left out taking its stage's default, or a preset's name (`thunderagent: {}`) "
+        "for its stages (omitted: admission, state_aware_pause, migration, gc_hooks and "
+        "speculative_prefill, each at its defaults: the `thunder-mw` preset; `[]`: sticky "
+        "placement, no admission control; docs/scheduling.md).",
     )
     tools: ToolSettings = Field(
         default_factory=ToolSettings, description="Tools programs own (sandbox containers)."

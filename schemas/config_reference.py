@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from thunder_mw.schemas.config import ThunderConfig
+from thunder_mw.schemas.stage_settings import STAGE_SETTINGS
 
 
 def _default(field: FieldInfo) -> str:
@@ -43,6 +44,18 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
             rows.extend(_rows(nested, f"{key}[]."))
         else:
             rows.append(f"| `{key}` | {_default(field)} | {description} |")
+        if model is ThunderConfig and name == "policies":
+            rows.extend(_stage_rows(f"{key}[]."))
+    return rows
+
+
+def _stage_rows(prefix: str) -> list[str]:
+    """Each built-in stage's params, at the defaults an entry that leaves them out gets."""
+    rows: list[str] = []
+    for stage, setting in STAGE_SETTINGS.items():
+        params = _nested_model(setting.model_fields[stage].annotation)
+        if params is not None and params.model_fields:
+            rows.extend(_rows(params, f"{prefix}{stage}."))
     return rows
 
 

@@ -20,7 +20,7 @@ class BackendRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     type: BackendType = "vllm"
     url: str | None = None
     capacity_tokens: int | None = None
-    keep_alive_s: float = 4.0
+    pool_keep_alive_s: float = 4.0  # `keep_alive_s`, its deprecated name, is still read
     api_key: str | None = None
     plan: dict[str, Any] | None = None
     sim: dict[str, Any] | None = None

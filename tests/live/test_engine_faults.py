@@ -33,7 +33,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_t
 # No growth buffer: a program idle between calls then reserves exactly its context, so "the
 # reservation was freed" is an exact number.
 POLICIES: list[dict[str, Any]] = [
-    {"admission": {"buffer_tokens_per_program": 0}},
+    {"admission": {"buffer_tokens_per_program": 0, "overflow": "hold"}},
     {"state_aware_pause": {}},
     {"migration": {}},
 ]

@@ -22,7 +22,7 @@ from thunder_mw.schemas.config import ThunderConfig
 FAILED_TTL_S = 0.5
 SIM = {"name": "sim", "type": "sim", "sim": {"num_blocks": 512, "time_scale": 100.0}}
 POLICIES: list[dict[str, Any]] = [
-    {"admission": {}},
+    {"admission": {"overflow": "hold"}},
     {"state_aware_pause": {}},
     {"migration": {}},
     {"gc_hooks": {"failed_ttl_s": FAILED_TTL_S}},

@@ -105,7 +105,7 @@ def _gateway(engine_url: str, **server: Any) -> ThunderConfig:
         server=server,
         backends=[{"name": "e", "url": engine_url, "capacity_tokens": 1000}],
         policies=[
-            {"admission": {"buffer_tokens_per_program": 0}},
+            {"admission": {"buffer_tokens_per_program": 0, "overflow": "hold"}},
             {"state_aware_pause": {}},
             {"migration": {}},
         ],

@@ -33,7 +33,7 @@ from thunder_mw.policies.core import (
 from thunder_mw.schemas.config import ThunderConfig
 
 TIGHT_POLICIES = [  # whole-context accounting, no yielding: the pause these tests expect
-    {"admission": {"buffer_tokens_per_program": 0}},
+    {"admission": {"buffer_tokens_per_program": 0, "overflow": "hold"}},
     {"state_aware_pause": {"acting_token_weight": 1.0, "yield_idle_after_s": None}},
     {"migration": {}},
     {"gc_hooks": {}},

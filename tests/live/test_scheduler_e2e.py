@@ -73,6 +73,7 @@ def test_more_programs_than_fit_are_paused_resumed_migrated_and_all_complete() -
                     "high_watermark": 0.95,
                     "low_watermark": 0.8,
                     "buffer_tokens_per_program": 16,
+                    "overflow": "hold",
                 }
             },
             {"state_aware_pause": {}},

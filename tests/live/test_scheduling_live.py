@@ -22,7 +22,7 @@ def tight() -> Iterator[ServerThread]:
     """One engine whose KV holds 1,000 tokens; a slow first program fills it."""
     engine = FakeEngine(chunks=30, chunk_delay_s=0.1)
     policies = [
-        {"admission": {"buffer_tokens_per_program": 0}},
+        {"admission": {"buffer_tokens_per_program": 0, "overflow": "hold"}},
         {"state_aware_pause": {}},
         {"migration": {}},
         {"gc_hooks": {}},
@@ -112,7 +112,10 @@ def test_past_the_held_request_limit_new_requests_get_429_with_retry_after() -> 
         config = ThunderConfig(
             server={"max_held_requests": 1},
             backends=[{"name": "e", "url": es.url, "capacity_tokens": 1000}],
-            policies=[{"admission": {"buffer_tokens_per_program": 0}}, {"migration": {}}],
+            policies=[
+                {"admission": {"buffer_tokens_per_program": 0, "overflow": "hold"}},
+                {"migration": {}},
+            ],
         )
         with serving(create_app(config)) as gw:
             hog = start_hog(gw.url)

@@ -45,6 +45,7 @@ def make(shared: bool = True, acting_weight: float = 1.0) -> SchedulerCore:
                 "low_watermark": 1.0,
                 "buffer_tokens_per_program": 0,
                 "shared_prefix": shared,
+                "overflow": "hold",
             }
         },
         {"state_aware_pause": {"acting_token_weight": acting_weight, "yield_idle_after_s": None}},
@@ -166,7 +167,10 @@ def test_the_live_gateway_credits_a_system_prompt_its_programs_share() -> None:
                     "sim": {"num_blocks": 2048, "block_size": 16, "time_scale": 50.0},
                 }
             ],
-            policies=[{"admission": {"shared_prefix": shared}}, {"migration": {}}],
+            policies=[
+                {"admission": {"shared_prefix": shared, "overflow": "hold"}},
+                {"migration": {}},
+            ],
             tools={"docker": {"enabled": False}},
         )
 

@@ -32,7 +32,8 @@ def test_sigterm_answers_held_requests_with_503_and_lets_streams_finish(tmp_path
         config.write_text(
             f"server: {{port: {port}, log_level: warning}}\n"
             f"backends: [{{name: e, url: '{es.url}', capacity_tokens: 1000}}]\n"
-            "policies:\n  - admission: {buffer_tokens_per_program: 0}\n  - migration: {}\n"
+            "policies:\n  - admission: {buffer_tokens_per_program: 0, overflow: hold}\n"
+            "  - migration: {}\n"
         )
         proc = subprocess.Popen(
             [sys.executable, "-m", "thunder_mw.cli.main", "serve", "--config", str(config)],

@@ -73,7 +73,7 @@ def _config(urls: list[str]) -> ThunderConfig:
             for i, url in enumerate(urls)
         ],
         policies=[
-            {"admission": {}},
+            {"admission": {"overflow": "hold"}},
             {"state_aware_pause": {}},
             {"migration": {}},
             {"gc_hooks": {"idle_ttl_s": TTL_S}},

@@ -27,12 +27,18 @@ def config(memory_bytes: int = 64 * 1024 * 1024) -> ThunderConfig:
             {"name": "sim-1", "type": "sim", "sim": {**sim, "seed": 1}},
         ],
         policies=[
-            {"admission": {}},
+            {"admission": {"overflow": "hold"}},
             {"state_aware_pause": {}},
             {"migration": {}},
             {"gc_hooks": {}},
             # Warm at once: the prefetch lead is longer than any expected tool time.
-            {"speculative_prefill": {"min_context_tokens": 0, "prefetch_before_s": 1000}},
+            {
+                "speculative_prefill": {
+                    "default": True,
+                    "min_context_tokens": 0,
+                    "prefetch_before_s": 1000,
+                }
+            },
         ],
         server={"tick_interval_s": 0.02},
         speculative_prefill={"memory_bytes": memory_bytes},

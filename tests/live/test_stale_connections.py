@@ -85,7 +85,7 @@ def gateway(
     engine: ClosingEngine, keep_alive_s: float = LONG_KEEP_ALIVE_S, **server: Any
 ) -> Iterator[Gateway]:
     config = ThunderConfig(
-        backends=[{"name": "e", "url": engine.url, "keep_alive_s": keep_alive_s}],
+        backends=[{"name": "e", "url": engine.url, "pool_keep_alive_s": keep_alive_s}],
         # Only the start-up probe: what decides health here is the calls and their own probes.
         server={"probe_interval_s": 3600, **server},
     )
@@ -121,9 +121,7 @@ def test_a_call_on_a_pooled_connection_the_engine_closed_is_resent_on_a_fresh_on
     assert healthy and core_healthy
 
 
-def test_a_pooled_connection_idle_past_keep_alive_s_is_retired_before_the_engine_closes_it() -> (
-    None
-):
+def test_a_connection_idle_past_pool_keep_alive_s_is_retired_before_the_engine_closes_it() -> None:
     with ClosingEngine(idle_limit_s=0.5) as engine:  # closes a connection idle > 0.5 s
         with gateway(engine, keep_alive_s=0.2) as gw:
             first = gw.chat("p")
@@ -179,8 +177,8 @@ def test_a_call_whose_engine_died_under_it_on_a_pooled_connection_goes_to_anothe
     ):
         config = ThunderConfig(
             backends=[
-                {"name": "a", "url": a.url, "keep_alive_s": LONG_KEEP_ALIVE_S},
-                {"name": "b", "url": b.url, "keep_alive_s": LONG_KEEP_ALIVE_S},
+                {"name": "a", "url": a.url, "pool_keep_alive_s": LONG_KEEP_ALIVE_S},
+                {"name": "b", "url": b.url, "pool_keep_alive_s": LONG_KEEP_ALIVE_S},
             ],
             server={"probe_interval_s": 3600},
         )
@@ -299,17 +297,18 @@ async def test_a_refused_connection_marks_the_engine_down_at_once() -> None:
 
 # ------------------------------------------------------------------ client side
 @pytest.mark.slow  # a `thunder-mw serve` subprocess
-def test_thunder_mw_serve_keeps_idle_client_connections_for_server_keep_alive_s(
+def test_thunder_mw_serve_keeps_idle_client_connections_for_server_client_keep_alive_s(
     tmp_path: Path,
 ) -> None:
-    """The gateway closes an idle client connection after `server.keep_alive_s`, not uvicorn's
-    5 s; by default later than httpx's (the OpenAI client's) and aiohttp's pools keep theirs."""
-    assert ServerSettings().keep_alive_s > max(httpx.Limits().keepalive_expiry or 0, 15.0)
+    """The gateway closes an idle client connection after `server.client_keep_alive_s`, not
+    uvicorn's 5 s; by default later than httpx's (the OpenAI client's) and aiohttp's pools keep
+    theirs."""
+    assert ServerSettings().client_keep_alive_s > max(httpx.Limits().keepalive_expiry or 0, 15.0)
     with ClosingEngine() as engine:
         port = free_port()
         config = tmp_path / "c.yaml"
         config.write_text(
-            f"server:\n  port: {port}\n  log_level: warning\n  keep_alive_s: 1.5\n"
+            f"server:\n  port: {port}\n  log_level: warning\n  client_keep_alive_s: 1.5\n"
             f"backends:\n  - name: e\n    url: {engine.url}\n"
         )
         proc = subprocess.Popen(
@@ -319,9 +318,9 @@ def test_thunder_mw_serve_keeps_idle_client_connections_for_server_keep_alive_s(
             wait_until_healthy(f"http://127.0.0.1:{port}")
             with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
                 assert _get_health(sock).startswith(b"HTTP/1.1 200")
-                time.sleep(0.5)  # idle, but well within keep_alive_s
+                time.sleep(0.5)  # idle, but well within client_keep_alive_s
                 assert _get_health(sock).startswith(b"HTTP/1.1 200")
-                time.sleep(2.5)  # idle past keep_alive_s: the gateway closes it
+                time.sleep(2.5)  # idle past client_keep_alive_s: the gateway closes it
                 closed = sock.recv(1) == b""
         finally:
             proc.send_signal(signal.SIGTERM)

@@ -25,7 +25,7 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 REQUIRE_REAL_ENV = "THUNDER_MW_REQUIRE_REAL"
 SIM = {"time_scale": 0.4, "model_name": "sim-model"}  # a 900-token call takes ~13 s
 TIGHT_POLICIES = [
-    {"admission": {"buffer_tokens_per_program": 64}},
+    {"admission": {"buffer_tokens_per_program": 64, "overflow": "hold"}},
     {"state_aware_pause": {}},
     {"migration": {}},
     {"gc_hooks": {}},

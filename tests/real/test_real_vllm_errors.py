@@ -26,7 +26,7 @@ def gateway(vllm_engine: RealVllm) -> Iterator[str]:
     config = ThunderConfig(
         backends=[{"name": "vllm-0", "url": vllm_engine.url}],
         policies=[
-            {"admission": {}},
+            {"admission": {"overflow": "hold"}},
             {"state_aware_pause": {}},
             {"migration": {}},
             {"gc_hooks": {"failed_ttl_s": FAILED_TTL_S}},

@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 NUM_BLOCKS, BLOCK_SIZE, HIGH = 256, 16, 1.0
 CAPACITY = NUM_BLOCKS * BLOCK_SIZE
 POLICIES: list[dict[str, Any]] = [
-    {"admission": {"high_watermark": HIGH, "low_watermark": 0.9}},
+    {"admission": {"high_watermark": HIGH, "low_watermark": 0.9, "overflow": "hold"}},
     {"state_aware_pause": {}},
     {"migration": {}},
     {"gc_hooks": {}},

@@ -198,7 +198,7 @@ def test_without_a_ttl_stage_requests_carry_no_ttl() -> None:
 # ------------------------------------------------------------------ vllm_router_program
 def ttl_core(capacity: int = 10_000, **params: Any) -> SchedulerCore:
     policies: list[dict[str, Any]] = [
-        {"admission": {"buffer_tokens_per_program": 0}},
+        {"admission": {"buffer_tokens_per_program": 0, "overflow": "hold"}},
         {"progress_ttl": {"max_acting_ttl_s": 20, "min_samples": 2, **params}},
         {"migration": {}},
     ]
@@ -263,7 +263,7 @@ def test_a_program_served_its_segment_yields_to_a_waiting_one() -> None:
 
 def gain_core() -> SchedulerCore:
     policies: list[dict[str, Any]] = [
-        {"admission": {"buffer_tokens_per_program": 0}},
+        {"admission": {"buffer_tokens_per_program": 0, "overflow": "hold"}},
         {"progress_ttl": {"max_acting_ttl_s": 20}},
         {"batch_gain": {"prefill_intercept_s": 0.0, "prefill_s_per_1k_tokens": 0.1}},
         {"migration": {}},

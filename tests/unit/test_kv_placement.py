@@ -17,12 +17,16 @@ from thunder_mw.schemas.config import Convention
 
 CHARS_PER_TOKEN = 4
 WITH: list[dict[str, Any]] = [
-    {"admission": {}},
+    {"admission": {"overflow": "hold"}},
     {"state_aware_pause": {}},
     {"kv_placement": {}},
     {"migration": {}},
 ]
-WITHOUT: list[dict[str, Any]] = [{"admission": {}}, {"state_aware_pause": {}}, {"migration": {}}]
+WITHOUT: list[dict[str, Any]] = [
+    {"admission": {"overflow": "hold"}},
+    {"state_aware_pause": {}},
+    {"migration": {}},
+]
 
 
 def make(

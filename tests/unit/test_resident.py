@@ -33,6 +33,7 @@ def make(floor: float | None, capacities: tuple[int, ...] = (10_000,)) -> Schedu
                     "low_watermark": 0.8,
                     "buffer_tokens_per_program": 0,
                     "resident_floor": floor,
+                    "overflow": "hold",
                 }
             },
             {"state_aware_pause": {"acting_token_weight": 1.0, "yield_idle_after_s": None}},

@@ -58,6 +58,7 @@ def make(
                     "high_watermark": 1.0,
                     "low_watermark": 0.8,
                     "buffer_tokens_per_program": 0,
+                    "overflow": "hold",
                 }
             },
             # Rules are pinned with whole-context accounting and no yielding unless a test asks.
@@ -279,7 +280,12 @@ def test_a_failed_call_returns_the_program_to_acting_and_frees_its_request_token
 
 
 def test_a_failed_first_call_leaves_its_program_holding_nothing() -> None:
-    core = make(policies=[{"admission": {"buffer_tokens_per_program": 64}}, {"gc_hooks": {}}])
+    core = make(
+        policies=[
+            {"admission": {"buffer_tokens_per_program": 64, "overflow": "hold"}},
+            {"gc_hooks": {}},
+        ]
+    )
     core.on_request(ctx("a"), info(300, 200), 0)
     assert core.backends["b0"].reserved == 564
     core.on_finished("a", None, False, 1)

@@ -40,11 +40,12 @@ from thunder_mw.policies.core import (
 )
 from thunder_mw.policies.program_table import Program, ProgramState, Usage
 from thunder_mw.policies.speculative_prefill import SpeculativePrefill, SpeculativePrefillParams
-from thunder_mw.policies.stages import Admission, Migration, StateAwarePause
+from thunder_mw.policies.stages import Admission, AdmissionParams, Migration, StateAwarePause
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
 CHARS_PER_TOKEN = 4
+HOLD = AdmissionParams(overflow="hold")
 
 
 class _MoveIdleOnTick(Stage):
@@ -71,7 +72,7 @@ def _program(core: SchedulerCore, program_id: str) -> Program:
 
 def make(*stages: Stage, capacities: tuple[int, ...] = (100_000, 100_000)) -> SchedulerCore:
     labels = [(f"b{i}", c) for i, c in enumerate(capacities)]
-    core_stages = [Admission(), StateAwarePause(), Migration(), *stages]
+    core_stages = [Admission(HOLD), StateAwarePause(), Migration(), *stages]
     return SchedulerCore(labels, core_stages, chars_per_token=CHARS_PER_TOKEN)
 
 
@@ -95,7 +96,7 @@ def run_call(
 
 
 def spec(**params: Any) -> SpeculativePrefill:
-    return SpeculativePrefill(SpeculativePrefillParams(**params))
+    return SpeculativePrefill(SpeculativePrefillParams(**{"default": True, **params}))
 
 
 def prefills(actions: list[Action]) -> list[Prefill]:
@@ -372,7 +373,7 @@ class _ElsewhereAfterEachCall(Stage):
 
 def _moved_program_cache(with_prefill: bool) -> list[tuple[int, int]]:
     rule = _ElsewhereAfterEachCall()
-    stages: list[Stage] = [Admission(), StateAwarePause(), Migration(), rule]
+    stages: list[Stage] = [Admission(HOLD), StateAwarePause(), Migration(), rule]
     if with_prefill:
         stages.append(spec(min_context_tokens=0, prefetch_before_s=5.0, prefetch_elsewhere=True))
     calls = (Call(4000, 50, tool_s=10.0), Call(200, 50, tool_s=0.0))

@@ -81,7 +81,9 @@ class SchedulerCore(FleetEvents):
         # Stages see the arriving request's footprint (route decides per request on it).
         program.request_tokens = request_tokens
         for on_request in self._request_hooks:
-            self._run(on_request(self, program, now), now)
+            decisions = on_request(self, program, now)
+            if decisions or self._consumed:  # most hooks decide nothing: ()
+                self._run(decisions, now)
         backend = self.backends.get(program.backend) if program.backend else None
         if program.state is ProgramState.ACTIVE and backend is not None and backend.healthy:
             routed = self._route(program, now)
@@ -139,7 +141,9 @@ class SchedulerCore(FleetEvents):
             program.phase = Phase.ACTING
             program.acting_since = now
         for on_finished in self._finished_hooks:
-            self._run(on_finished(self, program, usage, ok, now), now)
+            decisions = on_finished(self, program, usage, ok, now)
+            if decisions or self._consumed:  # most hooks decide nothing: ()
+                self._run(decisions, now)
         if program.in_flight == 0 and (program.ephemeral or program.final_requested):
             self._release(program, "ephemeral" if program.ephemeral else "final", now)
         else:

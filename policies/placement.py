@@ -129,10 +129,14 @@ class Placement(CoreView):
         ttl = self._kv_ttl(program, now) if program.in_flight else None
         self._actions.append(Resumed(program.program_id, backend, previous, forced, admitted, ttl))
         for resumed in self._resumed_hooks:
-            self._run(resumed(self, program, previous, now), now)
+            decisions = resumed(self, program, previous, now)
+            if decisions or self._consumed:  # most hooks decide nothing: ()
+                self._run(decisions, now)
         if waited is not None and not forced:
             for queue_wait in self._wait_hooks:
-                self._run(queue_wait(self, program, waited, now), now)
+                decisions = queue_wait(self, program, waited, now)
+                if decisions or self._consumed:  # most hooks decide nothing: ()
+                    self._run(decisions, now)
         self._changed(backend, now)
 
     def _move(self, program: Program, target: str) -> None:
@@ -183,7 +187,9 @@ class Placement(CoreView):
         self.counters[f"released_{reason}"] += 1
         self._actions.append(Released(program.program_id, reason, tuple(program.docker_ids)))
         for released in self._release_hooks:
-            self._run(released(self, program, reason, now), now)
+            decisions = released(self, program, reason, now)
+            if decisions or self._consumed:  # most hooks decide nothing: ()
+                self._run(decisions, now)
         if backend is not None:
             self._changed(backend, now)
 
@@ -295,4 +301,6 @@ class Placement(CoreView):
         if state is None:
             return
         for changed in self._change_hooks:
-            self._run(changed(self, state, now), now)
+            decisions = changed(self, state, now)
+            if decisions or self._consumed:  # most hooks decide nothing: ()
+                self._run(decisions, now)

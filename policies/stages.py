@@ -156,9 +156,18 @@ class Admission(Stage):
             self._costs(view, view.backends[program.backend]).observe_hold(waited_s)
         return ()
 
-    def on_backend_change(
-        self, view: StageView, backend: BackendView, now: float
-    ) -> Iterator[StageDecision]:
+    def on_backend_change(self, view: StageView, backend: BackendView, now: float) -> Decisions:
+        if self.params.resident_floor is not None:
+            return self._correct_and_plan(view, backend)
+        # No gauge correction: the plan needs no decision applied first, so no generator.
+        m = backend.metrics
+        fresh = m is not self._seen.get(backend.label)
+        if fresh:
+            self._seen[backend.label] = m
+        plan = self._plan(view, backend, fresh)
+        return () if plan is None else (plan,)
+
+    def _correct_and_plan(self, view: StageView, backend: BackendView) -> Iterator[StageDecision]:
         m = backend.metrics
         fresh = m is not self._seen.get(backend.label)
         if fresh:  # a scrape: the engine's own signals
@@ -175,8 +184,16 @@ class Admission(Stage):
                 )
                 if ratio != backend.resident_ratio:
                     yield PlanBackend(backend.label, resident_ratio=ratio)
+        plan = self._plan(view, backend, fresh)
+        if plan is not None:
+            yield plan
+
+    def _plan(self, view: StageView, backend: BackendView, fresh: bool) -> PlanBackend | None:
+        """The cost-aware rule's allowance past the watermark, learned from a fresh scrape
+        (None: unchanged)."""
         if self.params.overflow != "cost_aware":
-            return
+            return None
+        m = backend.metrics
         costs = self._costs(view, backend)
         if fresh:
             costs.observe_counters(
@@ -187,9 +204,9 @@ class Admission(Stage):
             )
         high = backend.limit(self.params.high_watermark)
         if high is None:
-            if backend.overflow_tokens:
-                yield PlanBackend(backend.label, overflow_tokens=0)
-            return
+            return (
+                PlanBackend(backend.label, overflow_tokens=0) if backend.overflow_tokens else None
+            )
         programs = view.programs_on(backend.label)
         typical = backend.reserved // programs if programs else 0
         extra = allowance(
@@ -199,7 +216,8 @@ class Admission(Stage):
             self._budget_s(view, backend, None),
         )
         if extra != backend.overflow_tokens:
-            yield PlanBackend(backend.label, overflow_tokens=extra)
+            return PlanBackend(backend.label, overflow_tokens=extra)
+        return None
 
     def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
         if self.params.overflow == "cost_aware":

@@ -44,6 +44,7 @@ from thunder_mw.observability.service import Observability
 from thunder_mw.policies.core import Action, BackendMetrics, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.schemas.config import ThunderConfig
+from thunder_mw.state.store import MemoryStore, SchedulerStore
 from thunder_mw.tools.docker_tools import DockerTools
 
 
@@ -144,31 +145,23 @@ def build_scheduler(
 ) -> LiveScheduler:
     """This process's scheduler; with `state.backend: redis`, one replica of several."""
     server = config.server
-    if config.state.backend == "memory":
-        return LiveScheduler(
-            pool,
-            core,
-            clock,
-            server.tick_interval_s,
-            HoldLimits.of(server),
-            listeners=listeners,
-            tick_listeners=tick_listeners,
-        )
-    from thunder_mw.middleware.shared_scheduler import SharedScheduler
-    from thunder_mw.state.redis_store import RedisStore
+    store: SchedulerStore = MemoryStore()
+    if config.state.backend == "redis":
+        from thunder_mw.state.redis_store import RedisStore
 
-    replica_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-    return SharedScheduler(
+        replica_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        store = RedisStore(config.state, replica_id)
+    return LiveScheduler(
         pool,
         core,
-        RedisStore(config.state, replica_id),
-        config.state.on_unavailable,
         clock,
         server.tick_interval_s,
         HoldLimits.of(server),
         listeners=listeners,
         tick_listeners=tick_listeners,
-        # Bindings are shared through the program records.
+        store=store,
+        on_unavailable=config.state.on_unavailable,
+        # With replicas, the owners' bindings are shared through the program records.
         ownership=owners,
     )
 

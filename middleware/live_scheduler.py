@@ -4,6 +4,11 @@ It holds requests whose program is paused or not yet admitted (one future per he
 wakes them on `Resumed`, answers them on `Reject`, drops them when their client leaves, runs
 the core's timers, and turns engine probes into backend events. All state lives in the core;
 this class owns only the futures and the timer task, all on one event loop (no locks).
+
+The state replicas share comes in as a store (state/store.py). With a store that is shared
+(Redis), a `Replication` (middleware/replication.py) writes through its admission gate and
+keeps the core told of the other replicas; with the default `MemoryStore` (one gateway)
+there is none, and the request path does no store work.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import msgspec
 
 from thunder_mw.engines.pool import Backend, BackendPool
 from thunder_mw.middleware.call_state import CallState, Outcome, RequestBody
-from thunder_mw.middleware.scheduling import ClientGone, Rejected
+from thunder_mw.middleware.program_ownership import ProgramOwnership
+from thunder_mw.middleware.replication import Replication
+from thunder_mw.middleware.scheduling import ClientGone, Rejected, until_disconnect
 from thunder_mw.middleware.types import Receive
 from thunder_mw.policies.core import (
     Action,
@@ -36,6 +43,7 @@ from thunder_mw.policies.core import (
 from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.program_table import Program, Usage
 from thunder_mw.schemas.config import ServerSettings
+from thunder_mw.state.store import MemoryStore, SchedulerStore
 
 log = logging.getLogger("thunder_mw.scheduler")
 RETRY_AFTER_S = b"5"
@@ -100,6 +108,9 @@ class LiveScheduler:
         *,
         listeners: Sequence[Callable[[Action], None]] = (),
         tick_listeners: Sequence[Callable[[], None]] = (),
+        store: SchedulerStore | None = None,
+        on_unavailable: str = "fail_open",
+        ownership: ProgramOwnership | None = None,
     ) -> None:
         """`core` is the pure core over `pool`'s engines; `listeners` see each action it
         returns, in order; the pool's probes reach `on_probe` (the composition root wires
@@ -129,6 +140,17 @@ class LiveScheduler:
         # Timers of other components (profile retention) ride on the scheduler's tick, so a
         # gateway that goes quiet still lets go of what it only keeps for a while.
         self.tick_listeners = list(tick_listeners)
+        self.store = store if store is not None else MemoryStore()
+        # One replica of several (a shared store): the gate, records and the others' share;
+        # with `program_owner: header`, the owners' bindings travel in the shared records.
+        self.replication = (
+            Replication(self, self.store, on_unavailable, ownership) if self.store.shared else None
+        )
+
+    @property
+    def replica_id(self) -> str | None:
+        """This replica's id in the shared store (None: one gateway, nothing shared)."""
+        return self.replication.replica_id if self.replication is not None else None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -136,8 +158,17 @@ class LiveScheduler:
             self._declare_host_tier(backend)
             self.on_probe(backend, None)
         self._timer = asyncio.create_task(self._tick_loop(), name="thunder-mw-scheduler")
+        if self.replication is not None:
+            await self.replication.start()
 
     async def stop(self) -> None:
+        if self.replication is not None:
+            await self.replication.halt()
+        await self._stop()
+        if self.replication is not None:
+            await self.replication.close()
+
+    async def _stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -187,8 +218,26 @@ class LiveScheduler:
 
     # ------------------------------------------------------------------ the Scheduler protocol
     async def admit(self, call: CallState) -> str:
+        replication = self.replication
+        if replication is None:
+            backend = await self._admit(call)
+            self.calls[backend] += 1
+            return backend
+        ctx = call.context
+        assert ctx is not None
+        await replication.adopt(ctx)
         backend = await self._admit(call)
         self.calls[backend] += 1
+        try:
+            await replication.gate(call, ctx.program_id, backend)
+        except BaseException:
+            # The call never reaches the engine: it ends here, counted as failed.
+            self.calls[backend] -= 1
+            if self.calls[backend] <= 0:
+                del self.calls[backend]
+            if call.planned:
+                self._apply(self.core.on_finished(ctx.program_id, None, False, self.clock()))
+            raise
         return backend
 
     async def _admit(self, call: CallState) -> str:
@@ -240,9 +289,11 @@ class LiveScheduler:
         """Waits for the program's `Resumed`, its client leaving, or the hold deadline:
         `alone_hold_s` for a request that could only run on an empty engine (then it is
         placed anyway), else `max_hold_s` (then 503 `hold_timeout`)."""
+        if self.replication is not None:
+            self.replication.mark(program_id)  # it joins (and then leaves) the shared queue
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(program_id, []).append(fut)
-        gone = asyncio.ensure_future(_until_disconnect(receive)) if receive else None
+        gone = asyncio.ensure_future(until_disconnect(receive)) if receive else None
         deadline = self.limits.alone_hold_s if alone else self.limits.max_hold_s
         self.held += 1
         try:
@@ -269,6 +320,8 @@ class LiveScheduler:
             self.held -= 1
             if gone is not None:
                 gone.cancel()
+            if self.replication is not None:
+                self.replication.mark(program_id)
 
     # ------------------------------------------------------------------ the Admission protocol
     def finish(self, call: CallState, outcome: Outcome) -> None:
@@ -278,11 +331,13 @@ class LiveScheduler:
             if self.calls[call.backend] <= 0:
                 del self.calls[call.backend]
         self._call_ended.set()
-        if not call.planned:
-            return  # sent unplanned (past every engine's limit): the core never counted it
         program_id = call.context.program_id
-        usage = _timed(call, call.usage)
-        self._apply(self.core.on_finished(program_id, usage, outcome == "ok", self.clock()))
+        # Sent unplanned (past every engine's limit), the call was never counted by the core.
+        if call.planned:
+            usage = _timed(call, call.usage)
+            self._apply(self.core.on_finished(program_id, usage, outcome == "ok", self.clock()))
+        if self.replication is not None:
+            self.replication.mark(program_id)
 
     def reroute(self, call: CallState, failed_backend: str) -> Backend | None:
         assert call.context is not None
@@ -299,9 +354,12 @@ class LiveScheduler:
             self.calls[backend.label] += 1
         return backend
 
-    def release(self, program_id: str) -> bool:
+    def release(self, program_id: str, announce: bool = True) -> bool:
+        """An operator (or, `announce` False, another replica) released the program."""
         released, actions = self.core.on_release(program_id, "release", self.clock())
         self._apply(actions)
+        if announce and self.replication is not None:
+            self.replication.announce_release(program_id)
         return released
 
     def programs(self) -> list[Program]:
@@ -310,11 +368,11 @@ class LiveScheduler:
     def program(self, program_id: str) -> Program | None:
         return self.core.table.get(program_id)
 
-    # One gateway: no other replica holds programs (middleware/shared_scheduler.py has them).
-    replica_id: str | None = None
-
     async def shared_program(self, program_id: str) -> tuple[Program, str] | None:
-        return None
+        """A program another replica holds, from its shared record, and that replica."""
+        if self.replication is None:
+            return None
+        return await self.replication.shared_program(program_id)
 
     # ------------------------------------------------------------------ the fleet at run time
     def add_backend(self, backend: Backend) -> None:
@@ -383,7 +441,7 @@ class LiveScheduler:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._gated.append(fut)
         receive = call.receive
-        gone = asyncio.ensure_future(_until_disconnect(receive)) if receive else None
+        gone = asyncio.ensure_future(until_disconnect(receive)) if receive else None
         self.held += 1
         held_at = self.clock()
         try:
@@ -411,7 +469,17 @@ class LiveScheduler:
             if not futures:
                 del self._waiters[program_id]
 
+    def apply(self, actions: list[Action]) -> None:
+        """Carries out the core's actions (and, with replicas, records what they changed)."""
+        self._apply(actions)
+
     def _apply(self, actions: list[Action]) -> None:
+        self.carry_out(actions)
+        if self.replication is not None:
+            self.replication.changed(actions)
+
+    def carry_out(self, actions: list[Action]) -> None:
+        """Wakes or answers the held requests the actions name and tells the listeners."""
         for action in actions:
             if isinstance(action, Resumed):
                 for fut in self._waiters.pop(action.program_id, ()):
@@ -424,11 +492,6 @@ class LiveScheduler:
             # Decisions are counted and logged by a listener (observability/decisions.py).
             for listener in self.listeners:
                 listener(action)
-
-
-async def _until_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 def _timed(call: CallState, usage: Usage | None) -> Usage | None:

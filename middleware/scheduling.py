@@ -46,6 +46,12 @@ class ToolGate(Protocol):
         ...
 
 
+async def until_disconnect(receive: Receive) -> None:
+    """Returns when the client of a held request goes away."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 class ClientGone(Exception):
     """The client went away while its request was held: nothing is left to answer."""
 
@@ -70,7 +76,8 @@ class Scheduler(Protocol):
 
     # With replicas sharing a Redis: this replica's id, and a program another one holds,
     # read from its shared record with that replica's id (None: no such record).
-    replica_id: str | None
+    @property
+    def replica_id(self) -> str | None: ...
 
     async def shared_program(self, program_id: str) -> tuple[Program, str] | None: ...
 

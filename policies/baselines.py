@@ -21,11 +21,13 @@ import bisect
 import collections
 import heapq
 import zlib
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
 
+from thunder_mw.policies.decisions import Pause, StageDecision
 from thunder_mw.policies.prefix_index import PrefixIndex
-from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usage
-from thunder_mw.policies.stages import Stage
+from thunder_mw.policies.program_table import Phase, ProgramState, Usage
+from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
+from thunder_mw.policies.views import BackendView, ProgramView
 
 # Re-exported: stage authors and older code import these names from here.
 from thunder_mw.schemas.stage_params import BatchGainParams as BatchGainParams
@@ -35,9 +37,6 @@ from thunder_mw.schemas.stage_params import ProgramBindingParams as ProgramBindi
 from thunder_mw.schemas.stage_params import ProgramGateParams as ProgramGateParams
 from thunder_mw.schemas.stage_params import ProgressTtlParams as ProgressTtlParams
 from thunder_mw.schemas.stage_params import StageParams as StageParams
-
-if TYPE_CHECKING:
-    from thunder_mw.policies.core import BackendState, SchedulerCore
 
 
 # ---------------------------------------------------------------------------- kv_aware
@@ -64,13 +63,14 @@ class KvAware(Stage):
         self._active: dict[str, int] = {}
         self._calls: dict[str, collections.deque[tuple[str, int]]] = {}
 
-    def bind(self, core: SchedulerCore) -> None:
+    def bind(self, view: StageView) -> Decisions:
         self._index = PrefixIndex(
-            lambda label: core.backends[label].capacity if label in core.backends else None,
+            lambda label: view.backends[label].capacity if label in view.backends else None,
             self.params.index_fraction,
         )
-        for label in core.backends:
+        for label in view.backends:
             self._active[label] = 0
+        return ()
 
     # -- the decision
     def overlap(self, backend: str, program_id: str) -> int:
@@ -80,10 +80,10 @@ class KvAware(Stage):
     def active_tokens(self, backend: str) -> int:
         return self._active.get(backend, 0)
 
-    def choose(self, core: SchedulerCore, program: Program) -> str | None:
-        prompt = self._prompt_tokens(core, program)
+    def choose(self, view: StageView, program: ProgramView) -> str | None:
+        prompt = self._prompt_tokens(view, program)
         best: tuple[float, int, str] | None = None
-        for backend in core.healthy_backends():
+        for backend in view.healthy_backends():
             label = backend.label
             new = prompt - min(prompt, self.overlap(label, program.program_id))
             active = self._active.get(label, 0)
@@ -92,54 +92,58 @@ class KvAware(Stage):
                 best = key
         return None if best is None else best[2]
 
-    def route(self, core: SchedulerCore, program: Program, now: float) -> str | None:
-        target = self.choose(core, program)
+    def route(self, view: StageView, program: ProgramView, now: float) -> str | None:
+        target = self.choose(view, program)
         if target is not None:
-            self._record(core, program, target)
+            self._record(view, program, target)
         return target
 
-    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
-        target = self.choose(core, program)
+    def place(self, view: StageView, program: ProgramView, now: float) -> str | None:
+        target = self.choose(view, program)
         if target is None:
             return ""
         if program.waiting:
-            self._record(core, program, target)
+            self._record(view, program, target)
         return target
 
     # -- bookkeeping
-    def _prompt_tokens(self, core: SchedulerCore, program: Program) -> int:
-        estimate = core.tokens.prompt_tokens(program.last_prompt_chars, program.backend)
+    def _prompt_tokens(self, view: StageView, program: ProgramView) -> int:
+        estimate = view.tokens.prompt_tokens(program.last_prompt_chars, program.backend)
         return max(program.context_tokens, estimate)
 
-    def _record(self, core: SchedulerCore, program: Program, backend: str) -> None:
+    def _record(self, view: StageView, program: ProgramView, backend: str) -> None:
         tokens = program.request_tokens
         self._active[backend] = self._active.get(backend, 0) + tokens
         self._calls.setdefault(program.program_id, collections.deque()).append((backend, tokens))
-        self._remember(core, backend, program.program_id, self._prompt_tokens(core, program))
+        self._remember(view, backend, program.program_id, self._prompt_tokens(view, program))
 
-    def _remember(self, core: SchedulerCore, backend: str, program_id: str, tokens: int) -> None:
+    def _remember(self, view: StageView, backend: str, program_id: str, tokens: int) -> None:
         if self._index is not None:
             self._index.remember(backend, program_id, tokens)
 
     def on_finished(
-        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
-    ) -> None:
+        self, view: StageView, program: ProgramView, usage: Usage | None, ok: bool, now: float
+    ) -> Decisions:
         calls = self._calls.get(program.program_id)
         if not calls:
-            return
+            return ()
         backend, tokens = calls.popleft()
         if not calls:
             del self._calls[program.program_id]
         self._active[backend] = max(0, self._active.get(backend, 0) - tokens)
         if ok and usage is not None:
             context = usage.prompt_tokens + usage.completion_tokens
-            self._remember(core, backend, program.program_id, context)
+            self._remember(view, backend, program.program_id, context)
+        return ()
 
-    def on_release(self, core: SchedulerCore, program: Program, reason: str, now: float) -> None:
+    def on_release(
+        self, view: StageView, program: ProgramView, reason: str, now: float
+    ) -> Decisions:
         for backend, tokens in self._calls.pop(program.program_id, ()):
             self._active[backend] = max(0, self._active.get(backend, 0) - tokens)
         if self._index is not None:
             self._index.forget(program.program_id)
+        return ()
 
 
 # ---------------------------------------------------------------------------- session_affinity
@@ -157,11 +161,11 @@ class SessionAffinity(Stage):
             return None
         return max(labels, key=lambda label: (zlib.crc32(f"{program_id}|{label}".encode()), label))
 
-    def route(self, core: SchedulerCore, program: Program, now: float) -> str | None:
-        return self.pick(program.program_id, [b.label for b in core.healthy_backends()])
+    def route(self, view: StageView, program: ProgramView, now: float) -> str | None:
+        return self.pick(program.program_id, [b.label for b in view.healthy_backends()])
 
-    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
-        return self.route(core, program, now) or ""
+    def place(self, view: StageView, program: ProgramView, now: float) -> str | None:
+        return self.route(view, program, now) or ""
 
 
 # ---------------------------------------------------------------------------- direct
@@ -171,12 +175,12 @@ class Direct(Stage):
 
     name = "direct"
 
-    def route(self, core: SchedulerCore, program: Program, now: float) -> str | None:
-        healthy = core.healthy_backends()
+    def route(self, view: StageView, program: ProgramView, now: float) -> str | None:
+        healthy = view.healthy_backends()
         return healthy[0].label if healthy else None
 
-    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
-        return self.route(core, program, now) or ""
+    def place(self, view: StageView, program: ProgramView, now: float) -> str | None:
+        return self.route(view, program, now) or ""
 
 
 # ---------------------------------------------------------------------------- continuum_ttl
@@ -193,8 +197,8 @@ class ContinuumTtl(Stage):
     Params = ContinuumTtlParams
     params: ContinuumTtlParams
 
-    def kv_ttl(self, core: SchedulerCore, program: Program, now: float) -> float | None:
-        expected = core.expected_tool_time(program)
+    def kv_ttl(self, view: StageView, program: ProgramView, now: float) -> float | None:
+        expected = view.expected_tool_time(program)
         if expected > self.params.max_ttl_s:
             return 0.0
         return min(self.params.max_ttl_s, self.params.ttl_multiplier * expected)
@@ -221,7 +225,7 @@ class ProgressTtl(Stage):
         self._rounds: dict[str, tuple[int, int]] = {}  # id -> (pauses seen, rounds served)
         self._deadline_of: dict[str, float] = {}
 
-    def remaining(self, program: Program, now: float) -> float:
+    def remaining(self, program: ProgramView, now: float) -> float:
         """Seconds until the program's armed TTL expires (0 when none is armed)."""
         return max(0.0, self._deadline_of.get(program.program_id, now) - now)
 
@@ -244,24 +248,24 @@ class ProgressTtl(Stage):
         window.append(gap)
         bisect.insort(ordered, gap)
 
-    def on_request(self, core: SchedulerCore, program: Program, now: float) -> None:
+    def on_request(self, view: StageView, program: ProgramView, now: float) -> Decisions:
         if program.steps > 0 and program.in_flight == 0 and program.waiting == 0:
             self._observe(program.session_type, max(0.0, now - program.acting_since))
+        return ()
 
     def on_finished(
-        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
-    ) -> None:
+        self, view: StageView, program: ProgramView, usage: Usage | None, ok: bool, now: float
+    ) -> Decisions:
         if program.in_flight or program.state is not ProgramState.ACTIVE:
-            return
+            return ()
         pauses, rounds = self._rounds.get(program.program_id, (program.pauses, 0))
         if pauses != program.pauses:  # paused and resumed since: a new segment
             rounds = 0
         rounds += 1
         self._rounds[program.program_id] = (program.pauses, rounds)
         limit = self.params.max_segment_rounds
-        if limit is not None and rounds >= limit and core.queue_length() > 0:
-            core.pause(program, now, "max_segment_yield")
-            return
+        if limit is not None and rounds >= limit and view.queue_length() > 0:
+            return (Pause(program, "max_segment_yield"),)
         ttl = self.predicted_ttl(program.session_type)
         if ttl <= 0:
             # A TTL of 0 (the router's until its statistics window is full) pauses the
@@ -269,17 +273,17 @@ class ProgressTtl(Stage):
             # through any tool shorter than the tick (issue 26: the real router paused
             # after 23 of 24 calls, the stand-in held on through most of them).
             self._deadline_of.pop(program.program_id, None)
-            core.pause(program, now, "ttl_expired")
-            return
+            return (Pause(program, "ttl_expired"),)
         deadline = now + ttl
         self._deadline_of[program.program_id] = deadline
         heapq.heappush(self._deadlines, (deadline, program.acting_since, program.program_id))
+        return ()
 
-    def on_tick(self, core: SchedulerCore, now: float) -> None:
+    def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             _, since, program_id = heapq.heappop(heap)
-            program = core.table.get(program_id)
+            program = view.program(program_id)
             if (
                 program is not None
                 and program.state is ProgramState.ACTIVE
@@ -287,11 +291,14 @@ class ProgressTtl(Stage):
                 and program.in_flight == 0
                 and program.acting_since == since
             ):
-                core.pause(program, now, "ttl_expired")
+                yield Pause(program, "ttl_expired")
 
-    def on_release(self, core: SchedulerCore, program: Program, reason: str, now: float) -> None:
+    def on_release(
+        self, view: StageView, program: ProgramView, reason: str, now: float
+    ) -> Decisions:
         self._rounds.pop(program.program_id, None)
         self._deadline_of.pop(program.program_id, None)
+        return ()
 
 
 # ---------------------------------------------------------------------------- batch_gain
@@ -307,41 +314,38 @@ class BatchGain(Stage):
     Params = BatchGainParams
     params: BatchGainParams
 
-    def bind(self, core: SchedulerCore) -> None:
-        self._ttl = next((s for s in core.stages if isinstance(s, ProgressTtl)), None)
-        admission = next((s for s in core.stages if s.name == "admission"), None)
+    def bind(self, view: StageView) -> Decisions:
+        self._ttl = next((s for s in view.stages if isinstance(s, ProgressTtl)), None)
+        admission = next((s for s in view.stages if s.name == "admission"), None)
         self._high: float = getattr(admission.params, "high_watermark", 1.0) if admission else 1.0
+        return ()
 
     def recompute_s(self, tokens: int) -> float:
         p = self.params
         return p.prefill_intercept_s + p.prefill_s_per_1k_tokens * tokens / 1000
 
-    def on_queue_blocked(self, core: SchedulerCore, program: Program, now: float) -> bool:
-        need = core.footprint_for_resume(program)
-        for backend in sorted(core.healthy_backends(), key=lambda b: -core.room(b, self._high)):
+    def on_queue_blocked(self, view: StageView, program: ProgramView, now: float) -> Decisions:
+        need = view.footprint_for_resume(program)
+        for backend in sorted(view.healthy_backends(), key=lambda b: -view.room(b, self._high)):
             limit = backend.limit(self._high)
             if limit is None:
                 continue
             shortfall = backend.reserved + need - limit
-            victims: list[Program] = []
+            victims: list[ProgramView] = []
             saved = cost = 0.0
             while shortfall > 0:
-                top = backend.acting.pop()
-                if top is None:
+                victim = view.next_victim(backend, acting=True)
+                if victim is None:
                     break
-                victim = top[1]
                 victims.append(victim)
                 remaining = self._ttl.remaining(victim, now) if self._ttl is not None else 0.0
                 saved = max(saved, remaining)
                 cost += self.recompute_s(victim.context_tokens)
                 shortfall -= victim.reserved_tokens
             if shortfall <= 0 and victims and saved > cost:
-                for victim in victims:
-                    core.pause(victim, now, "batch_gain_admit")
-                return True
-            for victim in victims:  # not worth it here: leave them as they were
-                backend.acting.push(core.victim_key(victim), victim, victim.version)
-        return False
+                return [Pause(victim, "batch_gain_admit") for victim in victims]
+            # not worth it here: the victims looked at stay as they were
+        return ()
 
 
 # ---------------------------------------------------------------------------- program_gate
@@ -355,10 +359,10 @@ class ProgramGate(Stage):
     params: ProgramGateParams
 
     def admits(
-        self, core: SchedulerCore, program: Program, backend: BackendState, tokens: int, now: float
+        self, view: StageView, program: ProgramView, backend: BackendView, tokens: int, now: float
     ) -> bool:
         cap = self.params.max_active_programs_per_target
-        if cap is not None and core.table.programs_on(backend.label) >= cap:
+        if cap is not None and view.programs_on(backend.label) >= cap:
             return False
         threshold = self.params.waiting_request_threshold
         waiting = backend.metrics.waiting
@@ -377,24 +381,24 @@ class ProgramBinding(Stage):
     Params = ProgramBindingParams
     params: ProgramBindingParams
 
-    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
-        healthy = core.healthy_backends()
+    def place(self, view: StageView, program: ProgramView, now: float) -> str | None:
+        healthy = view.healthy_backends()
         labels = sorted(b.label for b in healthy)
         bound = program.backend or SessionAffinity.pick(program.program_id, labels)
-        home = core.backends.get(bound) if bound else None
-        if home is not None and home.healthy and core.admits(program, home, now):
+        home = view.backends.get(bound) if bound else None
+        if home is not None and home.healthy and view.admits(program, home, now):
             return home.label
         ratio = self.params.cross_rank_headroom_ratio
         if ratio is None:
             return ""
-        need = ratio * core.footprint_for_resume(program)
-        base = core.room(home) if home is not None and home.healthy else 0.0
+        need = ratio * view.footprint_for_resume(program)
+        base = view.room(home) if home is not None and home.healthy else 0.0
         fitting = [
             b
             for b in healthy
-            if b is not home and core.room(b) >= base + need and core.admits(program, b, now)
+            if b is not home and view.room(b) >= base + need and view.admits(program, b, now)
         ]
-        return max(fitting, key=core.room).label if fitting else ""
+        return max(fitting, key=view.room).label if fitting else ""
 
 
 BASELINE_STAGES: dict[str, type[Stage]] = {

@@ -9,10 +9,11 @@ or it ends; every other event of it (a new request, a failed call) pushes its de
 from __future__ import annotations
 
 from thunder_mw.policies.lazy_heap import LazyHeap
-from thunder_mw.policies.program_table import Program, ProgramState
+from thunder_mw.policies.program_table import ProgramState
+from thunder_mw.policies.views import ProgramView
 
 
-def _unanswered(program: Program, last_active_at: float) -> bool:
+def _unanswered(program: ProgramView, last_active_at: float) -> bool:
     # An entry stands for the program's latest event only: a later one pushed a new entry.
     return (
         program.steps == 0
@@ -26,17 +27,17 @@ class FailedExpiry:
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
-        self._heap: LazyHeap[Program] = LazyHeap(_unanswered)
+        self._heap: LazyHeap[ProgramView] = LazyHeap(_unanswered)
 
     def __len__(self) -> int:
         return len(self._heap)
 
-    def seen(self, program: Program) -> None:
+    def seen(self, program: ProgramView) -> None:
         """A request of `program` arrived or a call of it ended (at `last_active_at`)."""
         if program.steps == 0:
             self._heap.push(program.last_active_at + self.ttl_s, program, program.last_active_at)
 
-    def due(self, now: float, live_bound: int) -> list[Program]:
+    def due(self, now: float, live_bound: int) -> list[ProgramView]:
         """Programs whose deadline passed with nothing in flight or held: to be ended. One
         still busy is looked at again a TTL later (its calls may never be answered)."""
         due, busy = [], []

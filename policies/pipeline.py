@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from thunder_mw.policies.baselines import BASELINE_STAGES
 from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.speculative_prefill import SpeculativePrefill
+from thunder_mw.policies.stage_contract import Stage
 from thunder_mw.policies.stages import BUILTIN_STAGES as CORE_STAGES
-from thunder_mw.policies.stages import Stage
 from thunder_mw.schemas.pipeline_presets import DEFAULT_PIPELINE, PRESETS
 from thunder_mw.schemas.stage_params import StageParams
 from thunder_mw.schemas.stage_settings import (
@@ -130,7 +130,7 @@ def _stage_class(name: str) -> type[Stage]:
     module_name, _, attr = name.partition(":")
     cls = getattr(importlib.import_module(module_name), attr)
     if not (isinstance(cls, type) and issubclass(cls, Stage)):
-        raise TypeError(f"{name} is not a thunder_mw.policies.stages.Stage subclass")
+        raise TypeError(f"{name} is not a thunder_mw.policies.Stage subclass")
     if not issubclass(cls.Params, StageParams):
-        raise TypeError(f"{name}.Params is not a thunder_mw.policies.stages.StageParams subclass")
+        raise TypeError(f"{name}.Params is not a thunder_mw.policies.StageParams subclass")
     return cls

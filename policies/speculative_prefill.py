@@ -16,17 +16,16 @@ request itself is I/O (middleware/speculative_prefill.py live, benchmarks/des.py
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
 
-from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usage
-from thunder_mw.policies.stages import Stage
+from thunder_mw.policies.decisions import Count, Prefill, Resume, StageDecision
+from thunder_mw.policies.program_table import Phase, ProgramState, Usage
+from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
+from thunder_mw.policies.views import ProgramView
 
 # Re-exported: stage authors and older code import these names from here.
 from thunder_mw.schemas.stage_params import SpeculativePrefillParams as SpeculativePrefillParams
 from thunder_mw.schemas.stage_params import StageParams as StageParams
-
-if TYPE_CHECKING:
-    from thunder_mw.policies.core import SchedulerCore
 
 
 class SpeculativePrefill(Stage):
@@ -42,7 +41,7 @@ class SpeculativePrefill(Stage):
         self._returns: list[tuple[float, float, str]] = []
         self._prefetching = False
 
-    def wants(self, program: Program) -> bool:
+    def wants(self, program: ProgramView) -> bool:
         """The program's own hint, else the stage's default; and a context worth warming."""
         wanted = program.speculative_prefill
         if wanted is None:
@@ -50,10 +49,8 @@ class SpeculativePrefill(Stage):
         return wanted and program.context_tokens >= self.params.min_context_tokens
 
     def on_resumed(
-        self, core: SchedulerCore, program: Program, previous: str | None, now: float
-    ) -> None:
-        from thunder_mw.policies.core import Prefill
-
+        self, view: StageView, program: ProgramView, previous: str | None, now: float
+    ) -> Decisions:
         if (
             program.in_flight == 0
             and program.waiting == 0
@@ -63,27 +60,31 @@ class SpeculativePrefill(Stage):
             and self.wants(program)
         ):
             reason = "prefetch" if self._prefetching else "resume"
-            core.emit(Prefill(program.program_id, program.backend, program.context_tokens, reason))
-            core.counters["speculative_prefills"] += 1
+            return (
+                Prefill(program.program_id, program.backend, program.context_tokens, reason),
+                Count("speculative_prefills"),
+            )
+        return ()
 
     # -- prefetch
     def on_finished(
-        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
-    ) -> None:
+        self, view: StageView, program: ProgramView, usage: Usage | None, ok: bool, now: float
+    ) -> Decisions:
         lead = self.params.prefetch_before_s
         if lead is None or not ok or program.in_flight or not self.wants(program):
-            return
-        due = now + core.expected_tool_time(program) - lead
+            return ()
+        due = now + view.expected_tool_time(program) - lead
         heapq.heappush(self._returns, (due, program.acting_since, program.program_id))
+        return ()
 
-    def on_tick(self, core: SchedulerCore, now: float) -> None:
+    def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
         heap = self._returns
         while heap and heap[0][0] <= now:
-            if core.queue_length() > 0:
+            if view.queue_length() > 0:
                 # Programs with a request waiting come first; a prefetch would take their room.
                 return
             _, since, program_id = heapq.heappop(heap)
-            program = core.table.get(program_id)
+            program = view.program(program_id)
             if (
                 program is None
                 or program.state is not ProgramState.PAUSED
@@ -92,31 +93,32 @@ class SpeculativePrefill(Stage):
                 or program.acting_since != since
             ):
                 continue  # resumed, released, or back with a request since
-            target = self._room_for(core, program, now)
+            target = self._room_for(view, program, now)
             if target is not None:
-                core.counters["prefetch_resumes"] += 1
+                yield Count("prefetch_resumes")
+                # Applied while this hook waits: its `on_resumed` warms it as a prefetch.
                 self._prefetching = True
                 try:
-                    core.resume(program, target, now)
+                    yield Resume(program, target)
                 finally:
                     self._prefetching = False
 
-    def _room_for(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+    def _room_for(self, view: StageView, program: ProgramView, now: float) -> str | None:
         """Its previous engine if that admits it with room for its next request; else (its
         engine gone, or `prefetch_elsewhere`) the admitting engine with the most room; None
         when none has room (no one is displaced)."""
         need = program.request_tokens or program.context_tokens
         fitting = [
             b
-            for b in core.healthy_backends()
-            if core.room(b) >= need and core.admits(program, b, now)
+            for b in view.healthy_backends()
+            if view.room(b) >= need and view.admits(program, b, now)
         ]
         if not fitting:
             return None
         home = next((b for b in fitting if b.label == program.backend), None)
         if home is not None:
             return home.label
-        own = core.backends.get(program.backend) if program.backend else None
+        own = view.backends.get(program.backend) if program.backend else None
         if own is not None and own.healthy and not self.params.prefetch_elsewhere:
             return None  # it waits for room at home, where its KV may still be
-        return max(fitting, key=core.room).label
+        return max(fitting, key=view.room).label

@@ -1,16 +1,26 @@
 """The scheduler's pipeline stages: each a named class with typed params and narrow hooks.
 
 The YAML `policies:` list names stages in order; the core calls every stage's hooks at fixed
-points (a request arrives, a call ends, a backend changes, a tick, a release). A hook that
-has no opinion returns None. Third-party stages subclass `Stage` and are named by import
-path (`my_pkg.my_policy:MyPolicy`).
+points (a request arrives, a call ends, a backend changes, a tick, a release). The hooks,
+the read-only view they get and the decisions they return are the stage contract
+(policies/stage_contract.py).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Iterator
+from typing import Any
 
+from thunder_mw.policies.decisions import (
+    Footprint,
+    Pause,
+    PlanBackend,
+    ReclaimTools,
+    Release,
+    Resume,
+    StageDecision,
+)
 from thunder_mw.policies.failed_expiry import FailedExpiry
 from thunder_mw.policies.overflow_cost import (
     EngineCosts,
@@ -20,8 +30,10 @@ from thunder_mw.policies.overflow_cost import (
     budget,
     duty,
 )
-from thunder_mw.policies.program_table import Program, ProgramState, Usage
+from thunder_mw.policies.program_table import Usage
 from thunder_mw.policies.resident import resident_ratio
+from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
+from thunder_mw.policies.views import BackendView, ProgramView
 
 # Re-exported: stage authors and older code import these names from here.
 from thunder_mw.schemas.stage_params import AdmissionParams as AdmissionParams
@@ -29,80 +41,6 @@ from thunder_mw.schemas.stage_params import GcParams as GcParams
 from thunder_mw.schemas.stage_params import MigrationParams as MigrationParams
 from thunder_mw.schemas.stage_params import PauseParams as PauseParams
 from thunder_mw.schemas.stage_params import StageParams as StageParams
-
-if TYPE_CHECKING:
-    from thunder_mw.policies.core import BackendState, SchedulerCore
-
-
-class Stage:
-    """Base class: every hook is a no-op until a stage overrides it."""
-
-    name: ClassVar[str] = "stage"
-    Params: ClassVar[type[StageParams]] = StageParams
-
-    def __init__(self, params: StageParams | None = None) -> None:
-        self.params = params if params is not None else self.Params()
-
-    def bind(self, core: SchedulerCore) -> None:
-        """Called once when the core is built (set footprint parameters here)."""
-
-    # -- decisions (first stage with an answer wins; None = no opinion)
-    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
-        """Backend for a queued program to be admitted/resumed on; "" = nowhere now."""
-        return None
-
-    def route(self, core: SchedulerCore, program: Program, now: float) -> str | None:
-        """Backend for one request of an ACTIVE program (request-level balancers only)."""
-        return None
-
-    def victim_key(self, core: SchedulerCore, program: Program, acting: bool) -> Any:
-        """Sort key of pause victims on a backend: the smallest is paused first."""
-        return None
-
-    def queue_key(self, core: SchedulerCore, program: Program) -> Any:
-        """Sort key of the global queue: the smallest is resumed first."""
-        return None
-
-    def kv_ttl(self, core: SchedulerCore, program: Program, now: float) -> float | None:
-        """Seconds the engine should keep this request's KV after it ends (an engine with
-        TTL pinning); None = no opinion, 0 = no pin."""
-        return None
-
-    # -- vetoes (every stage must agree)
-    def admits(
-        self, core: SchedulerCore, program: Program, backend: BackendState, tokens: int, now: float
-    ) -> bool:
-        return True
-
-    # -- reactions
-    def on_request(self, core: SchedulerCore, program: Program, now: float) -> None: ...
-
-    def on_finished(
-        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
-    ) -> None: ...
-
-    def on_backend_change(self, core: SchedulerCore, backend: BackendState, now: float) -> None: ...
-
-    def on_tick(self, core: SchedulerCore, now: float) -> None: ...
-
-    def on_queue_blocked(self, core: SchedulerCore, program: Program, now: float) -> bool:
-        """The queue's head fits nowhere; return True after freeing room for it."""
-        return False
-
-    def on_release(
-        self, core: SchedulerCore, program: Program, reason: str, now: float
-    ) -> None: ...
-
-    def on_resumed(
-        self, core: SchedulerCore, program: Program, previous: str | None, now: float
-    ) -> None:
-        """`program` was just placed on `program.backend` (admitted, resumed or moved from
-        `previous`); its held requests, if any, go there."""
-
-    def on_queue_wait(
-        self, core: SchedulerCore, program: Program, waited_s: float, now: float
-    ) -> None:
-        """A queued program was placed after waiting `waited_s` (not a forced resume)."""
 
 
 # ---------------------------------------------------------------------------- admission
@@ -115,16 +53,22 @@ class Admission(Stage):
     Params = AdmissionParams
     params: AdmissionParams
 
-    def bind(self, core: SchedulerCore) -> None:
+    def bind(self, view: StageView) -> Decisions:
         if self.params.low_watermark > self.params.high_watermark:
             raise ValueError("low_watermark must not exceed high_watermark")
-        core.buffer_tokens = self.params.buffer_tokens_per_program
-        core.dedupe_prefixes = self.params.shared_prefix
         self.costs: dict[str, EngineCosts] = {}
         self._seen: dict[str, object] = {}
+        # The hysteresis: a backend that went over high admits nothing until back under low.
+        self.congested: dict[str, bool] = {}
+        return (
+            Footprint(
+                buffer_tokens=self.params.buffer_tokens_per_program,
+                dedupe_prefixes=self.params.shared_prefix,
+            ),
+        )
 
     def admits(
-        self, core: SchedulerCore, program: Program, backend: BackendState, tokens: int, now: float
+        self, view: StageView, program: ProgramView, backend: BackendView, tokens: int, now: float
     ) -> bool:
         high = backend.limit(self.params.high_watermark)
         if high is None:  # capacity not known (yet): nothing to plan against
@@ -134,28 +78,30 @@ class Admission(Stage):
         extra = backend.overflow_tokens
         reserved = backend.reserved - backend.unused  # what the engine says it holds
         if reserved > high + extra:
-            backend.congested = True
+            self.congested[backend.label] = congested = True
         elif reserved <= low + extra:
-            backend.congested = False
+            self.congested[backend.label] = congested = False
+        else:
+            congested = self.congested.get(backend.label, False)
         if backend.reserved == 0:
             # A program larger than the watermark still runs on an empty engine; otherwise
             # it would block the head of the queue until its resume timeout.
             return True
-        if backend.congested:
+        if congested:
             return False
         if reserved + tokens <= high:
             return True
         if self.params.overflow != "cost_aware":
             return False
         return admit_past_capacity(
-            self._costs(core, backend),
-            self._view(core, backend, high),
+            self._costs(view, backend),
+            self._overflow_view(view, backend, high),
             tokens,
-            self._budget_s(core, backend, program),
+            self._budget_s(view, backend, program),
         )
 
     # -- cost-aware overflow (policies/overflow_cost.py): learn, and keep the allowance fresh
-    def _costs(self, core: SchedulerCore, backend: BackendState) -> EngineCosts:
+    def _costs(self, view: StageView, backend: BackendView) -> EngineCosts:
         costs = self.costs.get(backend.label)
         if costs is None:
             costs = self.costs[backend.label] = EngineCosts()
@@ -163,7 +109,7 @@ class Admission(Stage):
         costs.host_s_per_token = 1.0 / speed if speed else None
         return costs
 
-    def _view(self, core: SchedulerCore, backend: BackendState, high: float) -> OverflowView:
+    def _overflow_view(self, view: StageView, backend: BackendView, high: float) -> OverflowView:
         running = backend.metrics.running
         host = backend.metrics.host_kv_tokens
         tier = int(host) if host is not None else backend.host_kv_tokens
@@ -171,51 +117,64 @@ class Admission(Stage):
             capacity=high,
             reserved=backend.reserved - backend.unused,
             running=backend.running_reserved - backend.running_unused,
-            batch=running if running else core.table.programs_on(backend.label),
+            batch=running if running else view.programs_on(backend.label),
             # The tier holds idle programs' whole contexts, which reservations count at
             # the ACTING weight: in reserved tokens it holds that share of its size.
-            host_tokens=int(tier * core.acting_weight) if self.params.host_tier else 0,
+            host_tokens=int(tier * view.acting_weight) if self.params.host_tier else 0,
             max_overflow=self.params.max_overflow,
-            duty=duty(self._costs(core, backend), core.tool_time.expected(None, None)),
+            duty=duty(self._costs(view, backend), view.tool_time.expected(None, None)),
         )
 
     def _budget_s(
-        self, core: SchedulerCore, backend: BackendState, program: Program | None
+        self, view: StageView, backend: BackendView, program: ProgramView | None
     ) -> float:
         tool = (
-            core.expected_tool_time(program)
+            view.expected_tool_time(program)
             if program is not None
-            else core.tool_time.expected(None, None)
+            else view.tool_time.expected(None, None)
         )
-        return budget(self._costs(core, backend), tool)
+        return budget(self._costs(view, backend), tool)
 
     def on_finished(
-        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
-    ) -> None:
+        self, view: StageView, program: ProgramView, usage: Usage | None, ok: bool, now: float
+    ) -> Decisions:
         if usage is None or program.backend is None or self.params.overflow != "cost_aware":
-            return
-        self._costs(core, core.backends[program.backend]).observe_call(
+            return ()
+        self._costs(view, view.backends[program.backend]).observe_call(
             usage.prompt_tokens,
             usage.cached_tokens,
             usage.completion_tokens,
             usage.ttft_s,
             usage.duration_s,
         )
+        return ()
 
     def on_queue_wait(
-        self, core: SchedulerCore, program: Program, waited_s: float, now: float
-    ) -> None:
+        self, view: StageView, program: ProgramView, waited_s: float, now: float
+    ) -> Decisions:
         if program.backend is not None and self.params.overflow == "cost_aware":
-            self._costs(core, core.backends[program.backend]).observe_hold(waited_s)
+            self._costs(view, view.backends[program.backend]).observe_hold(waited_s)
+        return ()
 
-    def on_backend_change(self, core: SchedulerCore, backend: BackendState, now: float) -> None:
+    def on_backend_change(self, view: StageView, backend: BackendView, now: float) -> Decisions:
+        if self.params.resident_floor is not None:
+            return self._correct_and_plan(view, backend)
+        # No gauge correction: the plan needs no decision applied first, so no generator.
+        m = backend.metrics
+        fresh = m is not self._seen.get(backend.label)
+        if fresh:
+            self._seen[backend.label] = m
+        plan = self._plan(view, backend, fresh)
+        return () if plan is None else (plan,)
+
+    def _correct_and_plan(self, view: StageView, backend: BackendView) -> Iterator[StageDecision]:
         m = backend.metrics
         fresh = m is not self._seen.get(backend.label)
         if fresh:  # a scrape: the engine's own signals
             self._seen[backend.label] = m
             floor = self.params.resident_floor
             if floor is not None:
-                backend.resident_ratio = resident_ratio(
+                ratio = resident_ratio(
                     backend.resident_ratio,
                     m.kv_usage,
                     backend.capacity,
@@ -223,9 +182,19 @@ class Admission(Stage):
                     backend.running_reserved - backend.shared_running_credit,
                     floor,
                 )
+                if ratio != backend.resident_ratio:
+                    yield PlanBackend(backend.label, resident_ratio=ratio)
+        plan = self._plan(view, backend, fresh)
+        if plan is not None:
+            yield plan
+
+    def _plan(self, view: StageView, backend: BackendView, fresh: bool) -> PlanBackend | None:
+        """The cost-aware rule's allowance past the watermark, learned from a fresh scrape
+        (None: unchanged)."""
         if self.params.overflow != "cost_aware":
-            return
-        costs = self._costs(core, backend)
+            return None
+        m = backend.metrics
+        costs = self._costs(view, backend)
         if fresh:
             costs.observe_counters(
                 m.prefill_seconds_total,
@@ -235,18 +204,25 @@ class Admission(Stage):
             )
         high = backend.limit(self.params.high_watermark)
         if high is None:
-            backend.overflow_tokens = 0
-            return
-        programs = core.table.programs_on(backend.label)
+            return (
+                PlanBackend(backend.label, overflow_tokens=0) if backend.overflow_tokens else None
+            )
+        programs = view.programs_on(backend.label)
         typical = backend.reserved // programs if programs else 0
-        backend.overflow_tokens = allowance(
-            costs, self._view(core, backend, high), typical, self._budget_s(core, backend, None)
+        extra = allowance(
+            costs,
+            self._overflow_view(view, backend, high),
+            typical,
+            self._budget_s(view, backend, None),
         )
+        if extra != backend.overflow_tokens:
+            return PlanBackend(backend.label, overflow_tokens=extra)
+        return None
 
-    def on_tick(self, core: SchedulerCore, now: float) -> None:
+    def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
         if self.params.overflow == "cost_aware":
-            for backend in core.backends.values():
-                self.on_backend_change(core, backend, now)
+            for backend in view.backends.values():
+                yield from self.on_backend_change(view, backend, now)
 
 
 # ---------------------------------------------------------------------------- pausing
@@ -269,91 +245,94 @@ class StateAwarePause(Stage):
     Params = PauseParams
     params: PauseParams
 
-    def bind(self, core: SchedulerCore) -> None:
-        core.acting_weight = self.params.acting_token_weight
+    def bind(self, view: StageView) -> Decisions:
         self._high = self.params.high_watermark
         if self._high is None:
-            admission = next((s for s in core.stages if isinstance(s, Admission)), None)
+            admission = next((s for s in view.stages if isinstance(s, Admission)), None)
             self._high = admission.params.high_watermark if admission else 1.0
+        return (Footprint(acting_weight=self.params.acting_token_weight),)
 
-    def victim_key(self, core: SchedulerCore, program: Program, acting: bool) -> Any:
+    def victim_key(self, view: StageView, program: ProgramView, acting: bool) -> Any:
         if self.params.victim == "shortest_first":
             return (program.reserved_tokens,)
         if acting:
-            expected_end = program.acting_since + core.expected_tool_time(program)
+            expected_end = program.acting_since + view.expected_tool_time(program)
             return (program.priority, -expected_end, -program.reserved_tokens)
         if self.params.reasoning_victim == "smallest":
             return (program.priority, program.reserved_tokens)
         return (program.priority, -program.reserved_tokens)
 
-    def on_backend_change(self, core: SchedulerCore, backend: BackendState, now: float) -> None:
+    def on_backend_change(self, view: StageView, backend: BackendView, now: float) -> Decisions:
         if self.params.check == "event":
-            self.relieve(core, backend, now)
+            return self.relieve(view, backend, now)
+        return ()
 
-    def on_queue_blocked(self, core: SchedulerCore, program: Program, now: float) -> bool:
+    def on_queue_blocked(self, view: StageView, program: ProgramView, now: float) -> Decisions:
         """Work conservation: a program idle in a long tool call holds KV that a waiting
         program could use now; pause such programs on the backend where that frees enough
         (the previous backend first), and only if it frees enough for the head."""
         threshold = self.params.yield_idle_after_s
         if threshold is None or self.params.victim != "cost_benefit":
-            return False
+            return ()
         assert self._high is not None
-        need = core.footprint_for_resume(program)
+        need = view.footprint_for_resume(program)
         backends = sorted(
-            core.healthy_backends(),
-            key=lambda b: (b.label != program.backend, -core.room(b, self._high or 1.0)),
+            view.healthy_backends(),
+            key=lambda b: (b.label != program.backend, -view.room(b, self._high or 1.0)),
         )
         for backend in backends:
             limit = backend.limit(self._high)
             if limit is None:
                 continue
             shortfall = backend.reserved - backend.unused + need - limit - backend.overflow_tokens
-            victims: list[Program] = []
+            victims: list[ProgramView] = []
             while shortfall > 0:
-                top = backend.acting.pop()
-                if top is None:
+                victim = view.next_victim(backend, acting=True)
+                if victim is None:
                     break
-                victim = top[1]
                 elapsed = now - victim.acting_since
-                remaining = core.tool_time.remaining(core.expected_tool_time(victim), elapsed)
+                remaining = view.tool_time.remaining(view.expected_tool_time(victim), elapsed)
                 victims.append(victim)
                 if remaining < threshold:
                     break
                 shortfall -= victim.reserved_tokens
             if shortfall <= 0 and victims:
-                for victim in victims:
-                    core.pause(victim, now, "yield_to_queue")
-                return True
-            for victim in victims:  # not enough here: leave them as they were
-                backend.acting.push(self.victim_key(core, victim, True), victim, victim.version)
-        return False
+                return [Pause(victim, "yield_to_queue") for victim in victims]
+            # not enough here: the victims looked at stay as they were
+        return ()
 
-    def on_tick(self, core: SchedulerCore, now: float) -> None:
+    def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
         if self.params.check == "tick":
-            for backend in core.backends.values():
-                self.relieve(core, backend, now)
+            for backend in view.backends.values():
+                yield from self.relieve(view, backend, now)
 
-    def relieve(self, core: SchedulerCore, backend: BackendState, now: float) -> None:
+    def relieve(self, view: StageView, backend: BackendView, now: float) -> Decisions:
         assert self._high is not None
         limit = backend.limit(self._high)
         if limit is None:
-            return
+            return ()
         limit += backend.overflow_tokens  # what the cost-aware rule lets run past capacity
         use = backend.projected if self.params.reduce_projection else backend.reserved
         use -= backend.unused  # what the engine says it does not hold
+        if use <= limit:
+            return ()  # the common case: no generator to run
+        return self._pauses(view, backend, use, limit)
+
+    def _pauses(
+        self, view: StageView, backend: BackendView, use: float, limit: float
+    ) -> Iterator[StageDecision]:
+        """Pauses victims on `backend` until its use is back under `limit`."""
         while use > limit:
-            popped = backend.acting.pop() if self.params.pause_acting else None
-            if popped is not None:
-                program = popped[1]
+            program = view.next_victim(backend, acting=True) if self.params.pause_acting else None
+            if program is not None:
                 freed = program.reserved_tokens
-                core.pause(program, now, "acting")
+                yield Pause(program, "acting")
                 use -= freed
                 continue
-            popped = backend.reasoning.pop()
-            if popped is None:
+            program = view.next_victim(backend, acting=False)
+            if program is None:
                 return
-            program = popped[1]
-            core.pause(program, now, "after_reasoning")
+            yield Pause(program, "after_reasoning")
             if self.params.reduce_projection:
                 use -= program.reserved_tokens
             else:
@@ -375,7 +354,7 @@ class Migration(Stage):
     Params = MigrationParams
     params: MigrationParams
 
-    def queue_key(self, core: SchedulerCore, program: Program) -> Any:
+    def queue_key(self, view: StageView, program: ProgramView) -> Any:
         assert program.queued_at is not None
         band = math.floor(program.queued_at / self.params.aging_s - program.priority)
         if self.params.placement == "best_fit_decreasing":
@@ -384,33 +363,25 @@ class Migration(Stage):
             return (band, -program.queued_at)
         return (band, program.queued_at)
 
-    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+    def place(self, view: StageView, program: ProgramView, now: float) -> str | None:
         if self.params.prefer_home_backend and program.backend is not None:
-            home = core.backends.get(program.backend)
-            if home is not None and home.healthy and core.admits(program, home, now):
+            home = view.backends.get(program.backend)
+            if home is not None and home.healthy and view.admits(program, home, now):
                 return home.label
-        fitting = [b for b in core.healthy_backends() if core.admits(program, b, now)]
+        fitting = [b for b in view.healthy_backends() if view.admits(program, b, now)]
         if not fitting:
             return ""
-        return max(fitting, key=core.room).label
+        return max(fitting, key=view.room).label
 
-    def on_tick(self, core: SchedulerCore, now: float) -> None:
-        fifo = core.queue_fifo
+    def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
         timeout = self.params.resume_timeout_s
-        while fifo:
-            queued_at, program = fifo[0]
-            if program.queued_at != queued_at or program.state is ProgramState.TERMINATED:
-                fifo.popleft()  # resumed, released or re-queued since
-                continue
-            if now - queued_at < timeout:
-                return
-            fifo.popleft()
-            healthy = core.healthy_backends()
+        while (program := view.next_overdue(timeout, now)) is not None:
+            healthy = view.healthy_backends()
             if not healthy:
                 return
-            home = core.backends.get(program.backend) if program.backend else None
-            target = home if home is not None and home.healthy else max(healthy, key=core.room)
-            core.resume(program, target.label, now, forced=True)
+            home = view.backends.get(program.backend) if program.backend else None
+            target = home if home is not None and home.healthy else max(healthy, key=view.room)
+            yield Resume(program, target.label, forced=True)
 
 
 # ---------------------------------------------------------------------------- GC hooks
@@ -425,39 +396,37 @@ class GcHooks(Stage):
         super().__init__(params)
         self.unanswered = FailedExpiry(self.params.failed_ttl_s)
 
-    def on_request(self, core: SchedulerCore, program: Program, now: float) -> None:
+    def on_request(self, view: StageView, program: ProgramView, now: float) -> Decisions:
         self.unanswered.seen(program)
+        return ()
 
     def on_finished(
-        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
-    ) -> None:
+        self, view: StageView, program: ProgramView, usage: Usage | None, ok: bool, now: float
+    ) -> Decisions:
         self.unanswered.seen(program)
+        return ()
 
-    def on_tick(self, core: SchedulerCore, now: float) -> None:
-        for program in self.unanswered.due(now, len(core.table)):
-            core.release(program, "failed", now)
+    def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
+        for unanswered in self.unanswered.due(now, view.program_count()):
+            yield Release(unanswered, "failed")
         ttl = self.params.idle_ttl_s
-        while True:
-            top = core.idle.peek()
-            if top is None or top[0] + ttl > now:
-                return
-            program = top[1]
-            core.idle.pop()
-            if program.in_flight == 0 and program.waiting == 0:
-                core.release(program, "expired", now)
+        while (idle := view.next_idle(ttl, now)) is not None:
+            if idle.in_flight == 0 and idle.waiting == 0:
+                yield Release(idle, "expired")
 
-    def on_release(self, core: SchedulerCore, program: Program, reason: str, now: float) -> None:
-        from thunder_mw.policies.core import ReclaimTools
-
-        if program.docker_ids:
-            core.emit(
-                ReclaimTools(
-                    program.program_id,
-                    tuple(program.docker_ids),
-                    reason,
-                    tuple(self.params.reclaim),
-                )
-            )
+    def on_release(
+        self, view: StageView, program: ProgramView, reason: str, now: float
+    ) -> Decisions:
+        if not program.docker_ids:
+            return ()
+        return (
+            ReclaimTools(
+                program.program_id,
+                tuple(program.docker_ids),
+                reason,
+                tuple(self.params.reclaim),
+            ),
+        )
 
 
 # ---------------------------------------------------------------------------- baselines
@@ -470,18 +439,18 @@ class RoundRobin(Stage):
         super().__init__(params)
         self._next = 0
 
-    def _pick(self, core: SchedulerCore) -> str | None:
-        healthy = core.healthy_backends()
+    def _pick(self, view: StageView) -> str | None:
+        healthy = view.healthy_backends()
         if not healthy:
             return None
         self._next = (self._next + 1) % len(healthy)
         return healthy[self._next].label
 
-    def route(self, core: SchedulerCore, program: Program, now: float) -> str | None:
-        return self._pick(core)
+    def route(self, view: StageView, program: ProgramView, now: float) -> str | None:
+        return self._pick(view)
 
-    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
-        return self._pick(core) or ""
+    def place(self, view: StageView, program: ProgramView, now: float) -> str | None:
+        return self._pick(view) or ""
 
 
 class Sticky(Stage):
@@ -490,15 +459,15 @@ class Sticky(Stage):
 
     name = "sticky"
 
-    def place(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+    def place(self, view: StageView, program: ProgramView, now: float) -> str | None:
         if program.backend is not None:
-            home = core.backends.get(program.backend)
+            home = view.backends.get(program.backend)
             if home is not None and home.healthy:
                 return home.label
-        healthy = core.healthy_backends()
+        healthy = view.healthy_backends()
         if not healthy:
             return ""
-        return min(healthy, key=lambda b: core.table.programs_on(b.label)).label
+        return min(healthy, key=lambda b: view.programs_on(b.label)).label
 
 
 # ---------------------------------------------------------------------------- registry

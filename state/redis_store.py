@@ -32,67 +32,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from thunder_mw.schemas.config import StateSettings
+from thunder_mw.state.store import ProgramRecord as ProgramRecord
+from thunder_mw.state.store import StoreUnavailable as StoreUnavailable
+from thunder_mw.state.store import SyncItem as SyncItem
+from thunder_mw.state.store import SyncResult as SyncResult
 
 log = logging.getLogger("thunder_mw.state")
 RETRY_AFTER_DOWN_S = 1.0
-
-
-class StoreUnavailable(Exception):
-    """Redis did not answer (or answered with an error): the caller applies on_unavailable."""
-
-
-class ProgramRecord(msgspec.Struct, kw_only=True):
-    """What a replica needs to carry on a program another one placed."""
-
-    program_id: str
-    holder: str
-    state: str  # active | paused
-    phase: str
-    backend: str | None
-    reserved_tokens: int = 0
-    context_tokens: int = 0
-    steps: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    failures: int = 0
-    pauses: int = 0
-    migrations: int = 0
-    session_id: str | None = None
-    session_type: str | None = None
-    parent_program_id: str | None = None
-    source: str | None = None
-    tool_time_ema_s: float | None = None
-    expected_output_tokens: int | None = None
-    owner: str | None = None  # hex HMAC digest of the owner key (program_owner: header)
-    waiting_since: float | None = None  # wall clock: it has requests waiting for room
-    # What GET /programs/{id} shows on a replica that does not hold it (docs/replicas.md).
-    created_at: float | None = None  # wall clock
-    last_active_at: float | None = None  # wall clock
-    in_flight: int = 0
-    waiting: int = 0
-    ephemeral: bool = False
-    priority: int = 0
-    final_requested: bool = False
-    paused_total_s: float = 0.0
-    docker_ids: list[str] = msgspec.field(default_factory=list)
-
-
-class SyncItem(msgspec.Struct, frozen=True):
-    """One program's state to write: `engine` "" means it holds no reservation."""
-
-    program_id: str
-    mode: str  # claim | update | drop
-    engine: str = ""
-    tokens: int = 0
-    limit: float | None = None
-    record: ProgramRecord | None = None
-
-
-class SyncResult(msgspec.Struct, frozen=True):
-    status: int  # 1 written, 0 refused (does not fit), -1 another live replica holds it
-    foreign: int  # tokens other live replicas reserve on the item's engine
-    freed: bool  # a reservation shrank or went away (others may have room now)
 
 
 _RECORD = msgspec.json.Encoder()
@@ -203,6 +149,8 @@ return out
 class RedisStore:
     """One replica's connection to the shared state; every call raises StoreUnavailable
     when Redis does not answer, and for a second after that does not try again."""
+
+    shared = True  # other replicas on the same Redis hold programs
 
     def __init__(self, settings: StateSettings, replica_id: str) -> None:
         assert settings.url is not None

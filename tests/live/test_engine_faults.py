@@ -21,6 +21,7 @@ from support.polling import wait_until
 
 from thunder_mw.engines.pool import SUSPECT_RECHECK_S, BackendPool
 from thunder_mw.middleware.app import ThunderGateway, create_app
+from thunder_mw.policies import Pause
 from thunder_mw.policies.core import RequestInfo, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Program, ProgramState, Usage
@@ -306,7 +307,7 @@ def test_core_paused_and_held_programs_of_a_dead_engine_resume_on_the_other() ->
     core = _core()
     assert _request(core, "paused", 200, 0.0).backend == "a"
     core.on_finished("paused", Usage(150, 50), True, 1.0)
-    core.pause(_program(core, "paused"), 1.5)  # as the pause stage would
+    core.apply([Pause(_program(core, "paused"))], 1.5)  # as the pause stage would
     assert _request(core, "hog-a", 950, 2.0).backend == "a"
     assert _request(core, "hog-b", 950, 2.0).backend == "b"
     assert _request(core, "held", 500, 3.0).program_id == "held"  # Hold: nothing fits

@@ -6,6 +6,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from thunder_mw.policies import ProgramView, Stage, StageView
 from thunder_mw.policies.baselines import KvAware, ProgressTtl, SessionAffinity
 from thunder_mw.policies.core import (
     Action,
@@ -17,8 +18,8 @@ from thunder_mw.policies.core import (
     SchedulerCore,
 )
 from thunder_mw.policies.pipeline import build_pipeline
-from thunder_mw.policies.program_table import Program, Usage
-from thunder_mw.policies.stages import Stage, StageParams
+from thunder_mw.policies.program_table import Usage
+from thunder_mw.policies.stages import StageParams
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
@@ -66,7 +67,7 @@ class _SeesFootprint(Stage):
         super().__init__(params)
         self.seen: list[int] = []
 
-    def route(self, core: SchedulerCore, program: Program, now: float) -> str | None:
+    def route(self, view: StageView, program: ProgramView, now: float) -> str | None:
         self.seen.append(program.request_tokens)
         return None
 

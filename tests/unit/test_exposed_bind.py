@@ -218,12 +218,12 @@ def test_check_config_shows_the_redis_backend_with_its_defaults(
 def test_the_app_and_gateway_mode_schedule_through_the_shared_store(tmp_path: Path) -> None:
     from redis.asyncio.connection import SSLConnection
 
-    from thunder_mw.middleware.shared_scheduler import SharedScheduler
+    from thunder_mw.state.redis_store import RedisStore
 
     config = load_config(redis_config(tmp_path))
     app = create_app(config)
     scheduler = app.core.scheduler
-    assert isinstance(scheduler, SharedScheduler)
+    assert isinstance(scheduler.store, RedisStore) and scheduler.replication is not None
     # rediss:// is TLS all the way (nothing connects until the gateway starts).
     assert scheduler.store.client.connection_pool.connection_class is SSLConnection
     assert scheduler.store.prefix == "fleet-a:"
@@ -231,4 +231,4 @@ def test_the_app_and_gateway_mode_schedule_through_the_shared_store(tmp_path: Pa
     async def inner(scope: object, receive: object, send: object) -> None: ...
 
     middleware = ThunderMiddleware(inner, config)
-    assert isinstance(middleware.core.scheduler, SharedScheduler)
+    assert isinstance(middleware.core.scheduler.store, RedisStore)

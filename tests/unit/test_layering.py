@@ -88,3 +88,61 @@ def test_the_gateway_has_one_http_client_stack(folder: str) -> None:
         for name in _third_party(path) & {"httpx", "httpx_aiohttp"}
     }
     assert not wrong, sorted(wrong)
+
+
+def _policy_imports(path: Path, modules: frozenset[str]) -> set[str]:
+    """The policies/ modules a module of policies/ imports (at any depth, lazily or not)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            parts = node.module.split(".")
+            if parts[:2] != ["thunder_mw", "policies"]:
+                continue
+            if len(parts) > 2:
+                found.add(parts[2])
+            else:  # `from thunder_mw.policies import x`: a module, else the package's names
+                named = {alias.name for alias in node.names}
+                found |= (named & modules) or {"__init__"}
+                if named - modules:
+                    found.add("__init__")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[:2] == ["thunder_mw", "policies"]:
+                    found.add(parts[2] if len(parts) > 2 else "__init__")
+    return found
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle in `graph` (module -> modules it imports), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)) is not None:
+            return found
+    return None
+
+
+def test_no_import_cycle_among_the_policies_modules() -> None:
+    folder = ROOT / "policies"
+    modules = frozenset(p.stem for p in folder.glob("*.py"))
+    graph = {p.stem: _policy_imports(p, modules) - {p.stem} for p in folder.glob("*.py")}
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_cycle_checker_sees_a_cycle() -> None:
+    assert _cycle({"core": {"stages"}, "stages": {"core"}}) == ["core", "stages", "core"]
+    assert _cycle({"core": {"stages"}, "stages": set()}) is None

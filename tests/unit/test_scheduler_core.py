@@ -19,8 +19,10 @@ from thunder_mw.policies.core import (
     Resumed,
     SchedulerCore,
 )
+from thunder_mw.policies.decisions import Pause
 from thunder_mw.policies.pipeline import PipelineError, build_pipeline
 from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usage
+from thunder_mw.policies.stages import Admission
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
@@ -113,10 +115,11 @@ def test_congested_backend_admits_nothing_until_below_the_low_watermark() -> Non
     run_step(core, "a", 500, 0)
     run_step(core, "b", 450, 0)
     core.on_request(ctx("b"), info(600), 5)  # b grows: 1100 reserved > high -> congested
-    assert core.backends["b0"].congested or _program(core, "a").state is ProgramState.PAUSED
+    admission = next(s for s in core.stages if isinstance(s, Admission))
+    assert admission.congested["b0"] or _program(core, "a").state is ProgramState.PAUSED
     # After the pause the backend holds ~610 (> low 800? no): check hysteresis directly.
     backend = core.backends["b0"]
-    backend.congested = True
+    admission.congested["b0"] = True
     backend.reserved = 850
     small = core.table.touch(ctx("c"), 6)[0]
     assert not core.admits(small, backend, 6)  # 850 > low (800): still congested
@@ -226,7 +229,7 @@ def test_resume_prefers_the_home_backend_when_it_has_room() -> None:
     core = make(capacities=(1000, 1000))
     home = run_step(core, "a", 600, 0)
     program = _program(core, "a")
-    core.pause(program, 1)
+    core.apply([Pause(program)], 1)
     decision, actions = core.on_request(ctx("a"), info(620), 2)
     assert decision == Forward("a", home) and not of(actions, Resumed)[0].migrated
 
@@ -234,7 +237,7 @@ def test_resume_prefers_the_home_backend_when_it_has_room() -> None:
 def test_resume_migrates_to_the_backend_with_the_most_room_when_home_is_full() -> None:
     core = make(capacities=(1000, 1000))
     assert run_step(core, "a", 600, 0) == "b0"
-    core.pause(_program(core, "a"), 1)
+    core.apply([Pause(_program(core, "a"))], 1)
     decision, _ = core.on_request(ctx("filler"), info(800), 2)
     assert decision == Forward("filler", "b0")  # both empty: the first with the most room
     decision, actions = core.on_request(ctx("a"), info(620), 3)

@@ -3,6 +3,7 @@ answer recording of the live side, and the benchmark harness carrying out `Prefi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -18,9 +19,18 @@ from thunder_mw.middleware.speculative_prefill import (
     warming_body,
 )
 from thunder_mw.observability.prefill_metrics import PrefillMetrics
+from thunder_mw.policies import (
+    BackendView,
+    Decisions,
+    Pause,
+    ProgramView,
+    Resume,
+    Stage,
+    StageDecision,
+    StageView,
+)
 from thunder_mw.policies.core import (
     Action,
-    BackendState,
     Forward,
     Hold,
     Prefill,
@@ -30,13 +40,7 @@ from thunder_mw.policies.core import (
 )
 from thunder_mw.policies.program_table import Program, ProgramState, Usage
 from thunder_mw.policies.speculative_prefill import SpeculativePrefill, SpeculativePrefillParams
-from thunder_mw.policies.stages import (
-    Admission,
-    AdmissionParams,
-    Migration,
-    Stage,
-    StateAwarePause,
-)
+from thunder_mw.policies.stages import Admission, AdmissionParams, Migration, StateAwarePause
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
@@ -53,10 +57,10 @@ class _MoveIdleOnTick(Stage):
         super().__init__()
         self.target = target
 
-    def on_tick(self, core: SchedulerCore, now: float) -> None:
-        for program in core.programs():
+    def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
+        for program in view.programs():
             if program.state is ProgramState.PAUSED and not program.waiting:
-                core.resume(program, self.target, now)
+                yield Resume(program, self.target)
 
 
 def _program(core: SchedulerCore, program_id: str) -> Program:
@@ -194,7 +198,7 @@ def test_prefetch_waits_for_room_at_home_unless_told_to_move_the_program() -> No
             capacities=(100_000, 4500),
         )
         run_call(core, "a", 2000, 0.0, 1.0)
-        core.pause(_program(core, "a"), 1.0)  # paused at home (b0), which then fills up
+        core.apply([Pause(_program(core, "a"))], 1.0)  # paused at home (b0), which then fills up
         hog = RequestInfo(prompt_chars=98_500 * CHARS_PER_TOKEN, max_tokens=10)
         assert isinstance(core.on_request(ctx("hog"), hog, 1.5)[0], Forward)  # in flight
         assert _program(core, "hog").backend == "b0" and core.room(core.backends["b0"]) < 2000
@@ -352,16 +356,17 @@ class _ElsewhereAfterEachCall(Stage):
         self.left: dict[str, str] = {}
 
     def on_finished(
-        self, core: SchedulerCore, program: Program, usage: Usage | None, ok: bool, now: float
-    ) -> None:
+        self, view: StageView, program: ProgramView, usage: Usage | None, ok: bool, now: float
+    ) -> Decisions:
         if usage is not None:
             self.cached.append((usage.prompt_tokens, usage.cached_tokens))
         if program.in_flight == 0 and program.backend is not None:
             self.left[program.program_id] = program.backend
-            core.pause(program, now)
+            return [Pause(program)]
+        return ()
 
     def admits(
-        self, core: SchedulerCore, program: Program, backend: BackendState, tokens: int, now: float
+        self, view: StageView, program: ProgramView, backend: BackendView, tokens: int, now: float
     ) -> bool:
         return self.left.get(program.program_id) != backend.label
 

@@ -1,7 +1,8 @@
-"""The live scheduler of one replica among several sharing a fleet through Redis (docs/replicas.md).
+"""What makes the live scheduler one replica among several sharing a fleet (docs/replicas.md).
 
 Each replica keeps its own pure SchedulerCore for its decisions; what must be shared is
-authoritative in Redis (state/redis_store.py):
+authoritative in the injected store (state/store.py: Redis, or memory for in-process
+replicas), and the live scheduler (middleware/live_scheduler.py) calls this at its seams:
 
 - the admission gate: before a call is handed to an engine, the program's reservation is
   written by one atomic script that refuses an increase past capacity x high watermark
@@ -14,8 +15,8 @@ authoritative in Redis (state/redis_store.py):
   record and takes it over where it runs (placement, reservation, counters), and tells the
   previous holder to let go of it; a restarted replica loads every record.
 
-The core is not changed: the other replicas' tokens are an offset on `BackendState.reserved`
-(the core only ever adds and subtracts its own programs' tokens there).
+The core sees the other replicas only through events: `on_foreign_reservations` (their
+share of each engine), `on_adopted` (a program's shared record) and `on_taken_over`.
 """
 
 from __future__ import annotations
@@ -24,63 +25,48 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
-from thunder_mw.engines.pool import Backend, BackendPool
-from thunder_mw.middleware.call_state import CallState, Outcome
-from thunder_mw.middleware.live_scheduler import HoldLimits, LiveScheduler, _until_disconnect
+from thunder_mw.middleware.call_state import CallState
 from thunder_mw.middleware.program_ownership import ProgramOwnership
-from thunder_mw.middleware.scheduling import ClientGone, Rejected
+from thunder_mw.middleware.scheduling import ClientGone, Rejected, until_disconnect
 from thunder_mw.middleware.types import Receive
-from thunder_mw.policies.core import Action, ReclaimTools, Released, SchedulerCore
+from thunder_mw.policies.core import Action, ReclaimTools, Released
+from thunder_mw.policies.decisions import Count
+from thunder_mw.policies.events import ProgramHistory
 from thunder_mw.policies.program_table import Phase, Program, ProgramState
 from thunder_mw.schemas.agent_context import AgentContext
-from thunder_mw.state.redis_store import (
-    RETRY_AFTER_DOWN_S,
-    ProgramRecord,
-    RedisStore,
-    StoreUnavailable,
-    SyncItem,
-)
+from thunder_mw.state.store import ProgramRecord, SchedulerStore, StoreUnavailable, SyncItem
+
+if TYPE_CHECKING:
+    from thunder_mw.middleware.live_scheduler import LiveScheduler
 
 log = logging.getLogger("thunder_mw.scheduler")
 # Background writes wait this long first: a program's next call, arriving meanwhile, writes
 # its state through the gate anyway (one round trip instead of two on the request path's loop).
 FLUSH_DELAY_S = 0.005
+# After the store did not answer, background writes retry this much later.
+RETRY_AFTER_DOWN_S = 1.0
 
 
-class SharedScheduler(LiveScheduler):
-    replica_id: str
+class Replication:
+    """One replica's share of the fleet's state, for the live scheduler it is built by."""
 
     def __init__(
         self,
-        pool: BackendPool,
-        core: SchedulerCore,
-        store: RedisStore,
+        scheduler: LiveScheduler,
+        store: SchedulerStore,
         on_unavailable: str,
-        clock: Callable[[], float] = time.monotonic,
-        tick_interval_s: float = 1.0,
-        limits: HoldLimits | None = None,
-        *,
-        listeners: Sequence[Callable[[Action], None]] = (),
-        tick_listeners: Sequence[Callable[[], None]] = (),
         ownership: ProgramOwnership | None = None,
     ) -> None:
-        super().__init__(
-            pool,
-            core,
-            clock,
-            tick_interval_s,
-            limits,
-            listeners=listeners,
-            tick_listeners=tick_listeners,
-        )
+        self.scheduler = scheduler
+        self.core = scheduler.core
+        self.clock = scheduler.clock
+        self.tick_interval_s = scheduler.tick_interval_s
         self.store = store
         self.replica_id = store.replica_id
         self.fail_closed = on_unavailable == "fail_closed"
-        # Tokens the other live replicas reserve on each engine, as last read from Redis.
-        self.foreign: dict[str, int] = {}
         self._high: float | None = None
         for stage in self.core.stages:
             params = getattr(stage, "params", None)
@@ -101,7 +87,6 @@ class SharedScheduler(LiveScheduler):
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        await super().start()
         try:
             if self.ownership is not None:
                 self.ownership.use_key(await self.store.owner_key())
@@ -116,57 +101,32 @@ class SharedScheduler(LiveScheduler):
             asyncio.create_task(self._flush_loop(), name="thunder-mw-state-flush"),
         ]
 
-    async def stop(self) -> None:
+    async def halt(self) -> None:
+        """Stops writing and reading in the background (before the scheduler stops)."""
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await super().stop()
+
+    async def close(self) -> None:
+        """Writes what is left, ends this replica's lease (after the scheduler stopped)."""
         with contextlib.suppress(StoreUnavailable):
             await self._flush()
             await self.store.end_lease()
         await self.store.close()
 
     # ------------------------------------------------------------------ requests
-    async def admit(self, call: CallState) -> str:
-        ctx = call.context
-        assert ctx is not None
+    async def adopt(self, ctx: AgentContext) -> None:
+        """Before a call is scheduled: a program another replica held continues here."""
         try:
             await self._adopt(ctx)
         except StoreUnavailable:
             if self.fail_closed:
                 raise _unavailable() from None
-        backend = await super().admit(call)
-        try:
-            await self._gate(call, ctx.program_id, backend)
-        except BaseException:
-            # The call never reaches the engine: it ends here, counted as failed.
-            self.calls[backend] -= 1
-            if self.calls[backend] <= 0:
-                del self.calls[backend]
-            if call.planned:
-                self._apply(self.core.on_finished(ctx.program_id, None, False, self.clock()))
-            raise
-        return backend
 
-    def finish(self, call: CallState, outcome: Outcome) -> None:
-        super().finish(call, outcome)
-        assert call.context is not None
-        self._mark(call.context.program_id)
-
-    def release(self, program_id: str) -> bool:
-        released = super().release(program_id)
+    def announce_release(self, program_id: str) -> None:
         # The replica holding it (if another) releases it too, with its tools.
         self._spawn(self._publish("release", program_id, self.replica_id))
-        return released
-
-    def add_backend(self, backend: Backend) -> None:
-        self.foreign.pop(backend.label, None)
-        super().add_backend(backend)
-
-    def remove_backend(self, label: str) -> None:
-        self.foreign.pop(label, None)
-        super().remove_backend(label)
 
     async def _adopt(self, ctx: AgentContext) -> None:
         """A program this replica does not hold: carry on from its shared record."""
@@ -202,21 +162,14 @@ class SharedScheduler(LiveScheduler):
             # It is admitted and placed: take its reservation over as it is (moving it from
             # the others' share to this replica's), no new admission. Placed first, then
             # taken out of the others' share: the room never looks free in between.
-            self.core.resume(program, home.label, self.clock())
-            self._apply(self.core._take())
-            self._set_foreign(home.label, self.foreign.get(home.label, 0) - record.reserved_tokens)
-            self.core.counters["takeovers"] += 1
+            self._apply(
+                self.core.on_taken_over(
+                    program.program_id, home.label, record.reserved_tokens, self.clock()
+                )
+            )
         self._spawn(self._publish("claim", ctx.program_id, self.replica_id))
 
-    async def _hold(self, program_id: str, receive: Receive | None, alone: bool = False) -> str:
-        # Held until resumed: the program joins (and then leaves) the queue in Redis.
-        self._mark(program_id)
-        try:
-            return await super()._hold(program_id, receive, alone)
-        finally:
-            self._mark(program_id)
-
-    async def _gate(self, call: CallState, program_id: str, backend: str) -> None:
+    async def gate(self, call: CallState, program_id: str, backend: str) -> None:
         """Writes the program's reservation through the shared gate; waits while it does
         not fit under the engine's limit summed over every live replica."""
         waited_from: float | None = None
@@ -236,7 +189,7 @@ class SharedScheduler(LiveScheduler):
                     if self.fail_closed:
                         raise _unavailable() from None
                     return  # fail open: this replica's own decision stands
-                self._set_foreign(backend, result.foreign)
+                self._foreign(backend, result.foreign)
                 if result.status == 1:
                     current = self.core.table.get(program_id)
                     if current is program and self._item(program, "claim") == item:
@@ -244,7 +197,7 @@ class SharedScheduler(LiveScheduler):
                     return
                 if waited_from is None:
                     waited_from = self.clock()
-                    self.core.counters["gate_waits"] += 1
+                    self._apply(self.core.apply([Count("gate_waits")], waited_from))
                 await self._wait_for_room(call.receive)
         finally:
             if waited_from is not None:
@@ -253,8 +206,8 @@ class SharedScheduler(LiveScheduler):
     async def _wait_for_room(self, receive: Receive | None) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._room.append(fut)
-        gone = asyncio.ensure_future(_until_disconnect(receive)) if receive else None
-        self.held += 1
+        gone = asyncio.ensure_future(until_disconnect(receive)) if receive else None
+        self.scheduler.held += 1
         try:
             waits: set[asyncio.Future[Any]] = {fut} if gone is None else {fut, gone}
             # Announcements can be lost (pub/sub has no backlog): the lease tick retries too.
@@ -262,7 +215,7 @@ class SharedScheduler(LiveScheduler):
             if gone is not None and gone.done():
                 raise ClientGone()
         finally:
-            self.held -= 1
+            self.scheduler.held -= 1
             if gone is not None:
                 gone.cancel()
             with contextlib.suppress(ValueError):
@@ -274,11 +227,15 @@ class SharedScheduler(LiveScheduler):
             if not fut.done():
                 fut.set_result(None)
 
-    # ------------------------------------------------------------------ state to Redis
-    def _apply(self, actions: list[Action]) -> None:
-        super()._apply(actions)
+    # ------------------------------------------------------------------ state to the store
+    def changed(self, actions: list[Action]) -> None:
+        """The scheduler carried out `actions`: their programs' records are written soon."""
         for action in actions:
             self._mark(action.program_id)
+
+    def mark(self, program_id: str) -> None:
+        """`program_id` changed here (held, resumed, a call ended): written soon."""
+        self._mark(program_id)
 
     def _mark(self, program_id: str) -> None:
         self._dirty.add(program_id)
@@ -395,7 +352,7 @@ class SharedScheduler(LiveScheduler):
             if result.status == -1:
                 self._let_go(item.program_id)  # another live replica holds it now
             elif item.engine and result.status == 1:
-                self._set_foreign(item.engine, result.foreign)
+                self._foreign(item.engine, result.foreign)
             freed = freed or result.freed
         if freed:
             await self._publish("room", self.replica_id)
@@ -412,61 +369,32 @@ class SharedScheduler(LiveScheduler):
             for a in actions
             if not (isinstance(a, Released | ReclaimTools) and a.program_id == program_id)
         ]
-        LiveScheduler._apply(self, kept)
+        self.scheduler.carry_out(kept)
         for action in kept:
             if action.program_id != program_id:
                 self._mark(action.program_id)
 
     def _seed(self, record: ProgramRecord, ctx: AgentContext | None) -> Program:
         """The program as its record describes it, in this replica's table (not placed)."""
-        now = self.clock()
-        program = self.core.table.get(record.program_id)
-        if program is None:
-            program, _ = self.core.table.touch(
-                ctx
-                or AgentContext(
-                    program_id=record.program_id,
-                    source=None,
-                    parent_program_id=record.parent_program_id,
-                    session_id=record.session_id,
-                    session_type=record.session_type,
-                ),
-                now,
-            )
-            program.source = record.source
-        if record.steps >= program.steps:
-            program.steps = record.steps
-            program.context_tokens = record.context_tokens
-            program.prompt_tokens = record.prompt_tokens
-            program.completion_tokens = record.completion_tokens
-            program.cached_tokens = record.cached_tokens
-            program.failures = record.failures
-            program.pauses = record.pauses
-            program.migrations = record.migrations
-            program.tool_time_ema_s = record.tool_time_ema_s
-            if record.expected_output_tokens is not None:
-                program.expected_output_tokens = record.expected_output_tokens
+        ctx = ctx or AgentContext(
+            program_id=record.program_id,
+            source=None,
+            parent_program_id=record.parent_program_id,
+            session_id=record.session_id,
+            session_type=record.session_type,
+        )
+        program = self.core.on_adopted(ctx, _history_of(record), self.clock())
         if self.ownership is not None and record.owner is not None:
             self.ownership.owners.bind(record.program_id, bytes.fromhex(record.owner))
-        if program.state is not ProgramState.ACTIVE and record.backend in self.core.backends:
-            program.backend = record.backend  # its home: placement prefers it
         return program
 
     # ------------------------------------------------------------------ the others
-    def _set_foreign(self, label: str, tokens: int) -> None:
-        backend = self.core.backends.get(label)
-        if backend is None:
-            self.foreign.pop(label, None)
-            return
-        tokens = max(0, tokens)
-        old = self.foreign.get(label, 0)
-        if tokens == old:
-            return
-        backend.reserved += tokens - old
-        self.foreign[label] = tokens
-        if tokens < old:
-            # Room appeared: queued programs may be placed now.
-            self._apply(self.core.on_backend(label, now=self.clock()))
+    def _foreign(self, label: str, tokens: int) -> None:
+        """The other replicas' share of `label`, as the store last said: an event for the core."""
+        self._apply(self.core.on_foreign_reservations(label, tokens, self.clock()))
+
+    def _apply(self, actions: list[Action]) -> None:
+        self.scheduler.apply(actions)
 
     async def _refresh(self) -> None:
         """Renews the lease and re-reads the others' reservations (coalesced)."""
@@ -488,7 +416,7 @@ class SharedScheduler(LiveScheduler):
                     for program in self.core.programs():
                         self._mark(program.program_id)
                 for label, (others, _total) in snapshot.items():
-                    self._set_foreign(label, others)
+                    self._foreign(label, others)
                 self._signal_room()
                 if not self._refresh_again:
                     return
@@ -511,7 +439,7 @@ class SharedScheduler(LiveScheduler):
             self._let_go(args[0])
         elif kind == "release" and len(args) == 2 and args[1] != self.replica_id:
             if self.core.table.get(args[0]) is not None:
-                LiveScheduler.release(self, args[0])
+                self.scheduler.release(args[0], announce=False)
 
     async def _publish(self, *words: str) -> None:
         with contextlib.suppress(StoreUnavailable):
@@ -521,6 +449,23 @@ class SharedScheduler(LiveScheduler):
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _history_of(record: ProgramRecord) -> ProgramHistory:
+    return ProgramHistory(
+        source=record.source,
+        backend=record.backend,
+        steps=record.steps,
+        context_tokens=record.context_tokens,
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
+        cached_tokens=record.cached_tokens,
+        failures=record.failures,
+        pauses=record.pauses,
+        migrations=record.migrations,
+        tool_time_ema_s=record.tool_time_ema_s,
+        expected_output_tokens=record.expected_output_tokens,
+    )
 
 
 def _program_of(record: ProgramRecord, now: float) -> Program:

@@ -1,0 +1,170 @@
+"""The scheduler core's state and its read-only queries: what `StageView` promises stages.
+
+`SchedulerCore` (policies/core.py) is built on this class: the event handlers change the
+state declared here, stages read it through these queries only.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from thunder_mw.policies.backend_state import BackendState, is_live
+from thunder_mw.policies.decisions import Action
+from thunder_mw.policies.estimates import TokenEstimator, ToolTimeModel
+from thunder_mw.policies.lazy_heap import LazyHeap
+from thunder_mw.policies.program_table import Program, ProgramState, ProgramTable
+from thunder_mw.policies.reservations import Ledger
+from thunder_mw.policies.stage_contract import HOOKS, Stage, overriding
+
+
+class CoreView:
+    """Programs, backends, the indexes over them, and the queries stages may ask."""
+
+    def __init__(
+        self,
+        backends: Iterable[tuple[str, int | None]],
+        stages: Iterable[Stage],
+        default_output_tokens: int,
+        chars_per_token: float,
+    ) -> None:
+        self.table = ProgramTable()
+        self.backends: dict[str, BackendState] = {
+            label: BackendState(label, capacity, True, is_live) for label, capacity in backends
+        }
+        self.stages = list(stages)
+        self.tokens = TokenEstimator(chars_per_token)
+        self.tool_time = ToolTimeModel()
+        self.default_output_tokens = default_output_tokens
+        self.ledger = Ledger(self.backends)
+        self.queue: LazyHeap[Program] = LazyHeap(is_live)
+        self.queue_fifo: collections.deque[tuple[float, Program]] = collections.deque()
+        self.idle: LazyHeap[Program] = LazyHeap(is_live)
+        self.queued = 0
+        # A queue head that fit nowhere still fits nowhere until room appears (the ledger's
+        # epoch moves): skip re-placing it.
+        self._blocked: tuple[int, int, int] | None = None
+        self._actions: list[Action] = []
+        # Index entries a stage consumed through `next_victim`, put back unless paused.
+        self._consumed: list[tuple[LazyHeap[Program], bool, Program, int]] = []
+        self._depth = 0  # hooks being run, nested through the decisions they return
+        self.counters: collections.Counter[str] = collections.Counter()
+        # Each hook, bound, of the stages that override it (the others have no opinion).
+        hooks: dict[str, list[Callable[..., Any]]] = {
+            name: overriding(self.stages, name) for name in HOOKS
+        }
+        self._place_hooks = hooks["place"]
+        self._route_hooks = hooks["route"]
+        self._victim_hooks = hooks["victim_key"]
+        self._queue_hooks = hooks["queue_key"]
+        self._ttl_hooks = hooks["kv_ttl"]
+        self._admit_hooks = hooks["admits"]
+        self._request_hooks = hooks["on_request"]
+        self._finished_hooks = hooks["on_finished"]
+        self._change_hooks = hooks["on_backend_change"]
+        self._tick_hooks = hooks["on_tick"]
+        self._blocked_hooks = hooks["on_queue_blocked"]
+        self._release_hooks = hooks["on_release"]
+        self._resumed_hooks = hooks["on_resumed"]
+        self._wait_hooks = hooks["on_queue_wait"]
+
+    # ================================================================ footprint, as bound
+    @property
+    def acting_weight(self) -> float:
+        return self.ledger.acting_weight
+
+    @property
+    def buffer_tokens(self) -> int:
+        return self.ledger.buffer_tokens
+
+    @property
+    def dedupe_prefixes(self) -> bool:
+        return self.ledger.dedupe_prefixes
+
+    # ================================================================ queries
+    def program(self, program_id: str) -> Program | None:
+        return self.table.get(program_id)
+
+    def program_count(self) -> int:
+        return len(self.table)
+
+    def programs_on(self, label: str) -> int:
+        return self.table.programs_on(label)
+
+    def programs(self) -> list[Program]:
+        return list(self.table)
+
+    def healthy_backends(self) -> list[BackendState]:
+        return [b for b in self.backends.values() if b.healthy]
+
+    def room(self, backend: Any, fraction: float = 1.0) -> float:
+        limit = backend.limit(fraction)
+        return float("inf") if limit is None else float(limit - backend.reserved)
+
+    def admits(self, program: Any, backend: Any, now: float) -> bool:
+        tokens = self.ledger.admit_tokens(program, backend)
+        return all(admits(self, program, backend, tokens, now) for admits in self._admit_hooks)
+
+    def footprint_for_resume(self, program: Any) -> int:
+        return self.ledger.footprint(program, for_resume=True)
+
+    def queue_length(self) -> int:
+        return self.queued
+
+    def drained(self, label: str) -> bool:
+        """No ACTIVE program is placed on `label` (a removed backend counts as drained)."""
+        return self.table.programs_on(label) == 0
+
+    def expected_tool_time(self, program: Any) -> float:
+        return self.tool_time.expected(program.session_type, program.tool_time_ema_s)
+
+    def victim_key(self, program: Any, acting: bool = True) -> Any:
+        """The pipeline's pause-order key for `program`."""
+        for key_of in self._victim_hooks:
+            key = key_of(self, program, acting)
+            if key is not None:
+                return key
+        return (program.reserved_tokens,)
+
+    # ================================================================ consuming reads
+    def next_victim(self, backend: Any, acting: bool) -> Program | None:
+        """The next program of `backend`'s pause order (ACTING or REASONING ones), taken off
+        it; the hook's victims it does not pause are put back when it returns."""
+        state = self.backends[backend.label]
+        heap = state.acting if acting else state.reasoning
+        top = heap.pop()
+        if top is None:
+            return None
+        program = top[1]
+        self._consumed.append((heap, acting, program, program.version))
+        return program
+
+    def _restore(self) -> None:
+        consumed, self._consumed = self._consumed, []
+        for heap, acting, program, stamp in consumed:
+            if program.version == stamp and program.state is not ProgramState.TERMINATED:
+                heap.push(self.victim_key(program, acting), program, stamp)
+
+    def next_idle(self, ttl_s: float, now: float) -> Program | None:
+        """The program idle longest, taken off the idle index, if idle `ttl_s` or more."""
+        top = self.idle.peek()
+        if top is None or top[0] + ttl_s > now:
+            return None
+        self.idle.pop()
+        return top[1]
+
+    def next_overdue(self, timeout_s: float, now: float) -> Program | None:
+        """The program queued longest, taken off the arrival order, if queued `timeout_s`
+        or more (entries left stale by a resume, release or re-queue are dropped)."""
+        fifo = self.queue_fifo
+        while fifo:
+            queued_at, program = fifo[0]
+            if program.queued_at != queued_at or program.state is ProgramState.TERMINATED:
+                fifo.popleft()  # resumed, released or re-queued since
+                continue
+            if now - queued_at < timeout_s:
+                return None
+            fifo.popleft()
+            return program
+        return None

@@ -1,0 +1,146 @@
+"""Specification of the scheduler core's boundary: other replicas reach it only as events,
+and stages read a view and return decisions the core applies (policies/stage_contract.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from thunder_mw.policies import Pause, Stage, StageDecision, StageView
+from thunder_mw.policies.core import Forward, Hold, Paused, RequestInfo, Resumed, SchedulerCore
+from thunder_mw.policies.events import ProgramHistory
+from thunder_mw.policies.pipeline import build_pipeline
+from thunder_mw.policies.program_table import Program, ProgramState, Usage
+from thunder_mw.schemas.agent_context import AgentContext
+from thunder_mw.schemas.config import Convention
+
+CHARS_PER_TOKEN = 4
+PIPELINE: list[dict[str, Any]] = [
+    {"admission": {"high_watermark": 1.0, "low_watermark": 0.8, "buffer_tokens_per_program": 0}},
+    {"state_aware_pause": {"acting_token_weight": 1.0, "yield_idle_after_s": None}},
+    {"migration": {}},
+]
+
+
+def ctx(pid: str) -> AgentContext:
+    return AgentContext(program_id=pid, source=Convention.THUNDERAGENT)
+
+
+def info(tokens: int, out: int = 10) -> RequestInfo:
+    return RequestInfo(prompt_chars=(tokens - 1) * CHARS_PER_TOKEN, max_tokens=out)
+
+
+def make(*extra: Stage, capacities: tuple[int, ...] = (1000,)) -> SchedulerCore:
+    labels = [(f"b{i}", c) for i, c in enumerate(capacities)]
+    stages = [*build_pipeline(PIPELINE), *extra]
+    return SchedulerCore(labels, stages, chars_per_token=CHARS_PER_TOKEN)
+
+
+def _program(core: SchedulerCore, program_id: str) -> Program:
+    program = core.table.get(program_id)
+    assert program is not None, program_id
+    return program
+
+
+def run_step(core: SchedulerCore, pid: str, tokens: int, now: float) -> None:
+    decision, _ = core.on_request(ctx(pid), info(tokens), now)
+    assert isinstance(decision, Forward), decision
+    core.on_finished(pid, Usage(tokens, 10), True, now + 1)
+
+
+# ------------------------------------------------------------------ other replicas
+def test_other_replicas_reservations_count_against_the_engine_until_they_shrink() -> None:
+    core = make()
+    assert core.on_foreign_reservations("b0", 900, 0.0) == []  # grew: nothing to resume
+    assert core.backends["b0"].reserved == 900
+    decision, _ = core.on_request(ctx("a"), info(500), 1.0)
+    assert isinstance(decision, Hold)
+    actions = core.on_foreign_reservations("b0", 100, 2.0)
+    assert [(a.program_id, a.backend) for a in actions if isinstance(a, Resumed)] == [("a", "b0")]
+    assert core.backends["b0"].reserved == 100 + _program(core, "a").reserved_tokens
+    assert core.on_foreign_reservations("b0", -5, 3.0) == []  # never below zero
+    assert core.foreign_reserved("b0") == 0 and core.on_foreign_reservations("gone", 1, 3) == []
+
+
+def test_a_program_taken_over_keeps_its_engine_and_leaves_the_others_share() -> None:
+    # Room for both counts: it is placed before it leaves the others' share.
+    core = make(capacities=(2000,))
+    core.on_foreign_reservations("b0", 600, 0.0)
+    history = ProgramHistory(backend="b0", steps=3, context_tokens=590, prompt_tokens=900)
+    program = core.on_adopted(ctx("p"), history, 1.0)
+    assert (program.state, program.backend, program.steps) == (ProgramState.PAUSED, "b0", 3)
+    actions = core.on_taken_over("p", "b0", 600, 2.0)
+    assert [a.program_id for a in actions if isinstance(a, Resumed)] == ["p"]
+    assert program.state is ProgramState.ACTIVE and core.foreign_reserved("b0") == 0
+    assert core.backends["b0"].reserved == program.reserved_tokens == 590
+    assert core.counters["takeovers"] == 1
+    assert core.on_taken_over("p", "b0", 600, 3.0) == []  # already placed here
+
+
+def test_an_older_record_does_not_overwrite_what_this_replica_knows() -> None:
+    core = make()
+    run_step(core, "p", 300, 0.0)
+    program = core.on_adopted(ctx("p"), ProgramHistory(backend="b0", steps=0), 5.0)
+    assert (program.steps, program.context_tokens) == (1, 310)
+
+
+# ------------------------------------------------------------------ the stage contract
+class _PausesAndLooks(Stage):
+    """Pauses `a` on a tick, then reads the view: the pause is already applied."""
+
+    name = "pauses_and_looks"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[ProgramState] = []
+
+    def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
+        program = view.program("a")
+        if program is not None and program.state is ProgramState.ACTIVE:
+            yield Pause(program, "test")
+            self.seen.append(program.state)
+
+
+def test_a_generator_hook_sees_each_decision_applied_before_its_next_step() -> None:
+    probe = _PausesAndLooks()
+    core = make(probe)
+    run_step(core, "a", 300, 0.0)
+    core.on_tick(5.0)
+    assert probe.seen == [ProgramState.PAUSED]
+    assert core.backends["b0"].reserved == 0 and core.counters["pauses"] == 1
+
+
+class _LooksAtVictims(Stage):
+    """Walks a backend's pause order on a tick and pauses nobody."""
+
+    name = "looks_at_victims"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def on_tick(self, view: StageView, now: float) -> tuple[()]:
+        backend = view.backends["b0"]
+        while (victim := view.next_victim(backend, acting=True)) is not None:
+            self.seen.append(victim.program_id)
+        return ()
+
+
+def test_victims_a_stage_looks_at_but_does_not_pause_stay_in_the_pause_order() -> None:
+    probe = _LooksAtVictims()
+    core = make(probe)
+    run_step(core, "big", 400, 0.0)
+    run_step(core, "small", 200, 0.0)
+    core.on_tick(5.0)
+    core.on_tick(6.0)
+    assert probe.seen == ["big", "small", "big", "small"]  # the same order, both times
+
+
+def test_decisions_from_outside_the_pipeline_are_applied_as_a_stages_would_be() -> None:
+    core = make()
+    run_step(core, "a", 300, 0.0)
+    actions = core.apply([Pause(_program(core, "a"), "operator")], 2.0)
+    assert [(a.program_id, a.reason) for a in actions if isinstance(a, Paused)] == [
+        ("a", "operator")
+    ]
+    assert len(actions) == 1

@@ -12,26 +12,17 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from thunder_mw.policies.admission import Admission as Admission
 from thunder_mw.policies.decisions import (
     Footprint,
     Pause,
-    PlanBackend,
     ReclaimTools,
     Release,
     Resume,
     StageDecision,
 )
 from thunder_mw.policies.failed_expiry import FailedExpiry
-from thunder_mw.policies.overflow_cost import (
-    EngineCosts,
-    OverflowView,
-    admit_past_capacity,
-    allowance,
-    budget,
-    duty,
-)
 from thunder_mw.policies.program_table import Usage
-from thunder_mw.policies.resident import resident_ratio
 from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
 from thunder_mw.policies.views import BackendView, ProgramView
 
@@ -41,188 +32,6 @@ from thunder_mw.schemas.stage_params import GcParams as GcParams
 from thunder_mw.schemas.stage_params import MigrationParams as MigrationParams
 from thunder_mw.schemas.stage_params import PauseParams as PauseParams
 from thunder_mw.schemas.stage_params import StageParams as StageParams
-
-
-# ---------------------------------------------------------------------------- admission
-class Admission(Stage):
-    """Admit a new or resumed program only if it fits under the high watermark, with
-    hysteresis: a backend that went over high admits nothing until it is back under low.
-    An empty backend admits any program, however large."""
-
-    name = "admission"
-    Params = AdmissionParams
-    params: AdmissionParams
-
-    def bind(self, view: StageView) -> Decisions:
-        if self.params.low_watermark > self.params.high_watermark:
-            raise ValueError("low_watermark must not exceed high_watermark")
-        self.costs: dict[str, EngineCosts] = {}
-        self._seen: dict[str, object] = {}
-        # The hysteresis: a backend that went over high admits nothing until back under low.
-        self.congested: dict[str, bool] = {}
-        return (
-            Footprint(
-                buffer_tokens=self.params.buffer_tokens_per_program,
-                dedupe_prefixes=self.params.shared_prefix,
-            ),
-        )
-
-    def admits(
-        self, view: StageView, program: ProgramView, backend: BackendView, tokens: int, now: float
-    ) -> bool:
-        high = backend.limit(self.params.high_watermark)
-        if high is None:  # capacity not known (yet): nothing to plan against
-            return True
-        low = backend.limit(self.params.low_watermark)
-        assert low is not None
-        extra = backend.overflow_tokens
-        reserved = backend.reserved - backend.unused  # what the engine says it holds
-        if reserved > high + extra:
-            self.congested[backend.label] = congested = True
-        elif reserved <= low + extra:
-            self.congested[backend.label] = congested = False
-        else:
-            congested = self.congested.get(backend.label, False)
-        if backend.reserved == 0:
-            # A program larger than the watermark still runs on an empty engine; otherwise
-            # it would block the head of the queue until its resume timeout.
-            return True
-        if congested:
-            return False
-        if reserved + tokens <= high:
-            return True
-        if self.params.overflow != "cost_aware":
-            return False
-        return admit_past_capacity(
-            self._costs(view, backend),
-            self._overflow_view(view, backend, high),
-            tokens,
-            self._budget_s(view, backend, program),
-        )
-
-    # -- cost-aware overflow (policies/overflow_cost.py): learn, and keep the allowance fresh
-    def _costs(self, view: StageView, backend: BackendView) -> EngineCosts:
-        costs = self.costs.get(backend.label)
-        if costs is None:
-            costs = self.costs[backend.label] = EngineCosts()
-        speed = backend.host_load_tokens_per_s
-        costs.host_s_per_token = 1.0 / speed if speed else None
-        return costs
-
-    def _overflow_view(self, view: StageView, backend: BackendView, high: float) -> OverflowView:
-        running = backend.metrics.running
-        host = backend.metrics.host_kv_tokens
-        tier = int(host) if host is not None else backend.host_kv_tokens
-        return OverflowView(
-            capacity=high,
-            reserved=backend.reserved - backend.unused,
-            running=backend.running_reserved - backend.running_unused,
-            batch=running if running else view.programs_on(backend.label),
-            # The tier holds idle programs' whole contexts, which reservations count at
-            # the ACTING weight: in reserved tokens it holds that share of its size.
-            host_tokens=int(tier * view.acting_weight) if self.params.host_tier else 0,
-            max_overflow=self.params.max_overflow,
-            duty=duty(self._costs(view, backend), view.tool_time.expected(None, None)),
-        )
-
-    def _budget_s(
-        self, view: StageView, backend: BackendView, program: ProgramView | None
-    ) -> float:
-        tool = (
-            view.expected_tool_time(program)
-            if program is not None
-            else view.tool_time.expected(None, None)
-        )
-        return budget(self._costs(view, backend), tool)
-
-    def on_finished(
-        self, view: StageView, program: ProgramView, usage: Usage | None, ok: bool, now: float
-    ) -> Decisions:
-        if usage is None or program.backend is None or self.params.overflow != "cost_aware":
-            return ()
-        self._costs(view, view.backends[program.backend]).observe_call(
-            usage.prompt_tokens,
-            usage.cached_tokens,
-            usage.completion_tokens,
-            usage.ttft_s,
-            usage.duration_s,
-        )
-        return ()
-
-    def on_queue_wait(
-        self, view: StageView, program: ProgramView, waited_s: float, now: float
-    ) -> Decisions:
-        if program.backend is not None and self.params.overflow == "cost_aware":
-            self._costs(view, view.backends[program.backend]).observe_hold(waited_s)
-        return ()
-
-    def on_backend_change(self, view: StageView, backend: BackendView, now: float) -> Decisions:
-        if self.params.resident_floor is not None:
-            return self._correct_and_plan(view, backend)
-        # No gauge correction: the plan needs no decision applied first, so no generator.
-        m = backend.metrics
-        fresh = m is not self._seen.get(backend.label)
-        if fresh:
-            self._seen[backend.label] = m
-        plan = self._plan(view, backend, fresh)
-        return () if plan is None else (plan,)
-
-    def _correct_and_plan(self, view: StageView, backend: BackendView) -> Iterator[StageDecision]:
-        m = backend.metrics
-        fresh = m is not self._seen.get(backend.label)
-        if fresh:  # a scrape: the engine's own signals
-            self._seen[backend.label] = m
-            floor = self.params.resident_floor
-            if floor is not None:
-                ratio = resident_ratio(
-                    backend.resident_ratio,
-                    m.kv_usage,
-                    backend.capacity,
-                    # what the gauge can see: each shared prefix once
-                    backend.running_reserved - backend.shared_running_credit,
-                    floor,
-                )
-                if ratio != backend.resident_ratio:
-                    yield PlanBackend(backend.label, resident_ratio=ratio)
-        plan = self._plan(view, backend, fresh)
-        if plan is not None:
-            yield plan
-
-    def _plan(self, view: StageView, backend: BackendView, fresh: bool) -> PlanBackend | None:
-        """The cost-aware rule's allowance past the watermark, learned from a fresh scrape
-        (None: unchanged)."""
-        if self.params.overflow != "cost_aware":
-            return None
-        m = backend.metrics
-        costs = self._costs(view, backend)
-        if fresh:
-            costs.observe_counters(
-                m.prefill_seconds_total,
-                m.prefill_tokens_total,
-                m.decode_seconds_total,
-                m.decode_tokens_total,
-            )
-        high = backend.limit(self.params.high_watermark)
-        if high is None:
-            return (
-                PlanBackend(backend.label, overflow_tokens=0) if backend.overflow_tokens else None
-            )
-        programs = view.programs_on(backend.label)
-        typical = backend.reserved // programs if programs else 0
-        extra = allowance(
-            costs,
-            self._overflow_view(view, backend, high),
-            typical,
-            self._budget_s(view, backend, None),
-        )
-        if extra != backend.overflow_tokens:
-            return PlanBackend(backend.label, overflow_tokens=extra)
-        return None
-
-    def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
-        if self.params.overflow == "cost_aware":
-            for backend in view.backends.values():
-                yield from self.on_backend_change(view, backend, now)
 
 
 # ---------------------------------------------------------------------------- pausing

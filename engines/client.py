@@ -277,6 +277,12 @@ class EngineClient:
         if self._fresh_session is not None:
             await self._fresh_session.close()
             self._fresh_session = None
+        # A closed connection's transport lets go of its socket on the loop's next turn
+        # (asyncio's `connection_lost` callback, aiohttp's "graceful shutdown" note): give it
+        # those turns (two: the close, then its callback), or a loop that ends right after
+        # this leaks the socket.
+        for _ in range(2):
+            await asyncio.sleep(0)
 
 
 STREAM_ERRORS = (TimeoutError, aiohttp.ClientError)

@@ -699,7 +699,8 @@ def resimulate(report: dict[str, Any]) -> dict[str, Any]:
     """`report` with each regime's `simulated` and `agreement` recomputed by the DES as the
     code stands, from what the regime recorded of its run (seed, programs, KV blocks,
     context limit, the profile fitted on its engine and its per-call overhead); the real
-    runs and their figures are kept as they are. For a change to a stand-in or to the
+    runs and their figures are kept as they are (`paired`, derived from them alone, is
+    recomputed). For a change to a stand-in or to the
     simulator, without the engine."""
     scenario = SCENARIOS[report["scenario"]]
     out = copy.deepcopy(report)
@@ -721,6 +722,9 @@ def resimulate(report: dict[str, Any]) -> dict[str, Any]:
         sims = {s: simulated(system_named(s), programs, cluster) for s in doc["runs"]}
         doc["simulated"] = simulated_figures(sims)
         doc["agreement"] = agreement(doc["policies"], sims, doc["runs"])
+        # A pure function of the real runs: recomputed, so a file from before the intervals
+        # were recorded gains them (the same runs give the same figures).
+        doc["paired"] = paired_ratios(doc["runs"])
     return out
 
 
@@ -764,10 +768,23 @@ def overflow_check(
     }
 
 
+def paired_compare(
+    runs: dict[str, list[dict[str, Any]]], a: str, b: str, key: str = "steps_per_min"
+) -> dict[str, Any] | None:
+    """`a` over `b` on `key` over the repeats both ran (a repeat's runs ran back to back):
+    the ratio of means with its 95 % bootstrap interval and verdict; None under 2 repeats."""
+    by_a, by_b = ({r["repeat"]: r[key] for r in runs[n] if r.get(key)} for n in (a, b))
+    repeats = sorted(by_a.keys() & by_b.keys())
+    if len(repeats) < 2:
+        return None
+    return bootstrap.compare([by_a[k] for k in repeats], [by_b[k] for k in repeats])
+
+
 def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """thunder-mw over each other system, repeat by repeat (the runs of one repeat ran back
-    to back): {min, median, max, n} of steps/min and hit-rate ratios. An interval holding
-    1.0 is a tie."""
+    """thunder-mw over each other system, repeat by repeat: {min, median, max, n} of the
+    steps/min and hit-rate ratios, and each figure's ratio of means with its `ci95` and
+    verdict (`steps_per_min_ratio`, `prefix_hit_rate_ratio`). An interval holding 1.0 is a
+    tie."""
     mine = {r["repeat"]: r for r in runs.get("thunder-mw", []) if "error" not in r}
     out: dict[str, Any] = {}
     for name, rs in runs.items():
@@ -783,6 +800,8 @@ def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         out[f"thunder-mw/{name}"] = {
             "steps_per_min": spread(steps),
             "prefix_hit_rate": spread(hits),
+            "steps_per_min_ratio": paired_compare(runs, "thunder-mw", name),
+            "prefix_hit_rate_ratio": paired_compare(runs, "thunder-mw", name, "prefix_hit_rate"),
         }
     return out
 
@@ -833,15 +852,8 @@ def pairwise_order(
     told_apart: list[dict[str, Any]] = []
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
-            by_a, by_b = (
-                {r["repeat"]: r["steps_per_min"] for r in runs[n] if r.get("steps_per_min")}
-                for n in (a, b)
-            )
-            repeats = sorted(by_a.keys() & by_b.keys())
-            if len(repeats) < 2:
-                continue
-            c = bootstrap.compare([by_a[k] for k in repeats], [by_b[k] for k in repeats])
-            if c["verdict"] == "tie":
+            c = paired_compare(runs, a, b)
+            if c is None or c["verdict"] == "tie":
                 continue
             sim_a, sim_b = simulated[a] or 0.0, simulated[b] or 0.0
             agrees = (sim_a > sim_b) if c["verdict"] == "win" else (sim_a < sim_b)
@@ -1032,24 +1044,3 @@ def write_plots(report: dict[str, Any], stem: Path) -> list[Path]:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return [path]
-
-
-def markdown_table(report: dict[str, Any]) -> str:
-    """The committed table: per regime and system, the real runs (min / median / max of
-    steps/min, median hit rate and preemptions), the simulator's figure and their ratio."""
-    lines = [
-        "| regime | system | steps/min (real: min / median / max) | hit rate | preempt. "
-        "| simulated | sim / real |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, regime in report["regimes"].items():
-        rows = {r["policy"]: r for r in regime["agreement"]["rows"]}
-        for policy, figures in regime["policies"].items():
-            s, h, p = (figures.get(k) or {} for k in SUMMARY_KEYS)
-            row = rows[policy]
-            steps = " / ".join(f"{s.get(k, 0):.1f}" for k in ("min", "median", "max"))
-            lines.append(
-                f"| {name} | {policy} | {steps} | {h.get('median')} | {p.get('median')} "
-                f"| {row['simulated']} | {row['ratio']} |"
-            )
-    return "\n".join(lines)

@@ -5,7 +5,8 @@
 #   scripts/test.sh          what CI runs (.ci/run): sets up the real vLLM engine, Docker and
 #                            Chromium, runs ruff, every test, then the conformance suite
 #                            against thunder-mw itself.
-#   scripts/test.sh --fast   the lane for work in progress (under 2 minutes on 2 cores): no
+#   scripts/test.sh --fast   the lane for work in progress (about 2.5 minutes on 2 cores,
+#                            the tests under 2): no
 #                            engine, Docker or browser setup and no conformance run; ruff,
 #                            then pytest -m "not slow and not real_vllm and not docker and
 #                            not browser and not peers and not redis" (the in-process tests).

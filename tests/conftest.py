@@ -12,7 +12,8 @@ Running the tests
   and Chromium, runs ruff, then every test and the conformance suite. Use it before pushing.
 - `bash scripts/test.sh --fast` is the lane for a change in progress: no engine, Docker or
   browser setup; ruff, then the in-process tests (`-m "not slow and not real_vllm and not
-  docker and not browser and not peers and not redis"`), in under 2 minutes on 2 cores.
+  docker and not browser and not peers and not redis"`), in about 2.5 minutes on 2 cores
+  (the tests themselves under 2).
   Extra arguments go to pytest.
 - The same selection by hand: `python3 -m pytest -m "not slow and not real_vllm and not
   docker and not browser and not peers and not redis"`.

@@ -75,6 +75,9 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "thunder-mw/fifo": _thunder_mw(migration={"placement": "most_room"}),
     "thunder-mw/yield-5s": _thunder_mw(**{"state-aware-pause": {"yield_idle_after_s": 5.0}}),
     # Ablations of issue 17's mechanisms (docs/scheduling.md), each against the default.
+    # The fixed rules the controller replaced (the default until 0.2.0): the cost-aware
+    # rule's allowance past the high watermark, no feedback on goodput.
+    "thunder-mw/fixed": _thunder_mw(admission={"overflow": "cost_aware"}),
     "thunder-mw/no-cost-aware": _thunder_mw(admission={"overflow": "hold"}),
     # docs/scheduling.md, "Shared prefixes counted once" and "Which call pauses": off by
     # default (each lost on some published setup).

@@ -1,11 +1,14 @@
 """The admission stage: who may run on which engine, and how far past its KV capacity a
-program may be let in (the cost-aware rule, policies/overflow_cost.py) before it waits."""
+program may be let in before it waits: by default the working-set limit the controller moves
+on measured goodput (policies/operating_point.py), else the cost-aware rule
+(policies/overflow_cost.py, also the controller's starting point) or a fixed watermark."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from thunder_mw.policies.decisions import Footprint, PlanBackend, StageDecision
+from thunder_mw.policies.operating_point import Bounds, OperatingPoint
 from thunder_mw.policies.overflow_cost import (
     EngineCosts,
     OverflowView,
@@ -37,6 +40,12 @@ class Admission(Stage):
         self._seen: dict[str, object] = {}
         # The hysteresis: a backend that went over high admits nothing until back under low.
         self.congested: dict[str, bool] = {}
+        # adaptive: each backend's controller (made once its first call is timed) and the
+        # output tokens of the calls seen finish there (goodput where the engine counts none).
+        self.points: dict[str, OperatingPoint] = {}
+        self.output_tokens: dict[str, float] = {}
+        self.admit_limit: dict[str, float] = {}
+        self._learns = self.params.overflow != "hold"
         return (
             Footprint(
                 buffer_tokens=self.params.buffer_tokens_per_program,
@@ -66,9 +75,12 @@ class Admission(Stage):
             return True
         if congested:
             return False
+        steered = self.admit_limit.get(backend.label)
+        if steered is not None:  # adaptive: the controller's limit
+            return reserved + tokens <= steered
         if reserved + tokens <= high:
             return True
-        if self.params.overflow != "cost_aware":
+        if self.params.overflow == "hold":
             return False
         return admit_past_capacity(
             self._costs(view, backend),
@@ -115,9 +127,11 @@ class Admission(Stage):
     def on_finished(
         self, view: StageView, program: ProgramView, usage: Usage | None, ok: bool, now: float
     ) -> Decisions:
-        if usage is None or program.backend is None or self.params.overflow != "cost_aware":
+        if usage is None or program.backend is None or not self._learns:
             return ()
-        self._costs(view, view.backends[program.backend]).observe_call(
+        label = program.backend
+        self.output_tokens[label] = self.output_tokens.get(label, 0.0) + usage.completion_tokens
+        self._costs(view, view.backends[label]).observe_call(
             usage.prompt_tokens,
             usage.cached_tokens,
             usage.completion_tokens,
@@ -129,7 +143,7 @@ class Admission(Stage):
     def on_queue_wait(
         self, view: StageView, program: ProgramView, waited_s: float, now: float
     ) -> Decisions:
-        if program.backend is not None and self.params.overflow == "cost_aware":
+        if program.backend is not None and self._learns:
             self._costs(view, view.backends[program.backend]).observe_hold(waited_s)
         return ()
 
@@ -167,8 +181,8 @@ class Admission(Stage):
 
     def _plan(self, view: StageView, backend: BackendView, fresh: bool) -> PlanBackend | None:
         """The cost-aware rule's allowance past the watermark, learned from a fresh scrape
-        (None: unchanged)."""
-        if self.params.overflow != "cost_aware":
+        (None: unchanged; the controller's point once it runs, set on ticks)."""
+        if not self._learns:
             return None
         m = backend.metrics
         costs = self._costs(view, backend)
@@ -197,6 +211,77 @@ class Admission(Stage):
         return None
 
     def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
-        if self.params.overflow == "cost_aware":
-            for backend in view.backends.values():
-                yield from self.on_backend_change(view, backend, now)
+        if not self._learns:
+            return
+        for backend in view.backends.values():
+            yield from self.on_backend_change(view, backend, now)
+            if self.params.overflow == "adaptive":
+                plan = self._steer(view, backend, now)
+                if plan is not None:
+                    yield plan
+
+    # -- adaptive: the controller (policies/operating_point.py) moves the limit
+    def _steer(self, view: StageView, backend: BackendView, now: float) -> PlanBackend | None:
+        """One controller tick for `backend`; the limit it sets, as the allowance past the
+        high watermark the pause stage also reads (None: unchanged)."""
+        capacity = backend.limit(1.0)
+        high = backend.limit(self.params.high_watermark)
+        costs = self.costs.get(backend.label)
+        if capacity is None or high is None or capacity <= 0 or costs is None:
+            return None
+        call_s = costs.call_s
+        if call_s is None or costs.prefill_s_per_token is None:
+            # Until a call is timed and a recompute priced, the cost-aware rule's point
+            # stands: the controller starts from what that rule then says (_prior).
+            return None
+        point = self.points.get(backend.label)
+        if point is None:
+            bounds = Bounds(floor=self.params.low_watermark, ceiling=self.params.max_limit)
+            point = OperatingPoint(self._prior(view, backend, costs, capacity, high), bounds)
+            self.points[backend.label] = point
+        limit = capacity * point.factor()
+        reserved = backend.reserved - backend.unused
+        queued = view.queue_length()
+        m = backend.metrics
+        # Calls that want this engine: at it (running or in its queue), or held for the fleet.
+        demand = (m.running or 0) + (m.waiting or 0) + queued / max(1, len(view.healthy_backends()))
+        factor = point.tick(
+            now,
+            self.output_tokens.get(backend.label, 0.0),
+            demand,
+            reserved / capacity,
+            queued > 0 or reserved >= 0.95 * limit,
+            call_s + view.tool_time.expected(None, None),
+        )
+        self.admit_limit[backend.label] = capacity * factor
+        # Pausing starts `max_overflow` x capacity above the limit admission holds to: a
+        # band, so that a program admitted at the limit is not paused by its next call's
+        # growth (the cost-aware rule's own band: it admits strictly, pauses past it). And it
+        # follows the point, not a lower probe: a probe down only stops admitting, so that
+        # probing costs no pauses (each one a recompute when its program returns).
+        pause_at = max(factor, point.point) + self.params.max_overflow
+        extra = int(capacity * pause_at - high)
+        if extra == backend.overflow_tokens:
+            return None
+        return PlanBackend(backend.label, overflow_tokens=extra)
+
+    def _prior(
+        self,
+        view: StageView,
+        backend: BackendView,
+        costs: EngineCosts,
+        capacity: float,
+        high: float,
+    ) -> float:
+        """Where the controller starts: past every bound (nothing held) where the cost-aware
+        rule, bounds aside, finds recomputing a typical program cheaper than holding it;
+        else where that rule stands now (its allowance past the watermark)."""
+        programs = view.programs_on(backend.label)
+        typical = backend.reserved // programs if programs else 0
+        batch = backend.metrics.running or programs
+        p = costs.prefill_s_per_token
+        if p is not None and max(1, typical) * max(1, batch) * p < self._budget_s(
+            view, backend, None
+        ):
+            return self.params.max_limit
+        return (high + backend.overflow_tokens) / capacity

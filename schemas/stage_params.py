@@ -31,12 +31,22 @@ class AdmissionParams(StageParams):
     buffer_tokens_per_program: int = Field(
         128, ge=0, description="Tokens reserved per program on top of its context (growth)."
     )
-    overflow: Literal["hold", "cost_aware"] = Field(
-        "cost_aware",
-        description="A program that does not fit: `hold` it until room appears, or "
-        "`cost_aware`: admit it past capacity when the engine's learned cost of recomputing "
-        "(or reloading from its host KV tier) what then no longer fits is below the batch "
-        "width a hold loses (docs/scheduling.md).",
+    overflow: Literal["adaptive", "hold", "cost_aware"] = Field(
+        "adaptive",
+        description="How much a backend admits: `adaptive`: a working-set limit moved by "
+        "feedback on the engine's measured goodput, within [low_watermark, max_limit] x "
+        "capacity (policies/operating_point.py); `hold`: up to high_watermark, a program "
+        "that does not fit waits; `cost_aware`: past it when the engine's learned cost of "
+        "recomputing (or reloading from its host KV tier) what then no longer fits is below "
+        "the batch width a hold loses (docs/scheduling.md). `adaptive` starts from "
+        "`cost_aware`'s point until the first call is timed.",
+    )
+    max_limit: float = Field(
+        8.0,
+        ge=1,
+        le=64,
+        description="adaptive: the most a backend admits, as a multiple of its KV capacity "
+        "(the controller's ceiling: at it nothing is held).",
     )
     resident_floor: float | None = Field(
         None,

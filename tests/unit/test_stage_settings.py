@@ -49,7 +49,7 @@ def test_a_stage_written_without_params_is_the_stage_the_default_pipeline_runs()
     ]
     assert params_of(written) == params_of(None)
     admission = build_pipeline([{"admission": {}}])[0].params
-    assert isinstance(admission, AdmissionParams) and admission.overflow == "cost_aware"
+    assert isinstance(admission, AdmissionParams) and admission.overflow == "adaptive"
 
 
 def test_the_default_pipeline_overrides_no_stage_params() -> None:
@@ -107,7 +107,8 @@ def test_a_wrong_parameter_is_named_with_its_stage_and_line(tmp_path: Path) -> N
     )
     assert sorted(problems) == [
         "policies[1].admission.high (line 4): unknown parameter",
-        "policies[1].admission.overflow (line 5): Input should be 'hold' or 'cost_aware'",
+        "policies[1].admission.overflow (line 5): "
+        "Input should be 'adaptive', 'hold' or 'cost_aware'",
     ]
 
 

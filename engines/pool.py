@@ -181,6 +181,7 @@ class BackendPool:
         # Engines that failed again while their suspect check was already running.
         self._check_again: set[str] = set()
         self._stopping = False
+        self._stopped = asyncio.Event()  # set by stop(): a suspect's recheck waits on it
         self._rr = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -194,10 +195,16 @@ class BackendPool:
 
     async def stop(self) -> None:
         self._stopping = True
+        self._stopped.set()
         if self._probe_task is not None:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probe_task
+        probes = list(self._suspect_probes.values())
+        if probes:
+            # A suspect's probe in flight ends by itself within the connect timeout; cancelled
+            # mid-connect, its socket can outlive the pool (an unclosed transport).
+            await asyncio.wait(probes, timeout=self._server.connect_timeout_s)
         for task in list(self._suspect_probes.values()):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -371,9 +378,11 @@ class BackendPool:
         an engine being killed can still answer /health for a moment after a call on it broke
         (its API server outlives its engine core by a few scheduler ticks on a busy host)."""
         await self.probe(backend)
-        if backend.healthy:
-            await asyncio.sleep(SUSPECT_RECHECK_S)
-            await self.probe(backend)
+        if backend.healthy and not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), SUSPECT_RECHECK_S)
+            if not self._stopping:
+                await self.probe(backend)
 
     def record_success(self, backend: Backend) -> None:
         """A probe found the engine well. The run of failed calls stays counted: calls that

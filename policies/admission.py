@@ -75,9 +75,7 @@ class Admission(Stage):
             return True
         if congested:
             return False
-        steered = self.admit_limit.get(backend.label)
-        if steered is not None:  # adaptive: the controller's limit
-            return reserved + tokens <= steered
+        high = self.admit_limit.get(backend.label, high)  # adaptive: the controller's
         if reserved + tokens <= high:
             return True
         if self.params.overflow == "hold":
@@ -222,8 +220,9 @@ class Admission(Stage):
 
     # -- adaptive: the controller (policies/operating_point.py) moves the limit
     def _steer(self, view: StageView, backend: BackendView, now: float) -> PlanBackend | None:
-        """One controller tick for `backend`; the limit it sets, as the allowance past the
-        high watermark the pause stage also reads (None: unchanged)."""
+        """One controller tick for `backend`: the limit admission holds to, and the pause
+        threshold above it (as the allowance past the high watermark the pause stage reads;
+        None: unchanged)."""
         capacity = backend.limit(1.0)
         high = backend.limit(self.params.high_watermark)
         costs = self.costs.get(backend.label)
@@ -231,14 +230,18 @@ class Admission(Stage):
             return None
         call_s = costs.call_s
         if call_s is None or costs.prefill_s_per_token is None:
-            # Until a call is timed and a recompute priced, the cost-aware rule's point
-            # stands: the controller starts from what that rule then says (_prior).
+            # Until a call is timed and a recompute priced, the cost-aware rule alone runs.
             return None
         point = self.points.get(backend.label)
         if point is None:
-            bounds = Bounds(floor=self.params.low_watermark, ceiling=self.params.max_limit)
-            point = OperatingPoint(self._prior(view, backend, costs, capacity, high), bounds)
-            self.points[backend.label] = point
+            # It starts where the rules of 0.2.0 stand (the high watermark), which then run
+            # inside its limit: at m = high_watermark the two are the same.
+            bounds = Bounds(
+                floor=self.params.low_watermark,
+                ceiling=self.params.max_limit,
+                idle_floor=self.params.high_watermark,
+            )
+            point = self.points[backend.label] = OperatingPoint(self.params.high_watermark, bounds)
         limit = capacity * point.factor()
         reserved = backend.reserved - backend.unused
         queued = view.queue_length()
@@ -253,35 +256,21 @@ class Admission(Stage):
             queued > 0 or reserved >= 0.95 * limit,
             call_s + view.tool_time.expected(None, None),
         )
-        self.admit_limit[backend.label] = capacity * factor
-        # Pausing starts `max_overflow` x capacity above the limit admission holds to: a
-        # band, so that a program admitted at the limit is not paused by its next call's
-        # growth (the cost-aware rule's own band: it admits strictly, pauses past it). And it
-        # follows the point, not a lower probe: a probe down only stops admitting, so that
-        # probing costs no pauses (each one a recompute when its program returns).
-        pause_at = max(factor, point.point) + self.params.max_overflow
-        extra = int(capacity * pause_at - high)
+        limit = self.admit_limit[backend.label] = capacity * factor
+        # Inside the limit the cost-aware rule still decides, per program, what may run past
+        # it and how far past it pausing waits (its allowance). Pausing follows the point,
+        # not a lower probe: a probe down only stops admitting, so probing costs no pauses
+        # (each one a recompute when its program returns).
+        programs = view.programs_on(backend.label)
+        typical = backend.reserved // programs if programs else 0
+        pause_at = max(limit, capacity * point.point)
+        past = allowance(
+            costs,
+            self._overflow_view(view, backend, limit),
+            typical,
+            self._budget_s(view, backend, None),
+        )
+        extra = int(pause_at + past - high)
         if extra == backend.overflow_tokens:
             return None
         return PlanBackend(backend.label, overflow_tokens=extra)
-
-    def _prior(
-        self,
-        view: StageView,
-        backend: BackendView,
-        costs: EngineCosts,
-        capacity: float,
-        high: float,
-    ) -> float:
-        """Where the controller starts: past every bound (nothing held) where the cost-aware
-        rule, bounds aside, finds recomputing a typical program cheaper than holding it;
-        else where that rule stands now (its allowance past the watermark)."""
-        programs = view.programs_on(backend.label)
-        typical = backend.reserved // programs if programs else 0
-        batch = backend.metrics.running or programs
-        p = costs.prefill_s_per_token
-        if p is not None and max(1, typical) * max(1, batch) * p < self._budget_s(
-            view, backend, None
-        ):
-            return self.params.max_limit
-        return (high + backend.overflow_tokens) / capacity

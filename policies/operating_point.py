@@ -43,6 +43,9 @@ class Bounds:
 
     floor: float = 0.9
     ceiling: float = 8.0
+    # Where no limit binds the point comes down to what runs, but not below this: a light
+    # load is no evidence that a lower limit pays once the load returns.
+    idle_floor: float = 0.0
     step: float = math.log(1.1)
     min_step: float = math.log(1.05)
     max_step: float = math.log(2.0)
@@ -53,6 +56,7 @@ class Bounds:
     max_rounds: int = 6
     # Each phase, in program cycles, and the share of it not measured (the transient).
     cycles_per_phase: float = 2.0
+    warmup_phases: int = 2  # phases at the starting point before the first probe
     settle: float = 0.5
     # Below this a phase holds too few calls (and too few scrapes) to measure anything.
     min_phase_s: float = 10.0
@@ -88,6 +92,7 @@ class OperatingPoint:
     _diffs: list[float] = field(default_factory=list)
     _bound_low: bool = False
     _peak_use: float = 0.0
+    _warming: int = 0
 
     def __post_init__(self) -> None:
         self.point = self._clamp(self.point)
@@ -145,12 +150,20 @@ class OperatingPoint:
     def _start_phase(self, now: float, cycle_s: float) -> None:
         b = self.bounds
         length = min(b.max_phase_s, max(b.min_phase_s, b.cycles_per_phase * cycle_s))
+        if self._warming < b.warmup_phases:
+            # First cruise at the prior: a run shorter than a round is better served by it
+            # than by a probe that has no time to be judged (and costs what it probes).
+            self._warming += 1
+            self._phase = _Phase(arm=0, start=now, length_s=length)
+            return
         arm = _ROUND[self._index] * (1 if self.rounds % 2 == 0 else -1)
         self._phase = _Phase(arm=arm, start=now, length_s=length)
 
     def _end_phase(self, now: float, tokens_total: float) -> None:
         phase = self._phase
         assert phase is not None
+        if phase.arm == 0:
+            return  # a warm-up phase: nothing measured
         if phase.tokens_at_measure is not None and phase.demand_s > 0:
             # Output tokens per second per call wanting the engine: the speed a call sees,
             # held time included. With the programs and their tools given, a closed loop's
@@ -169,7 +182,7 @@ class OperatingPoint:
                 # and a probe there says nothing. Bring it down to just above what runs, so
                 # the next round probes where a limit would bind (a point at the ceiling
                 # after a cheap phase would otherwise never notice recompute turning dear).
-                top = self._peak_use * math.exp(self.step)
+                top = max(self.bounds.idle_floor, self._peak_use * math.exp(self.step))
                 self.point = self._clamp(min(self.point, top))
                 self._diffs.clear()
             self._index = 0

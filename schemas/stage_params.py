@@ -33,13 +33,12 @@ class AdmissionParams(StageParams):
     )
     overflow: Literal["adaptive", "hold", "cost_aware"] = Field(
         "adaptive",
-        description="How much a backend admits: `adaptive`: a working-set limit moved by "
-        "feedback on the engine's measured goodput, within [low_watermark, max_limit] x "
-        "capacity (policies/operating_point.py); `hold`: up to high_watermark, a program "
+        description="How much a backend admits: `hold`: up to high_watermark, a program "
         "that does not fit waits; `cost_aware`: past it when the engine's learned cost of "
         "recomputing (or reloading from its host KV tier) what then no longer fits is below "
-        "the batch width a hold loses (docs/scheduling.md). `adaptive` starts from "
-        "`cost_aware`'s point until the first call is timed.",
+        "the batch width a hold loses; `adaptive`: `cost_aware` inside a working-set limit "
+        "moved by feedback on the engine's measured goodput, within [low_watermark, "
+        "max_limit] x capacity, starting at high_watermark (docs/scheduling.md).",
     )
     max_limit: float = Field(
         8.0,

@@ -185,3 +185,33 @@ def test_a_per_call_overhead_lengthens_each_call_of_a_program_by_it() -> None:
     slower = simulate([program], POLICIES["vllm"], dataclasses.replace(base, call_overhead_s=0.25))
     assert slower.jct_s[0] == pytest.approx(plain.jct_s[0] + 2 * 0.25, abs=1e-3)
     assert slower.metrics["prefix_hit_rate"] == plain.metrics["prefix_hit_rate"]
+
+
+def test_the_admission_controller_runs_in_the_des_and_sets_both_limits() -> None:
+    # A closed loop past the knee, long enough for probe rounds: each engine gets its own
+    # controller; admission holds to capacity x its factor, pausing starts at or above it.
+    sim = Simulation(
+        swe(40),
+        POLICIES["thunder-mw"],
+        SMALL,
+        Arrivals("closed", 16),
+        "thunder-mw",
+    )
+    sim.run()
+    admission = next(s for s in sim.core.stages if s.name == "admission")
+    points = admission.points  # type: ignore[attr-defined]
+    assert set(points) == set(sim.core.backends)
+    for label, point in points.items():
+        backend = sim.core.backends[label]
+        assert backend.capacity is not None
+        assert point.rounds >= 1
+        factor = admission.admit_limit[label] / backend.capacity  # type: ignore[attr-defined]
+        assert 0.9 <= factor <= 8.0
+        assert backend.capacity + backend.overflow_tokens >= admission.admit_limit[label]  # type: ignore[attr-defined]
+
+
+def test_the_fixed_rules_ablation_runs_no_controller() -> None:
+    sim = Simulation(swe(12), POLICIES["thunder-mw/fixed"], SMALL, Arrivals("batch"), "fixed")
+    sim.run()
+    admission = next(s for s in sim.core.stages if s.name == "admission")
+    assert admission.points == {}  # type: ignore[attr-defined]

@@ -108,9 +108,12 @@ def test_the_point_stays_within_its_bounds(start: float) -> None:
     assert all(0.9 <= f <= 8.0 for f in applied)
 
 
-def test_a_round_ends_after_four_phases_of_two_cycles_each() -> None:
+def test_two_phases_at_the_start_then_rounds_of_four_phases_of_two_cycles_each() -> None:
     point = OperatingPoint(2.0, Bounds(floor=0.9, ceiling=8.0))
-    _, _, applied = run(point, lambda m, t: 1.0, 4 * 2 * CYCLE_S + TICK_S)
+    phase = int(2 * CYCLE_S / TICK_S)
+    _, _, applied = run(point, lambda m, t: 1.0, 6 * 2 * CYCLE_S + TICK_S)
+    # A run shorter than the warm-up keeps the starting point (the rules of 0.2.0).
+    assert set(applied[: 2 * phase - 1]) == {2.0}
     assert point.rounds == 1
-    # up, down, down, up: the probes straddle the point
-    assert applied[5] > 2.0 > applied[25]
+    # then up, down, down, up: the probes straddle the point
+    assert applied[2 * phase + 5] > 2.0 > applied[3 * phase + 5]

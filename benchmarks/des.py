@@ -616,12 +616,6 @@ class Simulation:
                 preemptions_total=float(stats.num_preemptions),
                 prefix_hits_total=float(stats.prefix_cache_hits),
                 prefix_queries_total=float(stats.prefix_cache_queries),
-                # The counters the live pool reads from vLLM's /metrics (engines/pool.py), so
-                # the DES learns costs and goodput from the same signals as the gateway does.
-                prefill_seconds_total=stats.request_prefill_seconds,
-                prefill_tokens_total=float(stats.request_prefill_kv_computed_tokens),
-                decode_seconds_total=stats.request_decode_seconds,
-                decode_tokens_total=float(stats.generation_tokens),
             )
             self._apply(self.core.on_backend(backend.label, metrics=metrics, now=self.now))
         self._at(self.now + self.cluster.scrape_s, _SCRAPE)

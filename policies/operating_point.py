@@ -46,7 +46,7 @@ class Bounds:
     # Where no limit binds the point comes down to what runs, but not below this: a light
     # load is no evidence that a lower limit pays once the load returns.
     idle_floor: float = 0.0
-    step: float = math.log(1.1)
+    step: float = math.log(1.05)
     min_step: float = math.log(1.05)
     max_step: float = math.log(2.0)
     # A move needs the rounds' mean gain `z` standard errors off zero and above `min_gain`;

@@ -191,7 +191,7 @@ def test_the_admission_controller_runs_in_the_des_and_sets_both_limits() -> None
     # A closed loop past the knee, long enough for probe rounds: each engine gets its own
     # controller; admission holds to capacity x its factor, pausing starts at or above it.
     sim = Simulation(
-        swe(40),
+        swe(120),
         POLICIES["thunder-mw"],
         SMALL,
         Arrivals("closed", 16),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Callable
 
 import pytest
@@ -51,19 +52,27 @@ def run(
     return now, tokens, applied
 
 
+def settled(applied: list[float]) -> float:
+    """The limit the controller spent the second half of a run around (its median: near a
+    flat peak it keeps probing, and noise walks it a step or two either way)."""
+    return statistics.median(applied[len(applied) // 2 :])
+
+
 def test_it_climbs_to_the_best_working_set_and_stays_there() -> None:
     curve = peaked(3.0)
     point = OperatingPoint(1.0, Bounds(floor=0.9, ceiling=8.0))
-    run(point, lambda m, t: curve(m), 6 * 3600)
-    assert 3.0 / 1.25 <= point.point <= 3.0 * 1.25
+    _, _, applied = run(point, lambda m, t: curve(m), 6 * 3600)
+    assert 3.0 / 1.2 <= settled(applied) <= 3.0 * 1.2
+    assert 3.0 / 1.3 <= point.point <= 3.0 * 1.3
     assert point.moves >= 4
 
 
 def test_it_comes_down_from_too_large_a_working_set() -> None:
     curve = peaked(1.2)
     point = OperatingPoint(6.0, Bounds(floor=0.9, ceiling=8.0))
-    run(point, lambda m, t: curve(m), 6 * 3600)
-    assert 1.2 / 1.25 <= point.point <= 1.2 * 1.25
+    _, _, applied = run(point, lambda m, t: curve(m), 6 * 3600)
+    assert 1.2 / 1.2 <= settled(applied) <= 1.2 * 1.2
+    assert 1.2 / 1.3 <= point.point <= 1.2 * 1.3
 
 
 def test_it_follows_the_best_point_when_the_regime_shifts() -> None:

@@ -104,6 +104,7 @@ class Sequence:
         "_chain",
         "_finish_at",
         "_k0",
+        "_likely",
         "_o0",
         "_refused_at",
         "_refused_epoch",
@@ -179,6 +180,9 @@ class Sequence:
         self._refused_epoch = -1
         self._refused_at = 0
         self._chain: set[BlockHash] | None = None
+        # Blocks that probably hold its hash chain's head (BlockPool.longest_hit): those
+        # its program's previous request held, or its own before a preemption.
+        self._likely: list[int] | None = None
         # Engine time (simulated seconds) of its first scheduling and its first token: vLLM's
         # request prefill and decode time histograms are measured between these and the end.
         self._scheduled_at = -1.0
@@ -388,7 +392,7 @@ class Engine:
         else:
             self._leave_running(seq, self.step_no)
             self._cache_full_blocks(seq, seq.num_computed)
-            self.pool.free(reversed(seq.blocks))
+            self.pool.free_request(seq.blocks, seq.num_cached_blocks)
             seq.blocks = []
         seq.status = Status.ABORTED
         seq.finish_reason = "abort"
@@ -648,7 +652,7 @@ class Engine:
             if len(fresh) == seq._refused_at or seq._chain.isdisjoint(fresh[seq._refused_at :]):
                 seq._refused_at = len(fresh)
                 return 0
-        hit = pool.longest_hit(hashes, max_blocks)
+        hit = pool.longest_hit(hashes, max_blocks, seq._likely)
         hit_tokens = len(hit) * bs
         evictable = pool.num_evictable(hit)
         full_need = -(-num_tokens // bs) - len(hit) + evictable
@@ -658,6 +662,7 @@ class Engine:
             return 0
         seq._refused_epoch = -1
         seq._chain = None
+        seq._likely = None
         tiers = self._tier_hits(hashes, len(hit), max_blocks) if self.host_tier else []
         loaded_tokens = len(tiers) * bs
         num_new = min(num_tokens - hit_tokens - loaded_tokens, budget)
@@ -794,12 +799,18 @@ class Engine:
         out = min(prev.num_output, seq.prompt_len - n)
         agree = n + out if prompt[n : n + out] == self.output_ids(prev)[:out] else n
         seq.block_hashes = prev.block_hashes[: agree // self.config.block_size]
+        seq._likely = prev._likely
 
     def output_ids(self, seq: Sequence, start: int = 0) -> list[int]:
         """Token ids the request has generated, from output position `start`."""
+        n = seq.num_output - start
+        if n <= 0:
+            return []
+        # filler[j % m] for j in [start, num_output), cut from repeats of it in C.
         filler = self._filler
         m = len(filler)
-        return [filler[j % m] for j in range(start, seq.num_output)]
+        first = start % m
+        return (filler * ((first + n) // m + 1))[first : first + n]
 
     def _enter_decode(self, seq: Sequence, s: int) -> None:
         seq.decoding = True
@@ -840,7 +851,8 @@ class Engine:
     def _preempt(self, seq: Sequence, after_step: int) -> None:
         self._leave_running(seq, after_step)
         self._cache_full_blocks(seq, seq.num_computed)
-        self.pool.free(reversed(seq.blocks))
+        self.pool.free_request(seq.blocks, seq.num_cached_blocks)
+        seq._likely = seq.blocks
         seq.blocks = []
         seq.num_cached_blocks = 0
         seq.num_computed = 0
@@ -853,10 +865,10 @@ class Engine:
         self._leave_running(seq, s)
         # The last sampled token never had its KV computed; blocks hold num_computed tokens.
         self._cache_full_blocks(seq, seq.num_computed)
-        pool = self.pool
-        pool.free(reversed(seq.blocks))
+        self.pool.free_request(seq.blocks, seq.num_cached_blocks)
         if seq.kv_ttl_s and seq.num_cached_blocks:
             self._pin(seq)
+        seq._likely = seq.blocks  # for the program's next request
         seq.blocks = []
         seq.status = Status.FINISHED
         seq.finish_step = s

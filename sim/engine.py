@@ -654,8 +654,11 @@ class Engine:
                 return 0
         hit = pool.longest_hit(hashes, max_blocks, seq._likely)
         hit_tokens = len(hit) * bs
-        evictable = pool.num_evictable(hit)
-        full_need = -(-num_tokens // bs) - len(hit) + evictable
+        full_need = -(-num_tokens // bs)
+        # Hit blocks that are free still count against the free ones; when the whole
+        # sequence fits in the free blocks it fits whatever they are (no need to count).
+        if full_need > pool.num_free:
+            full_need += pool.num_evictable(hit) - len(hit)
         if full_need > pool.num_free:
             seq._refused_epoch = pool.free_epoch
             seq._refused_at = len(pool.new_hashes)
@@ -798,7 +801,15 @@ class Engine:
         # Past its prompt, the previous request's blocks hold its output (filler tokens).
         out = min(prev.num_output, seq.prompt_len - n)
         agree = n + out if prompt[n : n + out] == self.output_ids(prev)[:out] else n
-        seq.block_hashes = prev.block_hashes[: agree // self.config.block_size]
+        keep = agree // self.config.block_size
+        if prev.status is Status.FINISHED or prev.status is Status.ABORTED:
+            # Done with it: hand the chain over rather than copy it (a copy touches every
+            # hash object, each a cache miss in a long context).
+            seq.block_hashes = prev.block_hashes
+            prev.block_hashes = []
+            del seq.block_hashes[keep:]
+        else:
+            seq.block_hashes = prev.block_hashes[:keep]
         seq._likely = prev._likely
 
     def output_ids(self, seq: Sequence, start: int = 0) -> list[int]:

@@ -32,6 +32,7 @@ ROOT_HASH: BlockHash = 0x74_68_75_6E_64_65_72  # any fixed int: the parent of a 
 NEW_HASHES_KEPT = 1 << 16
 # A reference count that means "in the free queue" (BlockPool._ref: <= 0), for map().
 _IS_FREE = (1).__gt__
+_NOT_ONE = (1).__ne__
 
 
 def chain_hash(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
@@ -233,22 +234,30 @@ class BlockPool:
         end = min(max_blocks, len(hashes))
         start = 0
         hit: list[int] = []
+        step = 64
         if likely and end:
+            step = 16
             # likely[i] is the answer at i iff it still holds hashes[i] and no other block
-            # does (a duplicate could be the one the dict names).
+            # does (a duplicate could be the one the dict names). In C, in slices as below.
+            own = self._hash.__getitem__
             m = min(len(likely), end)
-            held = list(map(self._hash.__getitem__, likely[:m]))
-            want = hashes[:m]
-            if held == want:
-                start = m
-            else:
-                start = list(map(eq, held, want)).index(False)
-            if start and self._dups and not self._dups.keys().isdisjoint(want[:start]):
+            while start < m:
+                stop = min(m, start + step)
+                held = list(map(own, likely[start:stop]))
+                want = hashes[start:stop]
+                if held != want:
+                    start += list(map(eq, held, want)).index(False)
+                    break
+                start = stop
+                step *= 4
+            if start and self._dups and not self._dups.keys().isdisjoint(hashes[:start]):
                 start = 0
             hit = likely[:start]
+            # Where they stop, the block was reused or the context is new: the dict rarely
+            # has the next hash, so start small.
+            step = 4
         # The lookups run in C (map), in slices so that a short hit stops early.
         get = self._by_hash.get
-        step = 64
         while start < end:
             found: list[Any] = list(map(get, hashes[start : min(end, start + step)]))
             if None in found:
@@ -429,17 +438,22 @@ class BlockPool:
         tag = -stamp
         ref = self._ref
         out: list[int]
-        if list(map(ref.__getitem__, blocks)).count(1) == len(blocks):
+        refs = list(map(ref.__getitem__, blocks))
+        if refs.count(1) == len(refs):
             # The usual case: no other request holds any of them; all are freed.
             for b in blocks:
                 ref[b] = tag
             out = blocks
         else:
-            out = []
-            for b in blocks:
-                r = ref[b] - 1
-                if r:
-                    ref[b] = r
+            # Blocks others hold too (a shared system prompt) come last, in a request's
+            # freeing order: free the stretch before the first of them at once.
+            j = list(map(_NOT_ONE, refs)).index(True)
+            out = blocks[:j]
+            for b in out:
+                ref[b] = tag
+            for b, r in zip(blocks[j:], refs[j:], strict=True):
+                if r > 1:
+                    ref[b] = r - 1
                 else:
                     ref[b] = tag
                     out.append(b)
@@ -485,24 +499,7 @@ class BlockPool:
         own = self._hash
         by_hash = self._by_hash
         new = self.new_hashes
-        bs = blocks[start:end]
-        hs = hashes[start:end]
-        if len(bs) != len(hs):
-            raise ValueError(f"{len(bs)} blocks for {len(hs)} hashes")
-        if list(map(own.__getitem__, bs)).count(None) == len(bs) and by_hash.keys().isdisjoint(hs):
-            # The usual case (fresh blocks, new hashes), with the dict work in C. Two equal
-            # hashes in `hs` would make the second a duplicate: that needs the loop below.
-            n = len(by_hash)
-            by_hash.update(zip(hs, bs, strict=True))
-            if len(by_hash) == n + len(hs):
-                for b, h in zip(bs, hs, strict=True):
-                    own[b] = h
-                new += hs
-                hs = bs = []
-            else:
-                for h in hs:  # undo, and take the loop
-                    by_hash.pop(h, None)
-        for b, h in zip(bs, hs, strict=True):
+        for b, h in zip(blocks[start:end], hashes[start:end], strict=True):
             if own[b] is not None:
                 continue
             own[b] = h

@@ -699,9 +699,20 @@ class Engine:
         time it takes to the step being built."""
         bs = self.config.block_size
         seconds = 0.0
-        for i, tier in enumerate(tiers):
-            tier.load(hashes[start + i])
-            seconds += bs / tier.load_tokens_per_s
+        # Per stretch of one tier, one call; the seconds still summed block by block (the
+        # same float sum).
+        i = 0
+        n = len(tiers)
+        while i < n:
+            tier = tiers[i]
+            j = i + 1
+            while j < n and tiers[j] is tier:
+                j += 1
+            tier.load_many(hashes[start + i : start + j])
+            per_block = bs / tier.load_tokens_per_s
+            for _ in range(j - i):
+                seconds += per_block
+            i = j
         self._load_seconds += seconds
         st = self.stats
         st.kv_load_tokens += len(tiers) * bs
@@ -725,13 +736,22 @@ class Engine:
         by_source = st.cached_by_source
         if hit_tokens:
             by_source["device"] = by_source.get("device", 0) + hit_tokens
-        for tier in tiers:
-            by_source[tier.name] = by_source.get(tier.name, 0) + bs
+        if tiers:
+            per_tier: dict[str, int] = {}  # in order of first appearance, as keys are added
+            for tier in tiers:
+                per_tier[tier.name] = per_tier.get(tier.name, 0) + bs
+            for name, tokens in per_tier.items():
+                by_source[name] = by_source.get(name, 0) + tokens
 
     def _tier_hits(self, hashes: list[BlockHash], start: int, max_blocks: int) -> list[KvTier]:
         """The tier holding each block from `start` on, up to the first block none holds."""
+        end = min(max_blocks, len(hashes))
+        host = self.host_tier
+        if host is not None and host.lower is None and start < end:
+            # One tier: its longest run of held blocks, looked up in C.
+            return [host] * host.held_prefix(hashes[start:end])
         out: list[KvTier] = []
-        for i in range(start, min(max_blocks, len(hashes))):
+        for i in range(start, end):
             tier = self.host_tier
             while tier is not None and hashes[i] not in tier:
                 tier = tier.lower

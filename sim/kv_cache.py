@@ -113,11 +113,51 @@ class KvTier:
         lru[block_hash] = None
         self.stored_blocks += 1
 
+    def store_many(self, block_hashes: Iterable[BlockHash]) -> None:
+        """`store` each, in order (one call for a whole allocation's evictions)."""
+        lru = self._lru
+        capacity = self.capacity_blocks
+        lower = self.lower
+        for h in block_hashes:
+            if h in lru:
+                lru.move_to_end(h)
+                continue
+            if len(lru) >= capacity:
+                old = lru.popitem(last=False)[0]
+                self.evicted_blocks += 1
+                if lower is not None:
+                    lower.store(old)
+            lru[h] = None
+            self.stored_blocks += 1
+
     def load(self, block_hash: BlockHash) -> None:
         """A block read back to the GPU: it stays here, most recently used."""
         if block_hash in self._lru:
             self._lru.move_to_end(block_hash)
         self.loaded_blocks += 1
+
+    def load_many(self, block_hashes: Sequence[BlockHash]) -> None:
+        """`load` each, in order."""
+        lru = self._lru
+        move = lru.move_to_end
+        for h in block_hashes:
+            if h in lru:
+                move(h)
+        self.loaded_blocks += len(block_hashes)
+
+    def held_prefix(self, block_hashes: Sequence[BlockHash]) -> int:
+        """How many of `block_hashes`, from the first, this tier holds (the lookups in C)."""
+        has = self._lru.__contains__
+        n = len(block_hashes)
+        start = 0
+        step = 16  # in growing slices, so that a short run stops early
+        while start < n:
+            held = list(map(has, block_hashes[start : start + step]))
+            if False in held:
+                return start + held.index(False)
+            start += len(held)
+            step *= 4
+        return n
 
     def lru_order(self) -> list[BlockHash]:
         """Stored hashes, next evicted first; for tests and debugging."""
@@ -503,11 +543,11 @@ class BlockPool:
             if own[b] is not None:
                 continue
             own[b] = h
-            if h in by_hash:
-                self._dups.setdefault(h, []).append(b)
-            else:
-                by_hash[h] = b
+            # One probe: b is no entry's block (it had no hash), so the entry is b iff new.
+            if by_hash.setdefault(h, b) is b:
                 new.append(h)
+            else:
+                self._dups.setdefault(h, []).append(b)
         if len(new) >= NEW_HASHES_KEPT:
             self.free_epoch += 1  # forgets every refusal (Engine._admit): safe, only slower
             self.new_hashes = []
@@ -531,6 +571,15 @@ class BlockPool:
         own = self._hash
         by_hash = self._by_hash
         tier = self.tier
+        if not self._dups:
+            # No hash with two blocks: every cached block is its hash's entry.
+            hs = list(map(own.__getitem__, blocks))
+            for b, h in zip(blocks, hs, strict=True):
+                del by_hash[h]
+                own[b] = None
+            if tier is not None:
+                tier.store_many(hs)
+            return
         for b in blocks:
             h = own[b]
             assert h is not None

@@ -896,9 +896,13 @@ class Engine:
         self._leave_running(seq, s)
         # The last sampled token never had its KV computed; blocks hold num_computed tokens.
         self._cache_full_blocks(seq, seq.num_computed)
-        self.pool.free_request(seq.blocks, seq.num_cached_blocks)
         if seq.kv_ttl_s and seq.num_cached_blocks:
+            # Its full blocks stay held, now by the pin: freeing them and taking them back
+            # would leave the pool as it was, so only the rest is freed.
+            self.pool.free_request(seq.blocks[seq.num_cached_blocks :], 0)
             self._pin(seq)
+        else:
+            self.pool.free_request(seq.blocks, seq.num_cached_blocks)
         seq._likely = seq.blocks  # for the program's next request
         seq.blocks = []
         seq.status = Status.FINISHED
@@ -917,12 +921,12 @@ class Engine:
 
     # -- TTL pins and tiers ----------------------------------------------------------------
     def _pin(self, seq: Sequence) -> None:
-        """Hold a finished request's full blocks (a reference each) until its TTL ends."""
+        """Hold a finished request's full blocks until its TTL ends: the references the
+        request held on them pass to the pin (`_finish` did not drop them)."""
         key = seq.program_id or seq.request_id
         if key in self._pins:
             self._release_pin(key)
         blocks = seq.blocks[: seq.num_cached_blocks]
-        self.pool.touch(blocks)
         assert seq.kv_ttl_s is not None
         pin = _Pin(list(reversed(blocks)), self.now + seq.kv_ttl_s, key)
         self._pins[key] = pin
@@ -936,7 +940,7 @@ class Engine:
         if self._pin_of_block.get(pin.blocks[0]) == key:
             del self._pin_of_block[pin.blocks[0]]
         # Back to the free queue, tail first like a finished request's blocks.
-        self.pool.free(pin.blocks)
+        self.pool.free_cached(pin.blocks)
 
     def _expire_pins(self) -> None:
         heap = self._pin_expiry

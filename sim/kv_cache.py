@@ -446,6 +446,10 @@ class BlockPool:
             (uncached if hashes[b] is None else cached).append(b)
         self._release(cached, uncached)
 
+    def free_cached(self, ordered: list[int]) -> None:
+        """`free(ordered)` for blocks that all carry a hash (the hashes need not be read)."""
+        self._release(ordered, [])
+
     def free_request(self, blocks: list[int], num_cached: int) -> None:
         """`free(reversed(blocks))` for a request's blocks of which exactly the first
         `num_cached` carry a hash (as a request's do: hits, then blocks it filled and

@@ -28,7 +28,9 @@ or finish are touched, so a step with hundreds of running requests costs microse
 rest of a long simulation's time goes to blocks (16 tokens each), so the per-block work is
 kept small: a waiting request refused for lack of blocks is not re-examined until blocks
 come back to the free queue or a block of its own chain is cached (nothing else can make it
-fit), and a program's next request starts from the hash chain of its previous one.
+fit), and a program's next request starts from the hash chain of its previous one and
+checks the blocks that one held before looking hashes up. The free queue is kept as runs of
+blocks freed together (sim/kv_cache.BlockPool), so a hit costs a count, not a deletion.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from itertools import compress, repeat
-from operator import eq
+from operator import eq, not_
 from typing import Any
 
 BlockHash = int
@@ -484,23 +484,15 @@ class BlockPool:
         out: list[int]
         refs = list(map(ref.__getitem__, blocks))
         if refs.count(1) == len(refs):
-            # The usual case: no other request holds any of them; all are freed.
-            for b in blocks:
-                ref[b] = tag
-            out = blocks
+            out = blocks  # the usual case: no other request holds any of them
         else:
-            # Blocks others hold too (a shared system prompt) come last, in a request's
-            # freeing order: free the stretch before the first of them at once.
-            j = list(map(_NOT_ONE, refs)).index(True)
-            out = blocks[:j]
-            for b in out:
-                ref[b] = tag
-            for b, r in zip(blocks[j:], refs[j:], strict=True):
-                if r > 1:
-                    ref[b] = r - 1
-                else:
-                    ref[b] = tag
-                    out.append(b)
+            # Some others hold too (a shared system prompt): split them off in C.
+            shared = list(map(_NOT_ONE, refs))
+            out = list(compress(blocks, map(not_, shared)))
+            for b, r in zip(compress(blocks, shared), compress(refs, shared), strict=True):
+                ref[b] = r - 1
+        for b in out:
+            ref[b] = tag
         if not out:
             return None
         run = _Run(out, stamp)

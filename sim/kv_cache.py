@@ -23,7 +23,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from itertools import compress, repeat
 from operator import eq, not_
-from typing import Any
+from typing import Any, cast
 
 BlockHash = int
 
@@ -562,16 +562,17 @@ class BlockPool:
             self.tier.clear()
         return True
 
-    def _evict(self, blocks: Iterable[int]) -> None:
+    def _evict(self, blocks: Sequence[int]) -> None:
         """Forget the hashes of blocks being reused (in order), storing them in the tier."""
         own = self._hash
         by_hash = self._by_hash
         tier = self.tier
         if not self._dups:
-            # No hash with two blocks: every cached block is its hash's entry.
-            hs = list(map(own.__getitem__, blocks))
-            for b, h in zip(blocks, hs, strict=True):
-                del by_hash[h]
+            # No hash with two blocks: every cached block is its hash's entry (and every
+            # block evicted has a hash).
+            hs = cast("list[BlockHash]", list(map(own.__getitem__, blocks)))
+            for b, gone in zip(blocks, hs, strict=True):
+                del by_hash[gone]
                 own[b] = None
             if tier is not None:
                 tier.store_many(hs)

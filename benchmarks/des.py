@@ -17,6 +17,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from thunder_mw.benchmarks.workloads import ProgramSpec, growth_ids, system_ids
@@ -147,6 +148,7 @@ class _Listener:
 
 
 _LISTENER = _Listener()
+_PROMPT = attrgetter("prompt")
 
 
 class _Program:
@@ -628,7 +630,7 @@ class Simulation:
             self._series_kv[label].append(u)
         self._series_t.append(self.now)
         self._imbalance_sum += max(usages) - min(usages)
-        self._resident.append(sum(len(r.prompt) for r in self._open_runs))
+        self._resident.append(sum(map(len, map(_PROMPT, self._open_runs))))
         self._imbalance_n += 1
         self._at(self.now + self.cluster.sample_s, _SAMPLE)
 

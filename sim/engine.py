@@ -28,7 +28,9 @@ or finish are touched, so a step with hundreds of running requests costs microse
 rest of a long simulation's time goes to blocks (16 tokens each), so the per-block work is
 kept small: a waiting request refused for lack of blocks is not re-examined until blocks
 come back to the free queue or a block of its own chain is cached (nothing else can make it
-fit), and a program's next request starts from the hash chain of its previous one.
+fit), and a program's next request starts from the hash chain of its previous one and
+checks the blocks that one held before looking hashes up. The free queue is kept as runs of
+blocks freed together (sim/kv_cache.BlockPool), so a hit costs a count, not a deletion.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class Sequence:
         "_chain",
         "_finish_at",
         "_k0",
+        "_likely",
         "_o0",
         "_refused_at",
         "_refused_epoch",
@@ -179,6 +182,9 @@ class Sequence:
         self._refused_epoch = -1
         self._refused_at = 0
         self._chain: set[BlockHash] | None = None
+        # Blocks that probably hold its hash chain's head (BlockPool.longest_hit): those
+        # its program's previous request held, or its own before a preemption.
+        self._likely: list[int] | None = None
         # Engine time (simulated seconds) of its first scheduling and its first token: vLLM's
         # request prefill and decode time histograms are measured between these and the end.
         self._scheduled_at = -1.0
@@ -388,7 +394,7 @@ class Engine:
         else:
             self._leave_running(seq, self.step_no)
             self._cache_full_blocks(seq, seq.num_computed)
-            self.pool.free(reversed(seq.blocks))
+            self.pool.free_request(seq.blocks, seq.num_cached_blocks)
             seq.blocks = []
         seq.status = Status.ABORTED
         seq.finish_reason = "abort"
@@ -648,16 +654,20 @@ class Engine:
             if len(fresh) == seq._refused_at or seq._chain.isdisjoint(fresh[seq._refused_at :]):
                 seq._refused_at = len(fresh)
                 return 0
-        hit = pool.longest_hit(hashes, max_blocks)
+        hit = pool.longest_hit(hashes, max_blocks, seq._likely)
         hit_tokens = len(hit) * bs
-        evictable = pool.num_evictable(hit)
-        full_need = -(-num_tokens // bs) - len(hit) + evictable
+        full_need = -(-num_tokens // bs)
+        # Hit blocks that are free still count against the free ones; when the whole
+        # sequence fits in the free blocks it fits whatever they are (no need to count).
+        if full_need > pool.num_free:
+            full_need += pool.num_evictable(hit) - len(hit)
         if full_need > pool.num_free:
             seq._refused_epoch = pool.free_epoch
             seq._refused_at = len(pool.new_hashes)
             return 0
         seq._refused_epoch = -1
         seq._chain = None
+        seq._likely = None
         tiers = self._tier_hits(hashes, len(hit), max_blocks) if self.host_tier else []
         loaded_tokens = len(tiers) * bs
         num_new = min(num_tokens - hit_tokens - loaded_tokens, budget)
@@ -691,9 +701,20 @@ class Engine:
         time it takes to the step being built."""
         bs = self.config.block_size
         seconds = 0.0
-        for i, tier in enumerate(tiers):
-            tier.load(hashes[start + i])
-            seconds += bs / tier.load_tokens_per_s
+        # Per stretch of one tier, one call; the seconds still summed block by block (the
+        # same float sum).
+        i = 0
+        n = len(tiers)
+        while i < n:
+            tier = tiers[i]
+            j = i + 1
+            while j < n and tiers[j] is tier:
+                j += 1
+            tier.load_many(hashes[start + i : start + j])
+            per_block = bs / tier.load_tokens_per_s
+            for _ in range(j - i):
+                seconds += per_block
+            i = j
         self._load_seconds += seconds
         st = self.stats
         st.kv_load_tokens += len(tiers) * bs
@@ -717,13 +738,22 @@ class Engine:
         by_source = st.cached_by_source
         if hit_tokens:
             by_source["device"] = by_source.get("device", 0) + hit_tokens
-        for tier in tiers:
-            by_source[tier.name] = by_source.get(tier.name, 0) + bs
+        if tiers:
+            per_tier: dict[str, int] = {}  # in order of first appearance, as keys are added
+            for tier in tiers:
+                per_tier[tier.name] = per_tier.get(tier.name, 0) + bs
+            for name, tokens in per_tier.items():
+                by_source[name] = by_source.get(name, 0) + tokens
 
     def _tier_hits(self, hashes: list[BlockHash], start: int, max_blocks: int) -> list[KvTier]:
         """The tier holding each block from `start` on, up to the first block none holds."""
+        end = min(max_blocks, len(hashes))
+        host = self.host_tier
+        if host is not None and host.lower is None and start < end:
+            # One tier: its longest run of held blocks, looked up in C.
+            return [host] * host.held_prefix(hashes[start:end])
         out: list[KvTier] = []
-        for i in range(start, min(max_blocks, len(hashes))):
+        for i in range(start, end):
             tier = self.host_tier
             while tier is not None and hashes[i] not in tier:
                 tier = tier.lower
@@ -793,13 +823,27 @@ class Engine:
         # Past its prompt, the previous request's blocks hold its output (filler tokens).
         out = min(prev.num_output, seq.prompt_len - n)
         agree = n + out if prompt[n : n + out] == self.output_ids(prev)[:out] else n
-        seq.block_hashes = prev.block_hashes[: agree // self.config.block_size]
+        keep = agree // self.config.block_size
+        if prev.status is Status.FINISHED or prev.status is Status.ABORTED:
+            # Done with it: hand the chain over rather than copy it (a copy touches every
+            # hash object, each a cache miss in a long context).
+            seq.block_hashes = prev.block_hashes
+            prev.block_hashes = []
+            del seq.block_hashes[keep:]
+        else:
+            seq.block_hashes = prev.block_hashes[:keep]
+        seq._likely = prev._likely
 
     def output_ids(self, seq: Sequence, start: int = 0) -> list[int]:
         """Token ids the request has generated, from output position `start`."""
+        n = seq.num_output - start
+        if n <= 0:
+            return []
+        # filler[j % m] for j in [start, num_output), cut from repeats of it in C.
         filler = self._filler
         m = len(filler)
-        return [filler[j % m] for j in range(start, seq.num_output)]
+        first = start % m
+        return (filler * ((first + n) // m + 1))[first : first + n]
 
     def _enter_decode(self, seq: Sequence, s: int) -> None:
         seq.decoding = True
@@ -840,7 +884,8 @@ class Engine:
     def _preempt(self, seq: Sequence, after_step: int) -> None:
         self._leave_running(seq, after_step)
         self._cache_full_blocks(seq, seq.num_computed)
-        self.pool.free(reversed(seq.blocks))
+        self.pool.free_request(seq.blocks, seq.num_cached_blocks)
+        seq._likely = seq.blocks
         seq.blocks = []
         seq.num_cached_blocks = 0
         seq.num_computed = 0
@@ -853,10 +898,14 @@ class Engine:
         self._leave_running(seq, s)
         # The last sampled token never had its KV computed; blocks hold num_computed tokens.
         self._cache_full_blocks(seq, seq.num_computed)
-        pool = self.pool
-        pool.free(reversed(seq.blocks))
         if seq.kv_ttl_s and seq.num_cached_blocks:
+            # Its full blocks stay held, now by the pin: freeing them and taking them back
+            # would leave the pool as it was, so only the rest is freed.
+            self.pool.free_request(seq.blocks[seq.num_cached_blocks :], 0)
             self._pin(seq)
+        else:
+            self.pool.free_request(seq.blocks, seq.num_cached_blocks)
+        seq._likely = seq.blocks  # for the program's next request
         seq.blocks = []
         seq.status = Status.FINISHED
         seq.finish_step = s
@@ -874,12 +923,12 @@ class Engine:
 
     # -- TTL pins and tiers ----------------------------------------------------------------
     def _pin(self, seq: Sequence) -> None:
-        """Hold a finished request's full blocks (a reference each) until its TTL ends."""
+        """Hold a finished request's full blocks until its TTL ends: the references the
+        request held on them pass to the pin (`_finish` did not drop them)."""
         key = seq.program_id or seq.request_id
         if key in self._pins:
             self._release_pin(key)
         blocks = seq.blocks[: seq.num_cached_blocks]
-        self.pool.touch(blocks)
         assert seq.kv_ttl_s is not None
         pin = _Pin(list(reversed(blocks)), self.now + seq.kv_ttl_s, key)
         self._pins[key] = pin
@@ -893,7 +942,7 @@ class Engine:
         if self._pin_of_block.get(pin.blocks[0]) == key:
             del self._pin_of_block[pin.blocks[0]]
         # Back to the free queue, tail first like a finished request's blocks.
-        self.pool.free(pin.blocks)
+        self.pool.free_cached(pin.blocks)
 
     def _expire_pins(self) -> None:
         heap = self._pin_expiry

@@ -19,15 +19,20 @@ instead of recomputed; the copy stays in the tier (as the host copies of those e
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from typing import Any
+from itertools import compress, repeat
+from operator import eq, not_
+from typing import Any, cast
 
 BlockHash = int
 
 ROOT_HASH: BlockHash = 0x74_68_75_6E_64_65_72  # any fixed int: the parent of a first block
 # BlockPool.new_hashes is bounded: past this many, the epoch moves on instead.
 NEW_HASHES_KEPT = 1 << 16
+# A reference count that means "in the free queue" (BlockPool._ref: <= 0), for map().
+_IS_FREE = (1).__gt__
+_NOT_ONE = (1).__ne__
 
 
 def chain_hash(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
@@ -108,11 +113,51 @@ class KvTier:
         lru[block_hash] = None
         self.stored_blocks += 1
 
+    def store_many(self, block_hashes: Iterable[BlockHash]) -> None:
+        """`store` each, in order (one call for a whole allocation's evictions)."""
+        lru = self._lru
+        capacity = self.capacity_blocks
+        lower = self.lower
+        for h in block_hashes:
+            if h in lru:
+                lru.move_to_end(h)
+                continue
+            if len(lru) >= capacity:
+                old = lru.popitem(last=False)[0]
+                self.evicted_blocks += 1
+                if lower is not None:
+                    lower.store(old)
+            lru[h] = None
+            self.stored_blocks += 1
+
     def load(self, block_hash: BlockHash) -> None:
         """A block read back to the GPU: it stays here, most recently used."""
         if block_hash in self._lru:
             self._lru.move_to_end(block_hash)
         self.loaded_blocks += 1
+
+    def load_many(self, block_hashes: Sequence[BlockHash]) -> None:
+        """`load` each, in order."""
+        lru = self._lru
+        move = lru.move_to_end
+        for h in block_hashes:
+            if h in lru:
+                move(h)
+        self.loaded_blocks += len(block_hashes)
+
+    def held_prefix(self, block_hashes: Sequence[BlockHash]) -> int:
+        """How many of `block_hashes`, from the first, this tier holds (the lookups in C)."""
+        has = self._lru.__contains__
+        n = len(block_hashes)
+        start = 0
+        step = 16  # in growing slices, so that a short run stops early
+        while start < n:
+            held = list(map(has, block_hashes[start : start + step]))
+            if False in held:
+                return start + held.index(False)
+            start += len(held)
+            step *= 4
+        return n
 
     def lru_order(self) -> list[BlockHash]:
         """Stored hashes, next evicted first; for tests and debugging."""
@@ -124,15 +169,43 @@ class KvTier:
             self.lower.clear()
 
 
+class _Run:
+    """Blocks one `BlockPool.free` call put in the free queue, in queue order."""
+
+    __slots__ = ("blocks", "live", "pos", "stamp")
+
+    def __init__(self, blocks: list[int], stamp: int) -> None:
+        self.blocks = blocks
+        self.stamp = stamp
+        self.live = len(blocks)  # of blocks[pos:], those still free since this run
+        self.pos = 0  # blocks before it were handed out
+
+
 class BlockPool:
-    """All KV blocks of one engine: reference counts, cached hashes and the free queue."""
+    """All KV blocks of one engine: reference counts, cached hashes and the free queue.
+
+    The free queue is the LRU order of vLLM's. An OrderedDict of free blocks did it, but a
+    long simulation moves tens of millions of blocks through it, and a hit on free blocks
+    deleting them from the middle of an OrderedDict cost more than the rest of the engine.
+    The queue is kept lazily instead, as runs: the blocks each `free` call put there
+    (`_Run`), in order. A free block's `_ref` entry is minus the stamp of the run it is
+    live in (a held block's is its reference count, > 0); a hit only sets the reference
+    count and the run's count of live blocks, its entry goes stale. Handing out blocks walks
+    the head run past stale entries and drops runs with none live whole, so a program's
+    previous context, taken back by its next request, costs nothing to skip. The live
+    entries are exactly the OrderedDict's, in its order.
+    """
 
     __slots__ = (
         "_by_hash",
         "_dups",
-        "_free",
+        "_entries",
         "_hash",
+        "_num_free",
+        "_queue",
         "_ref",
+        "_runs",
+        "_stamp",
         "block_size",
         "free_epoch",
         "new_hashes",
@@ -145,10 +218,18 @@ class BlockPool:
             raise ValueError("num_blocks must be at least 2 (block 0 is the null block)")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        # > 0: references held; <= 0: free, minus its run's stamp. Block 0 is the null
+        # block, never free: it holds a reference nobody drops.
         self._ref = [0] * num_blocks
+        self._ref[0] = 1
         self._hash: list[BlockHash | None] = [None] * num_blocks
-        # Head = next to be reused. Block 0 is the null block, never free.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        # Head = next to be reused.
+        first = _Run(list(range(1, num_blocks)), 0)
+        self._queue: deque[_Run] = deque([first])
+        self._runs: dict[int, _Run] = {0: first}  # the queue's runs by stamp
+        self._stamp = 0  # the latest run's
+        self._entries = num_blocks - 1  # Σ len(run.blocks) over the queue (its memory)
+        self._num_free = num_blocks - 1
         self._by_hash: dict[BlockHash, int] = {}
         # Two requests can fill identical blocks at once; vLLM keeps both under one hash.
         self._dups: dict[BlockHash, list[int]] = {}
@@ -164,7 +245,7 @@ class BlockPool:
     # -- queries ---------------------------------------------------------------------------
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._num_free
 
     @property
     def num_usable(self) -> int:
@@ -172,7 +253,7 @@ class BlockPool:
 
     def usage(self) -> float:
         """Fraction of usable blocks held by requests (vLLM's kv_cache_usage_perc)."""
-        return 1.0 - len(self._free) / (self.num_blocks - 1)
+        return 1.0 - self._num_free / (self.num_blocks - 1)
 
     def num_cached(self) -> int:
         """Blocks that carry a hash (held or free)."""
@@ -181,16 +262,42 @@ class BlockPool:
     def num_evictable_cached(self) -> int:
         """Free blocks that still hold a cached prefix."""
         h = self._hash
-        return sum(1 for b in self._free if h[b] is not None)
+        return sum(1 for b in self.free_queue() if h[b] is not None)
 
-    def longest_hit(self, hashes: Sequence[BlockHash], max_blocks: int) -> list[int]:
-        """Blocks of the longest cached prefix, at most `max_blocks` long."""
-        # The lookups run in C (map), in slices so that a short hit stops early.
-        get = self._by_hash.get
-        hit: list[int] = []
+    def longest_hit(
+        self, hashes: Sequence[BlockHash], max_blocks: int, likely: list[int] | None = None
+    ) -> list[int]:
+        """Blocks of the longest cached prefix, at most `max_blocks` long. `likely`: blocks
+        that probably still hold the first hashes (what the program's previous request or
+        this one before its preemption held): where they do, the answer is theirs without
+        a lookup by hash (a cold dict probe per block was a tenth of a long simulation)."""
         end = min(max_blocks, len(hashes))
         start = 0
+        hit: list[int] = []
         step = 64
+        if likely and end:
+            step = 16
+            # likely[i] is the answer at i iff it still holds hashes[i] and no other block
+            # does (a duplicate could be the one the dict names). In C, in slices as below.
+            own = self._hash.__getitem__
+            m = min(len(likely), end)
+            while start < m:
+                stop = min(m, start + step)
+                held = list(map(own, likely[start:stop]))
+                want = hashes[start:stop]
+                if held != want:
+                    start += list(map(eq, held, want)).index(False)
+                    break
+                start = stop
+                step *= 4
+            if start and self._dups and not self._dups.keys().isdisjoint(hashes[:start]):
+                start = 0
+            hit = likely[:start]
+            # Where they stop, the block was reused or the context is new: the dict rarely
+            # has the next hash, so start small.
+            step = 4
+        # The lookups run in C (map), in slices so that a short hit stops early.
+        get = self._by_hash.get
         while start < end:
             found: list[Any] = list(map(get, hashes[start : min(end, start + step)]))
             if None in found:
@@ -203,72 +310,219 @@ class BlockPool:
 
     def num_evictable(self, blocks: Iterable[int]) -> int:
         """How many of `blocks` sit in the free queue (touching them uses free capacity)."""
-        return list(map(self._ref.__getitem__, blocks)).count(0)
+        return sum(map(_IS_FREE, map(self._ref.__getitem__, blocks)))
 
     def ref_count(self, block: int) -> int:
-        return self._ref[block]
+        return max(self._ref[block], 0) if block else 0
 
     def hash_of(self, block: int) -> BlockHash | None:
         return self._hash[block]
 
     def free_queue(self) -> list[int]:
         """The free queue, head (next reused) first; for tests and debugging."""
-        return list(self._free)
+        ref = self._ref
+        return [
+            b
+            for run in self._queue
+            if run.live
+            for b in run.blocks[run.pos :]
+            if ref[b] == -run.stamp
+        ]
 
     # -- changes ---------------------------------------------------------------------------
     def touch(self, blocks: Iterable[int]) -> None:
-        """Take a reference on cache-hit blocks, taking free ones off the free queue."""
+        """Take a reference on cache-hit blocks, taking free ones off the free queue (their
+        entries go stale, their runs count them out)."""
         ref = self._ref
-        free = self._free
+        runs = self._runs
+        taken = 0
+        # Free blocks of a hit mostly come in long stretches of one run (the program's
+        # previous request freed them together): count a stretch, then tell its run.
+        last = 1  # no free block's
+        stretch = 0
         for b in blocks:
             r = ref[b]
-            if not r:
-                del free[b]
-            ref[b] = r + 1
+            if r > 0:
+                ref[b] = r + 1
+                continue
+            ref[b] = 1
+            if r == last:
+                stretch += 1
+                continue
+            if stretch:
+                runs[-last].live -= stretch
+                taken += stretch
+            last = r
+            stretch = 1
+        if stretch:
+            runs[-last].live -= stretch
+            taken += stretch
+        self._num_free -= taken
+
+    def _pop_free(self) -> int:
+        """The block at the head of the free queue, taken off it with one reference."""
+        queue = self._queue
+        run = queue[0]
+        while not run.live:
+            self._drop_head()
+            run = queue[0]
+        blocks = run.blocks
+        ref = self._ref
+        tag = -run.stamp
+        i = run.pos
+        b = blocks[i]
+        while ref[b] != tag:
+            i += 1
+            b = blocks[i]
+        run.pos = i + 1
+        run.live -= 1
+        ref[b] = 1
+        return b
+
+    def _drop_head(self) -> None:
+        """Drop the head run (no live block left in it)."""
+        run = self._queue.popleft()
+        del self._runs[run.stamp]
+        self._entries -= len(run.blocks)
 
     def allocate(self, n: int) -> list[int]:
         """Take `n` blocks from the head of the free queue, evicting their cached hashes."""
-        free = self._free
-        if n > len(free):
-            raise ValueError(f"cannot allocate {n} blocks, {len(free)} free")
-        pop = free.popitem
-        out = [pop(False)[0] for _ in range(n)]
+        if n > self._num_free:
+            raise ValueError(f"cannot allocate {n} blocks, {self._num_free} free")
+        queue = self._queue
         ref = self._ref
+        out: list[int] = []
+        need = n
+        while need:
+            run = queue[0]
+            if not run.live:
+                self._drop_head()
+                continue
+            take = min(need, run.live)
+            blocks = run.blocks
+            i = run.pos
+            if run.live == len(blocks) - i:
+                # No stale entry left in this run: the next `take` are all live.
+                got = blocks[i : i + take]
+                for b in got:
+                    ref[b] = 1
+                out += got
+                i += take
+            else:
+                tag = -run.stamp
+                left = take
+                while left:
+                    b = blocks[i]
+                    i += 1
+                    if ref[b] == tag:
+                        ref[b] = 1
+                        out.append(b)
+                        left -= 1
+            run.pos = i
+            run.live -= take
+            need -= take
+        self._num_free -= n
         hashes = self._hash
-        for b in out:
-            ref[b] = 1
         evicted = [b for b in out if hashes[b] is not None]
         if evicted:
             self._evict(evicted)
         return out
 
     def allocate_one(self) -> int:
-        b = self._free.popitem(last=False)[0]
+        if not self._num_free:
+            raise ValueError("cannot allocate 1 block, 0 free")
+        b = self._pop_free()
+        self._num_free -= 1
         if self._hash[b] is not None:
             self._evict((b,))
-        self._ref[b] = 1
         return b
 
     def free(self, ordered: Iterable[int]) -> None:
         """Drop one reference per block; `ordered` lists blocks in the order to evict them."""
-        ref = self._ref
         hashes = self._hash
-        free = self._free
+        cached: list[int] = []
+        uncached: list[int] = []
+        for b in ordered:
+            (uncached if hashes[b] is None else cached).append(b)
+        self._release(cached, uncached)
+
+    def free_cached(self, ordered: list[int]) -> None:
+        """`free(ordered)` for blocks that all carry a hash (the hashes need not be read)."""
+        self._release(ordered, [])
+
+    def free_request(self, blocks: list[int], num_cached: int) -> None:
+        """`free(reversed(blocks))` for a request's blocks of which exactly the first
+        `num_cached` carry a hash (as a request's do: hits, then blocks it filled and
+        registered, then ones it has not): the hashes need not be read."""
+        tail = blocks[num_cached:]
+        tail.reverse()
+        head = blocks[:num_cached]
+        head.reverse()
+        self._release(head, tail)
+
+    def _release(self, cached: list[int], uncached: list[int]) -> None:
+        """Drop a reference on each block: those of `cached` that it frees join the tail of
+        the free queue in that order, those of `uncached` (no hash) its head."""
         self.free_epoch += 1
         self.new_hashes = []
-        first: list[int] = []
-        for b in ordered:
-            r = ref[b] - 1
-            ref[b] = r
-            if not r:
-                if hashes[b] is None:
-                    first.append(b)
-                else:
-                    free[b] = None
+        back = self._freed(cached)
+        first = self._freed(uncached) if uncached else None
+        if back is not None:
+            self._queue.append(back)
         # Uncached blocks are reused first, in LIFO order like vLLM's prepend_n.
-        for b in reversed(first):
-            free[b] = None
-            free.move_to_end(b, last=False)
+        if first is not None:
+            self._queue.appendleft(first)
+        if self._entries > 2 * self.num_blocks + 1024:
+            self._compact()
+
+    def _freed(self, blocks: list[int]) -> _Run | None:
+        """Drop a reference on each of `blocks`; the run of those it frees (None: none)."""
+        self._stamp += 1
+        stamp = self._stamp
+        tag = -stamp
+        ref = self._ref
+        out: list[int]
+        refs = list(map(ref.__getitem__, blocks))
+        if refs.count(1) == len(refs):
+            out = blocks  # the usual case: no other request holds any of them
+        else:
+            # Some others hold too (a shared system prompt): split them off in C.
+            shared = list(map(_NOT_ONE, refs))
+            out = list(compress(blocks, map(not_, shared)))
+            for b, r in zip(compress(blocks, shared), compress(refs, shared), strict=True):
+                ref[b] = r - 1
+        for b in out:
+            ref[b] = tag
+        if not out:
+            return None
+        run = _Run(out, stamp)
+        self._runs[stamp] = run
+        self._num_free += len(out)
+        self._entries += len(out)
+        return run
+
+    def _compact(self) -> None:
+        """Drop runs with no live block and the stale entries of the others (memory only:
+        the live entries and their order stay)."""
+        ref = self._ref
+        runs = self._runs
+        kept: deque[_Run] = deque()
+        entries = 0
+        for run in self._queue:
+            if not run.live:
+                del runs[run.stamp]
+                continue
+            blocks = run.blocks[run.pos :]
+            if len(blocks) > run.live:
+                blocks = list(
+                    compress(blocks, map(eq, map(ref.__getitem__, blocks), repeat(-run.stamp)))
+                )
+            run.blocks = blocks
+            run.pos = 0
+            entries += len(blocks)
+            kept.append(run)
+        self._queue = kept
+        self._entries = entries
 
     def cache(self, block: int, block_hash: BlockHash) -> None:
         """Register a full block's hash so later requests can hit it."""
@@ -285,11 +539,11 @@ class BlockPool:
             if own[b] is not None:
                 continue
             own[b] = h
-            if h in by_hash:
-                self._dups.setdefault(h, []).append(b)
-            else:
-                by_hash[h] = b
+            # One probe: b is no entry's block (it had no hash), so the entry is b iff new.
+            if by_hash.setdefault(h, b) is b:
                 new.append(h)
+            else:
+                self._dups.setdefault(h, []).append(b)
         if len(new) >= NEW_HASHES_KEPT:
             self.free_epoch += 1  # forgets every refusal (Engine._admit): safe, only slower
             self.new_hashes = []
@@ -297,7 +551,7 @@ class BlockPool:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash, the tiers' too; refused (False) while any request holds
         blocks."""
-        if len(self._free) != self.num_blocks - 1:
+        if self._num_free != self.num_blocks - 1:
             return False
         self._hash = [None] * self.num_blocks
         self.free_epoch += 1
@@ -308,11 +562,21 @@ class BlockPool:
             self.tier.clear()
         return True
 
-    def _evict(self, blocks: Iterable[int]) -> None:
+    def _evict(self, blocks: Sequence[int]) -> None:
         """Forget the hashes of blocks being reused (in order), storing them in the tier."""
         own = self._hash
         by_hash = self._by_hash
         tier = self.tier
+        if not self._dups:
+            # No hash with two blocks: every cached block is its hash's entry (and every
+            # block evicted has a hash).
+            hs = cast("list[BlockHash]", list(map(own.__getitem__, blocks)))
+            for b, gone in zip(blocks, hs, strict=True):
+                del by_hash[gone]
+                own[b] = None
+            if tier is not None:
+                tier.store_many(hs)
+            return
         for b in blocks:
             h = own[b]
             assert h is not None
@@ -345,6 +609,6 @@ class BlockPool:
         return {
             "num_blocks": self.num_blocks,
             "block_size": self.block_size,
-            "free": len(self._free),
+            "free": self._num_free,
             "cached": self.num_cached(),
         }

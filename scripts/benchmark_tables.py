@@ -170,6 +170,7 @@ def per_size(name: str = "cluster-scaling", base: str = "kv_aware") -> str:
 
 # Baselines that know nothing of programs: issue 17's 1.15x is against the best of these.
 NOT_PROGRAM_AWARE = (
+    "vllm_capped",
     "kv_aware",
     "session_affinity",
     "offload",
@@ -371,6 +372,66 @@ def summary_table(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _goal_cell(r: Record | None, rival: str, goal: float) -> str:
+    """A ratio against its goal: met only at or above it with the interval above 1.0."""
+    if not r:
+        return "-"
+    if r["ratio"] < goal:
+        status = f"missed by {goal - r['ratio']:.2f}"
+    else:
+        status = "met" if r["ci95"][0] > 1.0 else "interval not above 1.0"
+    return f"{r['ratio']:.2f} vs {rival}: {status}"
+
+
+def _fixed_ratio(name: str) -> str:
+    """thunder-mw over its fixed-rules ablation, long window, from `<name>-variants.json`
+    (ratio of the means over its seeds), where the file has both rows."""
+    path = RESULTS / f"{name}-variants.json"
+    if not path.is_file():
+        return "-"
+    report = json.loads(path.read_text())
+    point = _main_point(report)
+    if point is None:
+        return "-"
+    r = point["ratios"].get("thunder-mw/fixed", {}).get("steps_per_min_steady")
+    return _ratio_cell(r) if r else "-"
+
+
+# The scenarios whose result files were rerun with the admission controller as the default
+# (2026-12-01, evening); the others' thunder-mw rows are the fixed rules of 0.2.0.
+CONTROLLER_RUNS = ["paper-toolorchestra-qwen3-8b", "test-mixed-fleet", "test-swe-orchestra-mix"]
+
+
+def controller_table(names: list[str]) -> str:
+    """Per scenario, on the long window at the published concurrency: thunder-mw against
+    its two targets (the best baseline that is not program-aware, >= 1.15; the vLLM
+    router's program scheduler, >= 1.1; each met only with the interval above 1.0), against
+    its own fixed rules (the ablation), and its starvation bound (max / median JCT <= 3)."""
+    lines = [
+        "| scenario | set | / best not program-aware (>= 1.15) | / vllm_router_program (>= 1.1) "
+        "| / thunder-mw/fixed (ablation) | max / median JCT (<= 3) |",
+        "|---|---|---|---|---|---|",
+    ]
+    metric = "steps_per_min_steady"
+    for name, report in _reports(names):
+        point = _main_point(report)
+        if point is None:
+            continue
+        ratios = point["ratios"]
+        present = [p for p in NOT_PROGRAM_AWARE if metric in ratios.get(p, {})]
+        best = min(present, key=lambda p: ratios[p][metric]["ratio"], default=None)
+        first = _goal_cell(ratios[best][metric], best, 1.15) if best else "-"
+        router = ratios.get("vllm_router_program", {}).get(metric)
+        second = _goal_cell(router, "router", 1.1)
+        jct = point["policies"].get("thunder-mw", {}).get("jct_max_over_median")
+        starvation = f"{jct['mean']:.2f}" if jct else "-"
+        split = report["config"].get("split", "tuning")
+        lines.append(
+            f"| `{name}` | {split} | {first} | {second} | {_fixed_ratio(name)} | {starvation} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 REAL_SYSTEMS = {
     "direct": "plain vLLM",
     "direct/cap-2": "plain vLLM, client cap 2",
@@ -463,6 +524,8 @@ def update_docs() -> None:
     """Rewrites the figures blocks of docs/benchmarks.md and the README's summary table."""
     _replace_block(DOCS, "tuning-figures", figure_tables(TUNING))
     _replace_block(DOCS, "test-figures", figure_tables(TEST))
+    _replace_block(DOCS, "controller-targets", controller_table(CONTROLLER_RUNS))
+    _replace_block(README, "controller-targets", controller_table(CONTROLLER_RUNS))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
     _replace_block(README, "real-engine-table", real_engine_table())
     _replace_block(DOCS, "real-engine-table", real_engine_table())
@@ -479,6 +542,9 @@ if __name__ == "__main__":
         sys.exit()
     if sys.argv[1:2] == ["--summary"]:
         print(summary_table(sys.argv[2:] or [*TUNING, *TEST]))
+        sys.exit()
+    if sys.argv[1:2] == ["--controller"]:
+        print(controller_table(sys.argv[2:] or CONTROLLER_RUNS))
         sys.exit()
     if sys.argv[1:2] == ["--real-engine"]:
         print(real_engine_table())

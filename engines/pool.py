@@ -181,7 +181,6 @@ class BackendPool:
         # Engines that failed again while their suspect check was already running.
         self._check_again: set[str] = set()
         self._stopping = False
-        self._stopped = asyncio.Event()  # set by stop(): a suspect's recheck waits on it
         self._rr = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -195,7 +194,6 @@ class BackendPool:
 
     async def stop(self) -> None:
         self._stopping = True
-        self._stopped.set()
         if self._probe_task is not None:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -379,8 +377,7 @@ class BackendPool:
         (its API server outlives its engine core by a few scheduler ticks on a busy host)."""
         await self.probe(backend)
         if backend.healthy and not self._stopping:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopped.wait(), SUSPECT_RECHECK_S)
+            await asyncio.sleep(SUSPECT_RECHECK_S)
             if not self._stopping:
                 await self.probe(backend)
 

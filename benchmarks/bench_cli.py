@@ -139,7 +139,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="vllm-cpu-real: rerun only the simulator's half on the result file's recorded "
         "runs (their programs, KV blocks and fitted profiles) and rewrite its `simulated` "
-        "and `agreement`; the real runs are kept, no engine is started.",
+        "and `agreement`; the real runs are kept, no engine is started. live-peers*: rerun "
+        "the DES stand-ins on the result file's seeds, rewrite `des`, `agreement`, `paired`.",
     )
     live.add_argument(
         "--regimes",

@@ -114,3 +114,18 @@ def test_a_closed_loop_that_ends_first_is_awaited_whole() -> None:
         return runs.result()
 
     assert list(asyncio.run(main())) == [None, None]
+
+
+def test_thunder_mw_is_paired_with_each_system_round_by_round() -> None:
+    def run(system: str, rnd: int, steps: float) -> dict[str, object]:
+        return {"system": system, "round": rnd, "steps_per_min_steady": steps}
+
+    runs = [run("thunder-mw", r, 30.0 + r) for r in range(3)]
+    runs += [run("a", r, 20.0 + r) for r in range(3)]  # below in every round: a win
+    runs += [run("b", r, v) for r, v in enumerate((28.0, 33.0, 31.0))]  # either side: a tie
+    runs += [run("c", 0, 10.0)]  # one round only: no interval
+    out = peers.paired(["thunder-mw", "a", "b", "c"], runs)
+    assert out["thunder-mw/a"]["verdict"] == "win"
+    assert out["thunder-mw/a"]["ratio"] == round(93 / 63, 3)
+    assert out["thunder-mw/b"]["verdict"] == "tie"
+    assert out["thunder-mw/c"] is None

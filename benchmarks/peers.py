@@ -218,6 +218,7 @@ VLLM_ROUTER_TIMERS = {
 # cache-aware warm-up slice, how long a cache-affinity placement stays routable, the prefix
 # tree's eviction, the worker-load poll (overload protection reads it) and a sticky key's
 # idle life. Fault-detection timers (stall, wedge, health checks) are left as they are.
+MIN_POLL_S = 0.1  # the shortest wall-clock engine poll a peer is given (vllm_router_program_config)
 SMG_TIMERS = {
     "--worker-warmup-secs": 60,
     "--cache-ttl-secs": 180,
@@ -247,6 +248,10 @@ def vllm_router_program_config(kv_tokens: int, tuning: PeerTuning | None) -> dic
     config["global_queue"] = True
     for key, seconds in VLLM_ROUTER_TIMERS.items():
         config[key] = seconds / tuning.time_scale
+    # Each poll renders a simulated engine's /metrics on its event loop: at 1/time_scale
+    # (25 ms at 40x) the polls alone held two engines to 17-19x of 40x on the shared
+    # machine, so the poll is not made more often than thunder-mw reads the engines.
+    config["metrics_interval_seconds"] = max(config["metrics_interval_seconds"], MIN_POLL_S)
     return config | router_cost_models(tuning.cost, tuning.chunk_tokens, tuning.time_scale)
 
 

@@ -48,8 +48,12 @@ def test_the_vllm_router_is_calibrated_in_the_engines_wall_seconds() -> None:
     assert config["global_queue"] is True
     assert config["token_capacity_per_dp_rank"] == 77_687
     assert config["max_acting_ttl_seconds"] == 10.0 / 40
-    assert config["metrics_interval_seconds"] == 1.0 / 40
     cost = get_profile("h100x8-glm46-fp8")
+    # Its 1 s poll would be 25 ms: held at the floor that keeps the engines on time.
+    assert config["metrics_interval_seconds"] == peers.MIN_POLL_S
+    assert peers.vllm_router_program_config(1, peers.PeerTuning(5.0, cost, 8192))[
+        "metrics_interval_seconds"
+    ] == pytest.approx(0.2)
     decode = config["decode_throughput_model"]
     assert decode["fixed_step_seconds"] == pytest.approx(cost.a / 40)
     assert decode["context_step_seconds_per_token"] == pytest.approx(cost.d / 40)

@@ -248,9 +248,9 @@ def vllm_router_program_config(kv_tokens: int, tuning: PeerTuning | None) -> dic
     config["global_queue"] = True
     for key, seconds in VLLM_ROUTER_TIMERS.items():
         config[key] = seconds / tuning.time_scale
-    # Each poll renders a simulated engine's /metrics on its event loop: at 1/time_scale
-    # (25 ms at 40x) the polls alone held two engines to 17-19x of 40x on the shared
-    # machine, so the poll is not made more often than thunder-mw reads the engines.
+    # Each poll renders a simulated engine's /metrics on the event loop that runs its steps;
+    # at 1/time_scale (40 renders a second per engine at 40x) that is CPU the engines lack
+    # on a shared machine, so the poll is held near thunder-mw's own (5/time_scale s).
     config["metrics_interval_seconds"] = max(config["metrics_interval_seconds"], MIN_POLL_S)
     return config | router_cost_models(tuning.cost, tuning.chunk_tokens, tuning.time_scale)
 

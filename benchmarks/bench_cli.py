@@ -118,7 +118,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-scale",
         type=float,
         help=f"Simulated seconds per wall second (default {LIVE_TIME_SCALE:g}; live-peers: "
-        "20, its published regimes: 40).",
+        "20; live-peers-glm46: 30; live-peers-minimax: 40).",
     )
     live.add_argument(
         "--repeats",

@@ -787,7 +787,7 @@ LIVE_REGIMES: dict[str, LiveRegime] = {
             ),
             "paper-rollout-2node",
             tune_peers=True,
-            time_scale=40.0,
+            time_scale=30.0,
             tolerance=0.10,
         ),
         LiveRegime(

@@ -56,6 +56,9 @@ PROXY_OVERHEAD = "proxy-overhead"
 IDLE_GAPS = "idle-gaps"
 ROLLOUT = "rollout"  # benchmarks/rollout.py: RL rollout waves through the live gateway
 LIVE_PEERS = "live-peers"  # benchmarks/peers.py: the real peer routers live, or their stand-ins
+# ... and in scaled-down published regimes (peers.LIVE_REGIMES, whose names these are).
+LIVE_PEERS_REGIMES = (LIVE_PEERS, "live-peers-glm46", "live-peers-minimax")
+LIVE_TIME_SCALE = 5.0  # --time-scale of live runs but live-peers' (its regimes have their own)
 MINI_SWE_AGENT = "mini-swe-agent"  # benchmarks/mini_swe_agent.py: real agents, Docker sandboxes
 FUZZ = "fuzz"  # benchmarks/fuzz.py: bad bodies straight to the engines and through the gateway
 
@@ -78,7 +81,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scenario",
         required=True,
-        choices=[*SCENARIOS, PROXY_OVERHEAD, IDLE_GAPS, ROLLOUT, LIVE_PEERS, MINI_SWE_AGENT, FUZZ],
+        choices=[
+            *SCENARIOS,
+            PROXY_OVERHEAD,
+            IDLE_GAPS,
+            ROLLOUT,
+            *LIVE_PEERS_REGIMES,
+            MINI_SWE_AGENT,
+            FUZZ,
+        ],
         help="Which scenario to run.",
     )
     parser.add_argument(
@@ -104,7 +115,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="Workload and engine seed.")
     live = parser.add_argument_group("live mode")
     live.add_argument(
-        "--time-scale", type=float, default=5.0, help="Simulated seconds per wall second."
+        "--time-scale",
+        type=float,
+        help=f"Simulated seconds per wall second (default {LIVE_TIME_SCALE:g}; live-peers: "
+        "20; live-peers-glm46: 30; live-peers-minimax: 40).",
     )
     live.add_argument(
         "--repeats",
@@ -125,7 +139,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="vllm-cpu-real: rerun only the simulator's half on the result file's recorded "
         "runs (their programs, KV blocks and fitted profiles) and rewrite its `simulated` "
-        "and `agreement`; the real runs are kept, no engine is started.",
+        "and `agreement`; the real runs are kept, no engine is started. live-peers*: rerun "
+        "the DES stand-ins on the result file's seeds, rewrite `des`, `agreement`, `paired`.",
     )
     live.add_argument(
         "--regimes",
@@ -157,6 +172,12 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.repeats is None:
         real = args.scenario in SCENARIOS and SCENARIOS[args.scenario].engine == "vllm-cpu"
         args.repeats = 5 if real else 3
+    if args.time_scale is None:
+        args.time_scale = LIVE_TIME_SCALE
+        if args.scenario in LIVE_PEERS_REGIMES:
+            from thunder_mw.benchmarks import peers
+
+            args.time_scale = peers.LIVE_REGIMES[args.scenario].time_scale
     harness = _HARNESSES.get(args.scenario)
     if harness is not None:
         return harness(args)
@@ -227,7 +248,7 @@ _HARNESSES: dict[str, Callable[[argparse.Namespace], int]] = {
     FUZZ: _run_fuzz,
     ROLLOUT: _run_rollout,
     PROXY_OVERHEAD: _run_proxy_overhead,
-    LIVE_PEERS: _run_live_peers,
+    **{name: _run_live_peers for name in LIVE_PEERS_REGIMES},
     MINI_SWE_AGENT: _run_mini_swe_agent,
 }
 

@@ -15,11 +15,19 @@ consistent hashing). Each system sees the program id the way its own documentati
 Each run gets fresh engines (`thunder-mw sim-engine` processes, so every prefix cache starts
 empty) and a fresh router, all on 127.0.0.1 with free ports; the peers' Prometheus exporters
 (port 29000 by default) are moved to free loopback ports too.
+
+Regimes (LIVE_REGIMES): `live-peers` (8B engines, the peers at their defaults), and scaled-down
+published setups (`live-peers-glm46`, `live-peers-minimax`) where each peer is also tuned to
+the regime (PeerTuning): the vLLM router's cost models calibrated to the engines' cost profile,
+and every peer's wall-clock scheduling timer divided by the time scale, so that it acts on
+the engines' (simulated) clock as it would on real engines.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
 import platform
 import re
@@ -43,8 +51,9 @@ from thunder_mw.benchmarks.engine_counters import delta, read_counters
 from thunder_mw.benchmarks.live import Gateway, engines_gateway_config, live_metrics
 from thunder_mw.benchmarks.replay import Identity, Replayer, thunder_identity
 from thunder_mw.benchmarks.result_files import RESULTS_DIR
-from thunder_mw.benchmarks.scenarios import Scenario
+from thunder_mw.benchmarks.scenarios import PUBLISHED_SCENARIOS, Scenario
 from thunder_mw.benchmarks.workloads import ProgramSpec, generate
+from thunder_mw.sim.cost_model import StepCost, get_profile, prefill_positions
 from thunder_mw.sim.ports import free_port
 
 # The versions the committed results were measured with (pyproject's `peers` extra).
@@ -155,25 +164,121 @@ SYSTEMS: dict[str, System] = {
 DEFAULT_SYSTEMS = tuple(SYSTEMS)
 
 
+# ------------------------------------------------------------------------------ tuning
+@dataclass(frozen=True, slots=True)
+class PeerTuning:
+    """What a peer is told about a regime besides its engines' KV capacity: the engines'
+    cost profile (the vLLM router's cost models are calibrated to it, as its docs ask) and
+    the time scale its wall-clock scheduling timers are divided by."""
+
+    time_scale: float
+    cost: StepCost
+    chunk_tokens: int  # the engines' max_num_batched_tokens (a prefill chunk)
+
+
+def router_cost_models(cost: StepCost, chunk: int, time_scale: float = 1.0) -> dict[str, Any]:
+    """The vLLM router's `prefill_cost_model` and `decode_throughput_model` for engines of
+    cost profile `cost` (docs/program_scheduling.md#offline-calibration-models), in the
+    engines' wall seconds (simulated seconds / `time_scale`: what calibrating against the
+    time-scaled engines would measure). Prefill of n tokens alone = a + b·n + e·n(n+1)/2, so
+    per 1 k tokens: linear 1000·(b + e/2), quadratic 1e6·e/2. A decode step = a + c·batch +
+    d·context. `decode_throughput_alpha` is the share of decode throughput kept while a
+    prefill runs (the docs: low for mixed execution): one decode step over a step that also
+    carries a full `chunk`-token prefill chunk (a ratio: no time scale)."""
+    decode = cost.step_seconds(0, 1, 0)
+    mixed = cost.step_seconds(chunk, 1, 0, prefill_positions(0, chunk))
+    return {
+        "prefill_cost_model": {
+            "intercept_seconds": (cost.a + cost.f) / time_scale,
+            "linear_seconds_per_1k_tokens": 1000 * (cost.b + cost.e / 2) / time_scale,
+            "quadratic_seconds_per_1k_tokens_squared": 1e6 * cost.e / 2 / time_scale,
+            "decode_throughput_alpha": round(decode / mixed, 4),
+        },
+        "decode_throughput_model": {
+            "fixed_step_seconds": cost.a / time_scale,
+            "batch_step_seconds_per_request": cost.c / time_scale,
+            "context_step_seconds_per_token": cost.d / time_scale,
+        },
+    }
+
+
+# The vLLM router's program-scheduling timers at their documented defaults (seconds,
+# docs/program_scheduling.md, configuration reference): its metrics poll, the acting TTL's
+# cap, a retained request's limit, the force-resume bound, paused-program retention and the
+# shared-prefix observation lifetime before its statistics mature.
+VLLM_ROUTER_TIMERS = {
+    "metrics_interval_seconds": 1.0,
+    "max_acting_ttl_seconds": 10.0,
+    "queue_timeout_seconds": 600.0,
+    "force_resume_timeout_seconds": 300.0,
+    "paused_retention_ttl_seconds": 1800.0,
+    "shared_prefix_freshness_warmup_seconds": 100.0,
+}
+# smg 1.13's scheduling timers at their defaults (`smg launch --help`; whole seconds): the
+# cache-aware warm-up slice, how long a cache-affinity placement stays routable, the prefix
+# tree's eviction, the worker-load poll (overload protection reads it) and a sticky key's
+# idle life. Fault-detection timers (stall, wedge, health checks) are left as they are.
+MIN_POLL_S = 0.1  # the shortest wall-clock engine poll a peer is given (vllm_router_program_config)
+SMG_TIMERS = {
+    "--worker-warmup-secs": 60,
+    "--cache-ttl-secs": 180,
+    "--eviction-interval-secs": 60,
+    "--load-monitor-interval": 10,
+    "--max-idle-secs": 14_400,
+}
+
+
+def smg_timer_flags(time_scale: float) -> list[str]:
+    """SMG_TIMERS divided by the time scale, rounded to whole seconds, at least 1 (smg takes
+    integers): where the division falls below 1 s the timer stays slower than on real
+    engines (the load poll: 1 s wall = `time_scale` simulated seconds, not 10)."""
+    flags: list[str] = []
+    for flag, seconds in SMG_TIMERS.items():
+        flags += [flag, str(max(1, math.floor(seconds / time_scale + 0.5)))]
+    return flags
+
+
+def vllm_router_program_config(kv_tokens: int, tuning: PeerTuning | None) -> dict[str, Any]:
+    """The program scheduler's config: the engines' KV capacity (without it the scheduler
+    runs on its own ledger); with `tuning`, also the recommended `global_queue: true`, the
+    cost models calibrated to the engines and its timers divided by the time scale."""
+    config: dict[str, Any] = {"token_capacity_per_dp_rank": kv_tokens}
+    if tuning is None:
+        return config
+    config["global_queue"] = True
+    for key, seconds in VLLM_ROUTER_TIMERS.items():
+        config[key] = seconds / tuning.time_scale
+    # Each poll renders a simulated engine's /metrics on the event loop that runs its steps;
+    # at 1/time_scale (40 renders a second per engine at 40x) that is CPU the engines lack
+    # on a shared machine, so the poll is held near thunder-mw's own (5/time_scale s).
+    config["metrics_interval_seconds"] = max(config["metrics_interval_seconds"], MIN_POLL_S)
+    return config | router_cost_models(tuning.cost, tuning.chunk_tokens, tuning.time_scale)
+
+
 def peer_argv(
-    system: System, urls: list[str], port: int, metrics_port: int, kv_tokens: int
+    system: System,
+    urls: list[str],
+    port: int,
+    metrics_port: int,
+    kv_tokens: int,
+    tuning: PeerTuning | None = None,
 ) -> list[str]:
-    """The command line that starts `system` (a peer) in front of engines at `urls`."""
+    """The command line that starts `system` (a peer) in front of engines at `urls`;
+    `tuning`: calibrated to the regime (else: every default but the KV capacity)."""
     loopback = ["--host", "127.0.0.1", "--port", str(port)]
     metrics = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
     if system.kind == "vllm-router":
         argv = [peer_executable("vllm-router"), *loopback, "--worker-urls", *urls, *metrics]
         argv += ["--log-level", "info", *system.flags]
         if "--enable-program-scheduling" in system.flags:
-            # What a user would set: the engines' KV capacity (without it the scheduler runs
-            # on its own ledger). Everything else stays at its defaults.
-            config = f'{{"token_capacity_per_dp_rank": {kv_tokens}}}'
-            argv += ["--program-scheduling-config-json", config]
+            config = vllm_router_program_config(kv_tokens, tuning)
+            argv += ["--program-scheduling-config-json", json.dumps(config)]
         return argv
     if system.kind == "smg":
         argv = [peer_executable("smg"), "launch", *loopback, "--worker-urls", *urls, *metrics]
         # No 10 s drain when the benchmark stops it (nothing is in flight by then).
-        return [*argv, "--log-level", "info", "--shutdown-grace-period-secs", "0", *system.flags]
+        argv += ["--log-level", "info", "--shutdown-grace-period-secs", "0", *system.flags]
+        return argv + (smg_timer_flags(tuning.time_scale) if tuning is not None else [])
     raise ValueError(f"{system.name} is not a peer")
 
 
@@ -234,8 +339,11 @@ def _ok(url: str) -> bool:
 
 
 @contextmanager
-def sim_engines(cluster: ClusterConfig, time_scale: float) -> Iterator[list[str]]:
-    """`cluster.engines` fresh `thunder-mw sim-engine` processes (vLLM flavour); their URLs."""
+def sim_engines(
+    cluster: ClusterConfig, time_scale: float, pids: list[int] | None = None
+) -> Iterator[list[str]]:
+    """`cluster.engines` fresh `thunder-mw sim-engine` processes (vLLM flavour); their URLs
+    (their process ids appended to `pids`)."""
     with ExitStack() as stack:
         urls, procs = [], []
         for i in range(cluster.engines):
@@ -252,6 +360,8 @@ def sim_engines(cluster: ClusterConfig, time_scale: float) -> Iterator[list[str]
             stack.callback(proc.close)
             urls.append(f"http://127.0.0.1:{port}")
             procs.append(proc)
+            if pids is not None:
+                pids.append(proc.proc.pid)
         for proc, url in zip(procs, urls, strict=True):
             proc.wait_ready(partial(_ok, f"{url}/health"))
         yield urls
@@ -267,6 +377,7 @@ class Router:
     gateway: Gateway | None = None
     metrics_url: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    pid: int | None = None
 
     @property
     def schedules_programs(self) -> bool:
@@ -293,8 +404,10 @@ def start_router(
     urls: list[str],
     cluster: ClusterConfig,
     time_scale: float,
+    tuning: PeerTuning | None = None,
 ) -> Iterator[Router]:
-    """`system` in front of the engines at `urls`, ready to serve, for a `with` block."""
+    """`system` in front of the engines at `urls`, ready to serve, for a `with` block
+    (`tuning`: a peer calibrated to the regime, peer_argv)."""
     port = free_port()
     if system.kind == "thunder-mw":
         from thunder_mw.benchmarks.scenarios import POLICIES
@@ -302,15 +415,20 @@ def start_router(
         assert system.pipeline is not None
         config = engines_gateway_config(urls, cluster, POLICIES[system.pipeline], time_scale, port)
         with Gateway(config) as gateway:
-            yield Router(system, gateway.url, gateway=gateway)
+            yield Router(system, gateway.url, gateway=gateway, pid=gateway.pid)
         return
     metrics_port = free_port()
-    proc = Process(peer_argv(system, urls, port, metrics_port, cluster.kv_tokens), system.name)
+    argv = peer_argv(system, urls, port, metrics_port, cluster.kv_tokens, tuning)
+    proc = Process(argv, system.name)
     try:
         url = f"http://127.0.0.1:{port}"
         proc.wait_ready(lambda: _serves(url, system))
         yield Router(
-            system, url, process=proc, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics"
+            system,
+            url,
+            process=proc,
+            metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+            pid=proc.proc.pid,
         )
     finally:
         proc.close()
@@ -444,14 +562,24 @@ def run_system(
     time_scale: float,
     concurrency: int | None,
     stream: bool = False,
+    tuning: PeerTuning | None = None,
+    stop_at_window_end: bool = False,
 ) -> dict[str, Any]:
-    """One run of `system` on fresh engines: the harness's metrics + the router's evidence."""
+    """One run of `system` on fresh engines: the harness's metrics + the router's evidence,
+    the machine's load average at its start and end and the CPU its processes used."""
     started = time.perf_counter()
+    load_start = os.getloadavg()
+    engine_pids: list[int] = []
     with (
-        sim_engines(cluster, time_scale) as urls,
-        start_router(system, urls, cluster, time_scale) as router,
+        sim_engines(cluster, time_scale, engine_pids) as urls,
+        start_router(system, urls, cluster, time_scale, tuning) as router,
     ):
         before = [read_counters([url], timeout_s=5) for url in urls]
+        engines = {f"engine{i}": pid for i, pid in enumerate(engine_pids)}
+        cpu = CpuMeter({"router": router.pid, **engines})
+        client_cpu = time.process_time()  # the replay's (and the samplers') own process
+        wall_replay = partial(lambda t0: time.monotonic() - t0, time.monotonic())
+        clocks = EngineClocks(urls)
         replayer = Replayer(
             router.url,
             time_scale=time_scale,
@@ -463,7 +591,12 @@ def run_system(
             sampler = None
             if router.schedules_programs:
                 sampler = sampling.enter_context(DiagnosticsSampler(router.url))
-            result = asyncio.run(replayer.run(programs, concurrency=concurrency))
+            result = asyncio.run(
+                replayer.run(programs, concurrency, stop_at_last_start=stop_at_window_end)
+            )
+        cpu_per_wall_s = cpu.per_wall_second()
+        cpu_per_wall_s["client"] = round((time.process_time() - client_cpu) / wall_replay(), 3)
+        kept = clocks.time_scales()
         after = [read_counters([url], timeout_s=5) for url in urls]
         router.collect()
         if sampler is not None:
@@ -480,8 +613,83 @@ def run_system(
         ],
         "engine_preemptions": [int(d["preemptions"]) for d in per_engine],
         "run_wall_s": round(time.perf_counter() - started, 1),
+        # CPU seconds per wall second of the replay, per process (with its children): an
+        # engine near 1 falls behind its time scale and the run's timing is distorted.
+        "cpu_per_wall_s": cpu_per_wall_s,
+        # Simulated seconds each engine advanced per wall second of the replay: the time
+        # scale it kept (below the nominal one where it fell behind its steps' deadlines).
+        "engine_time_scale": kept,
+        "load_avg_start": [round(x, 2) for x in load_start],
+        "load_avg_end": [round(x, 2) for x in os.getloadavg()],
         "evidence": router.evidence,
     }
+
+
+class CpuMeter:
+    """CPU seconds per wall second of some processes (and their children) from now until
+    `per_wall_second` (Linux /proc; None for a process it cannot read)."""
+
+    def __init__(self, pids: dict[str, int | None]) -> None:
+        self._pids = pids
+        self.started = time.monotonic()
+        self._before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+
+    def per_wall_second(self) -> dict[str, float | None]:
+        wall = time.monotonic() - self.started
+        out: dict[str, float | None] = {}
+        for name, pid in self._pids.items():
+            before, now = self._before[name], _cpu_seconds(pid)
+            ok = before is not None and now is not None and wall > 0
+            out[name] = round((now - before) / wall, 3) if ok else None  # type: ignore[operator]
+        return out
+
+
+class EngineClocks:
+    """The time scale simulated engines keep: their clocks read `delay_s` wall seconds from
+    now (the engines busy by then: an idle engine's clock moves only when it wakes) and
+    again at `time_scales`."""
+
+    def __init__(self, urls: list[str], delay_s: float = 5.0) -> None:
+        self._urls = urls
+        self._first: tuple[float, list[float]] | None = None
+        self._thread = threading.Timer(delay_s, self._read_first)
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _read_first(self) -> None:
+        try:
+            self._first = (time.monotonic(), [_sim_time(url) for url in self._urls])
+        except (httpx.HTTPError, KeyError, ValueError):
+            pass
+
+    def time_scales(self) -> list[float] | None:
+        self._thread.cancel()
+        self._thread.join()
+        if self._first is None:
+            return None
+        wall = time.monotonic() - self._first[0]
+        now = [_sim_time(url) for url in self._urls]
+        return [round((b - a) / wall, 2) for a, b in zip(self._first[1], now, strict=True)]
+
+
+def _sim_time(url: str) -> float:
+    """A simulated engine's clock (`thunder-mw sim-engine`'s /debug/state)."""
+    return float(httpx.get(f"{url}/debug/state", timeout=10).json()["sim_time_s"])
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process `pid` and its live descendants."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += _cpu_seconds(int(child)) or 0.0
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
 
 
 def _sum(counters: list[dict[str, float]]) -> dict[str, float]:
@@ -503,7 +711,100 @@ LIVE_PEERS = Scenario(
     arrival="closed",
     policies=tuple(dict.fromkeys(SYSTEMS[s].stand_in for s in DEFAULT_SYSTEMS)),
 )
-AGREEMENT_TOLERANCE = 0.15  # a live peer and its DES stand-in agree within this on steps/min
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRegime:
+    """A live-peers setup: the scenario (fleet, workload, closed loop), the published one it
+    scales down (None: none), whether each peer is tuned to it (PeerTuning) and the time
+    scale its results were measured at (the documented command's `--time-scale`)."""
+
+    scenario: Scenario
+    published: str | None = None
+    tune_peers: bool = False
+    time_scale: float = 20.0
+    tolerance: float = 0.15  # a live system and its DES stand-in agree within this
+
+    def tuning(self, time_scale: float) -> PeerTuning | None:
+        if not self.tune_peers:
+            return None
+        cluster = _cluster(self.scenario, 0)
+        return PeerTuning(time_scale, get_profile(cluster.profile), cluster.max_num_batched_tokens)
+
+
+# Systems of the published regimes: those the issue names (no vllm-router/cache_aware).
+REGIME_SYSTEMS = (
+    "thunder-mw",
+    "round_robin",
+    "vllm-router/program",
+    "smg/cache_aware",
+    "smg/consistent_hashing",
+)
+
+
+def scaled_down(
+    name: str, published: str, per_engine: int, max_model_len: int, note: str
+) -> Scenario:
+    """Published scenario `published` on its own fleet (engines, cost profile, workload)
+    with `per_engine` programs per engine instead of its own and each engine's KV capacity
+    scaled alike (`kv_scale`: the profile's capacity x per_engine / published per engine, so
+    resident contexts / capacity is unchanged); a closed loop of 3x the concurrency ending
+    at the steady window's end. `max_model_len` must fit the scaled KV (contexts past it are
+    compacted by the workload generator)."""
+    base = PUBLISHED_SCENARIOS[published]
+    kv_scale = per_engine / base.programs_per_engine
+    return Scenario(
+        name=name,
+        description=f"{published} scaled down to {per_engine} programs per engine "
+        f"({base.engines} engines, {base.profile}, {base.workload}, KV x {kv_scale:.4g}), "
+        f"live against the real peers, tuned to the regime; {note}",
+        workload=base.workload,
+        engines=base.engines,
+        programs_per_engine=per_engine,
+        total_factor=3.0,
+        kv_tokens=None,
+        kv_scale=kv_scale,
+        profile=base.profile,
+        max_model_len=max_model_len,
+        arrival="closed",
+        stop_at_window_end=True,
+        policies=tuple(dict.fromkeys(SYSTEMS[s].stand_in for s in REGIME_SYSTEMS)),
+        split="test",
+    )
+
+
+LIVE_REGIMES: dict[str, LiveRegime] = {
+    r.scenario.name: r
+    for r in (
+        LiveRegime(LIVE_PEERS),
+        LiveRegime(
+            scaled_down(
+                "live-peers-glm46",
+                "paper-rollout-2node",
+                8,
+                65_536,
+                "Table 2's two GLM-4.6 8xH100 engines (the paper-swe-glm46 profile and workload)",
+            ),
+            "paper-rollout-2node",
+            tune_peers=True,
+            time_scale=30.0,
+            tolerance=0.10,
+        ),
+        LiveRegime(
+            scaled_down(
+                "live-peers-minimax",
+                "dynamo-minimax",
+                8,
+                49_152,
+                "Dynamo's two TP4 MiniMax-M2 replicas",
+            ),
+            "dynamo-minimax",
+            tune_peers=True,
+            time_scale=40.0,
+            tolerance=0.10,
+        ),
+    )
+}
 SUMMARY_KEYS = (
     "steps_per_min_steady",
     "steps_per_min",
@@ -529,11 +830,11 @@ def peer_versions() -> dict[str, str | None]:
 
 
 def _cluster(scenario: Scenario, seed: int) -> ClusterConfig:
-    if scenario.kv_tokens is None:
-        raise ValueError(f"{scenario.name}: live engines need kv_tokens")
+    from thunder_mw.benchmarks.bench_cli import kv_tokens_of
+
     return ClusterConfig(
         engines=scenario.engines,
-        kv_tokens=scenario.kv_tokens,
+        kv_tokens=kv_tokens_of(scenario),
         max_model_len=scenario.max_model_len,
         profile=scenario.profile,
         seed=seed,
@@ -551,7 +852,9 @@ def des_stand_in(scenario: Scenario, policy: str, seed: int) -> dict[str, Any]:
     from thunder_mw.benchmarks.des import Arrivals, simulate
     from thunder_mw.benchmarks.scenarios import POLICIES
 
-    arrivals = Arrivals("closed", scenario.concurrency)
+    arrivals = Arrivals(
+        "closed", scenario.concurrency, stop_at_window_end=scenario.stop_at_window_end
+    )
     result = simulate(
         _programs(scenario, seed), POLICIES[policy], _cluster(scenario, seed), arrivals, policy
     )
@@ -561,7 +864,7 @@ def des_stand_in(scenario: Scenario, policy: str, seed: int) -> dict[str, Any]:
 def run_peers(
     systems: list[str],
     *,
-    scenario: Scenario = LIVE_PEERS,
+    regime: LiveRegime = LIVE_REGIMES[LIVE_PEERS.name],
     seed: int = 0,
     repeats: int = 3,
     time_scale: float = 20.0,
@@ -573,6 +876,9 @@ def run_peers(
     engines; beside each, its DES stand-in on the same programs; the result document."""
     from thunder_mw.benchmarks.scenarios import POLICIES
 
+    scenario = regime.scenario
+    tuning = regime.tuning(time_scale)
+    load_start = os.getloadavg()
     missing = [n for n in systems if SYSTEMS[n].kind != "thunder-mw"]
     if missing:
         for kind in {SYSTEMS[n].kind for n in missing}:
@@ -591,6 +897,8 @@ def run_peers(
                 time_scale=time_scale,
                 concurrency=scenario.concurrency,
                 stream=stream,
+                tuning=tuning,
+                stop_at_window_end=scenario.stop_at_window_end,
             )
             run["round"], run["seed"] = r, seed + r
             runs.append(run)
@@ -598,13 +906,11 @@ def run_peers(
                 f"round {r} {name}: {run['steps_per_min_steady']} steps/min steady, "
                 f"jct {run['jct_mean_s']} s, hit {run['prefix_hit_rate']}, "
                 f"preempt {run['preemptions']}, failed calls {run['failed_calls']}, "
-                f"{run['run_wall_s']} s"
+                f"{run['run_wall_s']} s, cpu/wall {run['cpu_per_wall_s']}, "
+                f"load {run['load_avg_start'][0]}->{run['load_avg_end'][0]}"
             )
     stand_ins = sorted({SYSTEMS[n].stand_in for n in systems if SYSTEMS[n].stand_in in POLICIES})
-    des = {
-        policy: [des_stand_in(scenario, policy, seed + r) for r in range(repeats)]
-        for policy in stand_ins
-    }
+    des = simulate_stand_ins(scenario, stand_ins, [seed + r for r in range(repeats)])
     summary = {name: summarize([x for x in runs if x["system"] == name]) for name in systems}
     return {
         "scenario": scenario.name,
@@ -617,7 +923,10 @@ def run_peers(
             "concurrency": scenario.concurrency,
             "programs": round(scenario.concurrency * scenario.total_factor),
             "arrival": "closed",
-            "kv_tokens_per_engine": scenario.kv_tokens,
+            "stop_at_window_end": scenario.stop_at_window_end,
+            "published": regime.published,
+            "kv_scale": scenario.kv_scale,
+            "kv_tokens_per_engine": _cluster(scenario, seed).kv_tokens,
             "profile": scenario.profile,
             "max_model_len": scenario.max_model_len,
             "time_scale": time_scale,
@@ -626,16 +935,80 @@ def run_peers(
             "stream": stream,
             "peer_versions": peer_versions(),
             "systems": {n: describe(SYSTEMS[n]) for n in systems},
+            "peer_tuning": describe_tuning(tuning, _cluster(scenario, seed).kv_tokens),
             "stand_ins": {p: POLICIES[p] for p in stand_ins},
-            "tolerance": AGREEMENT_TOLERANCE,
+            "tolerance": regime.tolerance,
         },
         "summary": summary,
-        "agreement": agreement(systems, runs, des),
+        "paired": paired(systems, runs),
+        "agreement": agreement(systems, runs, des, regime.tolerance),
         "des": {p: [_des_row(m) for m in rows] for p, rows in des.items()},
         "runs": runs,
         "wall_s": round(time.perf_counter() - started, 1),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}",
+        "load_avg_start": [round(x, 2) for x in load_start],
+        "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def simulate_stand_ins(
+    scenario: Scenario, policies: list[str], seeds: list[int]
+) -> dict[str, list[dict[str, Any]]]:
+    """Each stand-in on each seed's programs and fleet (index r: round r's seed)."""
+    return {policy: [des_stand_in(scenario, policy, s) for s in seeds] for policy in policies}
+
+
+def paired(systems: list[str], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """thunder-mw over each other system on steady steps/min, paired by round (the same
+    programs): the ratio of means with its 95 % bootstrap interval and verdict (win / tie /
+    loss: the interval above, holding or below 1.0); None under 2 rounds."""
+    from thunder_mw.benchmarks import bootstrap
+
+    key = "steps_per_min_steady"
+    ours = {r["round"]: r[key] for r in runs if r["system"] == "thunder-mw" and r.get(key)}
+    out: dict[str, Any] = {}
+    for name in systems:
+        if name == "thunder-mw" or not ours:
+            continue
+        theirs = {r["round"]: r[key] for r in runs if r["system"] == name and r.get(key)}
+        rounds = sorted(ours.keys() & theirs.keys())
+        out[f"thunder-mw/{name}"] = (
+            bootstrap.compare([ours[k] for k in rounds], [theirs[k] for k in rounds])
+            if len(rounds) >= 2
+            else None
+        )
+    return out
+
+
+def resimulate(report: dict[str, Any]) -> dict[str, Any]:
+    """A result file's DES half redone with the code as it is now (its live runs kept): the
+    stand-ins of its systems on its seeds, `des`, `agreement` and `paired` rewritten."""
+    from thunder_mw.benchmarks.scenarios import POLICIES
+
+    regime = LIVE_REGIMES[report["scenario"]]
+    systems = list(report["summary"])
+    stand_ins = sorted({SYSTEMS[n].stand_in for n in systems if SYSTEMS[n].stand_in in POLICIES})
+    des = simulate_stand_ins(regime.scenario, stand_ins, list(report["config"]["seeds"]))
+    report["config"]["stand_ins"] = {p: POLICIES[p] for p in stand_ins}
+    report["config"]["tolerance"] = regime.tolerance
+    report["config"]["systems"] = {n: describe(SYSTEMS[n]) for n in systems}
+    report["paired"] = paired(systems, report["runs"])
+    report["agreement"] = agreement(systems, report["runs"], des, regime.tolerance)
+    report["des"] = {p: [_des_row(m) for m in rows] for p, rows in des.items()}
+    return report
+
+
+def describe_tuning(tuning: PeerTuning | None, kv_tokens: int) -> dict[str, Any] | None:
+    """What the peers were told beyond their defaults (None: only the KV capacity)."""
+    if tuning is None:
+        return None
+    return {
+        "time_scale": tuning.time_scale,
+        "vllm_router_program_config": vllm_router_program_config(kv_tokens, tuning),
+        "smg_flags": smg_timer_flags(tuning.time_scale),
+        "not_scaled": "smg's fault-detection timers (worker stall/wedge, health checks, "
+        "circuit breaker); the peers' HTTP timeouts",
     }
 
 
@@ -672,7 +1045,10 @@ def _median(values: list[float]) -> float:
 
 
 def agreement(
-    systems: list[str], runs: list[dict[str, Any]], des: dict[str, list[dict[str, Any]]]
+    systems: list[str],
+    runs: list[dict[str, Any]],
+    des: dict[str, list[dict[str, Any]]],
+    tolerance: float = 0.15,
 ) -> list[dict[str, Any]]:
     """Per system: live steps/min over its DES stand-in's, run by run (same seed), for the
     steady-state and whole-run figures; agreed = the median steady ratio within tolerance."""
@@ -698,7 +1074,7 @@ def agreement(
                 "live_over_des_steady": steady,
                 "live_over_des_whole_run": sorted(ratios["steps_per_min"]),
                 "median_steady_ratio": median,
-                "agreed": None if median is None else abs(median - 1) <= AGREEMENT_TOLERANCE,
+                "agreed": None if median is None else abs(median - 1) <= tolerance,
             }
         )
     return rows
@@ -718,6 +1094,11 @@ def format_report(report: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.append("(min/median/max over the runs)")
+    for pair, cell in (report.get("paired") or {}).items():
+        if cell is not None:
+            lines.append(
+                f"{pair} steady steps/min: {cell['ratio']} {cell['ci95']} ({cell['verdict']})"
+            )
     for row in report["agreement"]:
         if row["agreed"] is None:
             lines.append(f"{row['system']}: no DES stand-in {row['stand_in']!r}")
@@ -791,18 +1172,27 @@ def run_bench(args: Any) -> int:
     (`--policies` picks systems by name), else their stand-ins in the DES; the exit status."""
     from thunder_mw.benchmarks import bench_cli
 
-    results = RESULTS_DIR
+    results = args.results_dir if getattr(args, "results_dir", None) else RESULTS_DIR
+    regime = LIVE_REGIMES[getattr(args, "scenario", LIVE_PEERS.name)]
+    scenario = regime.scenario
+    if getattr(args, "resimulate", False):
+        path = args.output or results / f"{scenario.name}.json"
+        report = resimulate(json.loads(path.read_text()))
+        bench_cli._write_report(report, path)
+        print(format_report(report))
+        print(f"\nDES half redone; written to {path}")
+        return 0
     if args.mode != "live":
         from thunder_mw.benchmarks.scenarios import POLICIES
 
-        policies = args.policies.split(",") if args.policies else list(LIVE_PEERS.policies)
+        policies = args.policies.split(",") if args.policies else list(scenario.policies)
         absent = [p for p in policies if p not in POLICIES]
         if absent:
             print(f"no DES policy {absent}; known: {sorted(POLICIES)}", file=sys.stderr)
             return 2
-        output = args.output or results / f"{LIVE_PEERS.name}-des.json"
+        output = args.output or results / f"{scenario.name}-des.json"
         report = bench_cli.run_scenario(
-            LIVE_PEERS, policies, seed=args.seed, sweep=False, jobs=args.jobs
+            scenario, policies, seed=args.seed, sweep=False, jobs=args.jobs
         )
         bench_cli._write_report(report, output)
         print(bench_cli.format_table(report))
@@ -811,7 +1201,8 @@ def run_bench(args: Any) -> int:
             for path in bench_cli.write_plots(report, output.with_suffix("")):
                 print(f"plot: {path}")
         return 0
-    systems = args.policies.split(",") if args.policies else list(DEFAULT_SYSTEMS)
+    default = DEFAULT_SYSTEMS if regime.published is None else REGIME_SYSTEMS
+    systems = args.policies.split(",") if args.policies else list(default)
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         print(f"unknown systems {unknown}; known: {list(SYSTEMS)}", file=sys.stderr)
@@ -819,6 +1210,7 @@ def run_bench(args: Any) -> int:
     try:
         report = run_peers(
             systems,
+            regime=regime,
             seed=args.seed,
             repeats=args.repeats,
             time_scale=args.time_scale,
@@ -828,7 +1220,7 @@ def run_bench(args: Any) -> int:
     except PeerMissing as exc:
         print(f"live-peers: {exc}", file=sys.stderr)
         return 2
-    output = args.output or results / f"{LIVE_PEERS.name}.json"
+    output = args.output or results / f"{scenario.name}.json"
     bench_cli._write_report(report, output)
     print(format_report(report))
     print(f"\nwall {report['wall_s']} s; written to {output}")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +97,41 @@ class ReplayResult:
     stale_retries: int = 0  # requests resent because the server had closed their connection
 
 
+class _Queue:
+    """A closed loop's programs, handed out in order; `emptied` is set as the last one is."""
+
+    def __init__(self, programs: Sequence[ProgramSpec]) -> None:
+        self._programs = iter(programs)
+        self._left = len(programs)
+        self.emptied = asyncio.Event()
+        if not self._left:
+            self.emptied.set()
+
+    def next(self) -> ProgramSpec | None:
+        spec = next(self._programs, None)
+        if spec is not None:
+            self._left -= 1
+            if not self._left:
+                self.emptied.set()
+        return spec
+
+
+async def _until(runs: asyncio.Future[Any], event: asyncio.Event) -> None:
+    """Await `runs` until `event` is set, then cancel what is left of them."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({runs, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        stopped = runs.cancel()  # False when they had ended by themselves
+    try:
+        await runs
+    except asyncio.CancelledError:
+        # A cancelled gather ends with CancelledError set as its exception (not cancelled()).
+        if not stopped:
+            raise
+
+
 class Replayer:
     # Statuses after which a call is sent again (a client riding out a lost gateway), and
     # how often; none by default: a lost call is counted as lost.
@@ -142,10 +177,15 @@ class Replayer:
         self.words = words
 
     async def run(
-        self, programs: list[ProgramSpec], concurrency: int | None = None
+        self,
+        programs: list[ProgramSpec],
+        concurrency: int | None = None,
+        stop_at_last_start: bool = False,
     ) -> ReplayResult:
         """Every program, each at its `arrival_s`; with `concurrency`, a closed loop instead
-        (arrival times ignored: a program starts when a slot frees)."""
+        (arrival times ignored: a program starts when a slot frees). `stop_at_last_start`
+        (closed loop): end the run when the last program starts, the end of the steady
+        window (as the DES's `stop_at_window_end`); calls in flight then are dropped."""
         connector = KeepAliveConnector(keep_alive_s=CLIENT_KEEP_ALIVE_S, limit=0)
         started = self.started_at = time.monotonic()
         async with (
@@ -156,11 +196,16 @@ class Replayer:
         ):
             self._fresh = fresh
             if concurrency is None:
-                runs = [self._program(session, spec, started) for spec in programs]
+                await asyncio.gather(*(self._program(session, spec, started) for spec in programs))
             else:
-                queue = iter(programs)
-                runs = [self._loop(session, queue, started) for _ in range(concurrency)]
-            await asyncio.gather(*runs)
+                queue = _Queue(programs)
+                runs = asyncio.gather(
+                    *(self._loop(session, queue, started) for _ in range(concurrency))
+                )
+                if stop_at_last_start:
+                    await _until(runs, queue.emptied)
+                else:
+                    await runs
         return self.partial_result()
 
     def partial_result(self) -> ReplayResult:
@@ -186,10 +231,8 @@ class Replayer:
             self.stale_retries += 1
             return await self._fresh.post(url, json=body, headers=headers)
 
-    async def _loop(
-        self, session: aiohttp.ClientSession, queue: Iterator[ProgramSpec], t0: float
-    ) -> None:
-        for spec in queue:
+    async def _loop(self, session: aiohttp.ClientSession, queue: _Queue, t0: float) -> None:
+        while (spec := queue.next()) is not None:
             await self._program(session, spec, t0, closed=True)
 
     async def _sleep(self, sim_s: float) -> None:

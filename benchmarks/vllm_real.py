@@ -77,7 +77,7 @@ from thunder_mw.benchmarks.workloads import (
     WorkloadPreset,
     generate,
 )
-from thunder_mw.sim.cost_model import PROFILES, StepCost, get_profile, prefill_positions
+from thunder_mw.sim.cost_model import PROFILES, StepCost, get_profile
 from thunder_mw.sim.ports import free_port
 
 SPREAD_KEYS = (
@@ -192,30 +192,13 @@ def system_named(name: str) -> RealSystem:
 def router_program_config(kv_tokens: int, cost: StepCost) -> dict[str, Any]:
     """The vLLM router's program-scheduling config: header identity, one global queue, the
     engine's KV capacity, and its cost models calibrated to the engine as its docs ask
-    (docs/program_scheduling/program-scheduling.md#offline-calibration-models), from the
-    profile fitted to it. Prefill of n tokens alone = a + b·n + e·n(n+1)/2, so per 1 k
-    tokens: linear 1000·(b + e/2), quadratic 1e6·e/2. A decode step = a + c·batch +
-    d·context. `decode_throughput_alpha` is the share of decode throughput kept while a
-    prefill runs (the docs: low for mixed execution): one decode step over a step that also
-    carries a full 2,048-token prefill chunk."""
-    chunk = MAX_NUM_BATCHED_TOKENS
-    decode = cost.step_seconds(0, 1, 0)
-    mixed = cost.step_seconds(chunk, 1, 0, prefill_positions(0, chunk))
+    (peers.router_cost_models), from the profile fitted to it, with the engine's prefill
+    chunk (real time: no time scale)."""
     return {
         "program_scheduling_enable_key": "auto",
         "global_queue": True,
         "token_capacity_per_dp_rank": kv_tokens,
-        "prefill_cost_model": {
-            "intercept_seconds": cost.a + cost.f,
-            "linear_seconds_per_1k_tokens": 1000 * (cost.b + cost.e / 2),
-            "quadratic_seconds_per_1k_tokens_squared": 1e6 * cost.e / 2,
-            "decode_throughput_alpha": round(decode / mixed, 4),
-        },
-        "decode_throughput_model": {
-            "fixed_step_seconds": cost.a,
-            "batch_step_seconds_per_request": cost.c,
-            "context_step_seconds_per_token": cost.d,
-        },
+        **peers.router_cost_models(cost, MAX_NUM_BATCHED_TOKENS),
     }
 
 

@@ -510,6 +510,59 @@ def real_agreement_block(name: str = "vllm-cpu-real") -> str:
     return "\n".join(lines) + "\n"
 
 
+LIVE_REGIMES = ("live-peers-glm46", "live-peers-minimax")
+
+
+def _spread_cell(cell: Record | None, digits: int = 1) -> str:
+    if not cell:
+        return "-"
+    lo, mid, hi = (cell[k] for k in ("min", "median", "max"))
+    return f"{lo:.{digits}f} / **{mid:.{digits}f}** / {hi:.{digits}f}"
+
+
+def live_peers_table(name: str) -> str:
+    """One live-peers result file: per system its runs' steady steps/min (min / median /
+    max), median JCT, hit rate and preemptions, the time scale the engines kept (the lowest
+    of its runs), thunder-mw over it (the paired runs' ratio of means, 95 % bootstrap
+    interval, verdict) and live over its DES stand-in (median of the runs' ratios)."""
+    report = json.loads((RESULTS / f"{name}.json").read_text())
+    agreement = {row["system"]: row for row in report["agreement"]}
+    lines = [
+        "| system | steady steps/min | JCT mean (s) | hit rate | preempt. | engines kept "
+        "| thunder-mw / it | live / DES stand-in |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for system, summary in report["summary"].items():
+        runs = [r for r in report["runs"] if r["system"] == system]
+        kept = [x for r in runs for x in (r.get("engine_time_scale") or ())]
+        pair = report.get("paired", {}).get(f"thunder-mw/{system}")
+        ratio = (
+            f"{pair['ratio']:.2f} [{pair['ci95'][0]:.2f}, {pair['ci95'][1]:.2f}] "
+            f"**{pair['verdict']}**"
+            if pair
+            else "-"
+        )
+        row = agreement.get(system, {})
+        live_des = (
+            f"{row['median_steady_ratio']:.2f} ({row['stand_in']}"
+            + ("" if row.get("agreed") else ", **outside**")
+            + ")"
+            if row.get("median_steady_ratio") is not None
+            else "-"
+        )
+        hit = summary.get("prefix_hit_rate", {}).get("median")
+        lines.append(
+            f"| {system} | {_spread_cell(summary.get('steps_per_min_steady'))} "
+            f"| {summary.get('jct_mean_s', {}).get('median', '-')} | {hit} "
+            f"| {summary.get('preemptions', {}).get('median', '-')} "
+            f"| {min(kept):.1f}x of {report['config']['time_scale']:g}x "
+            f"| {ratio} | {live_des} |"
+            if kept
+            else f"| {system} | - | - | - | - | - | - | - |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _replace_block(path: Path, marker: str, body: str) -> None:
     text = path.read_text()
     start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
@@ -545,6 +598,10 @@ if __name__ == "__main__":
         sys.exit()
     if sys.argv[1:2] == ["--controller"]:
         print(controller_table(sys.argv[2:] or CONTROLLER_RUNS))
+        sys.exit()
+    if sys.argv[1:2] == ["--live-peers"]:
+        for name in sys.argv[2:] or LIVE_REGIMES:
+            _replace_block(DOCS, name, live_peers_table(name))
         sys.exit()
     if sys.argv[1:2] == ["--real-engine"]:
         print(real_engine_table())

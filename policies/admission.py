@@ -112,6 +112,11 @@ class Admission(Stage):
             duty=duty(self._costs(view, backend), view.tool_time.expected(None, None)),
         )
 
+    def _typical(self, view: StageView, backend: BackendView) -> int:
+        """The mean reservation of the programs on `backend` (0: none)."""
+        programs = view.programs_on(backend.label)
+        return backend.reserved // programs if programs else 0
+
     def _budget_s(
         self, view: StageView, backend: BackendView, program: ProgramView | None
     ) -> float:
@@ -196,8 +201,7 @@ class Admission(Stage):
             return (
                 PlanBackend(backend.label, overflow_tokens=0) if backend.overflow_tokens else None
             )
-        programs = view.programs_on(backend.label)
-        typical = backend.reserved // programs if programs else 0
+        typical = self._typical(view, backend)
         extra = allowance(
             costs,
             self._overflow_view(view, backend, high),
@@ -261,8 +265,7 @@ class Admission(Stage):
         # it and how far past it pausing waits (its allowance). Pausing follows the point,
         # not a lower probe: a probe down only stops admitting, so probing costs no pauses
         # (each one a recompute when its program returns).
-        programs = view.programs_on(backend.label)
-        typical = backend.reserved // programs if programs else 0
+        typical = self._typical(view, backend)
         pause_at = max(limit, capacity * point.point)
         past = allowance(
             costs,

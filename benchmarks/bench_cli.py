@@ -50,6 +50,7 @@ from thunder_mw.benchmarks.workloads import (
     load_trace,
 )
 from thunder_mw.benchmarks.workloads import PRESETS as WORKLOADS
+from thunder_mw.schemas.stage_params import AdmissionParams
 from thunder_mw.sim.cost_model import get_profile
 
 PROXY_OVERHEAD = "proxy-overhead"
@@ -629,6 +630,17 @@ def plan_jobs(
     return work
 
 
+def admission_overflow(policies: list[str]) -> dict[str, str]:
+    """Per policy with an admission stage, the overflow rule it resolves to (`admission: {}`
+    is the default's, which a result file would otherwise not name)."""
+    out: dict[str, str] = {}
+    for policy in policies:
+        for stage in POLICIES[policy]:
+            if "admission" in stage:
+                out[policy] = AdmissionParams(**stage["admission"]).overflow
+    return out
+
+
 def cap_values(scenario: Scenario) -> list[int]:
     """vllm_capped's caps: the scenario's fractions of its concurrency, whole programs."""
     concurrency = scenario.concurrency
@@ -731,6 +743,7 @@ def run_scenario(
         "cluster_defaults": asdict(ClusterConfig()),
         "sweep": [list(s) for s in scenario.sweep] if sweep and trace is None else [],
         "policies": {p: POLICIES[p] for p in policies},
+        "admission_overflow": admission_overflow(policies),
         "description": scenario.description,
     }
     report: dict[str, Any] = {

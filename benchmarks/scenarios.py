@@ -90,6 +90,10 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
         **{"state-aware-pause": {"reasoning_victim": "smallest"}},
     ),
     "thunder-mw/no-host-tier": _thunder_mw(admission={"host_tier": False}),
+    # The default pipeline in front of the engines `offload` runs on (the host KV tier,
+    # POLICY_ENGINE_OPTIONS): what a user with that tier would deploy, the same hardware
+    # as the `offload` baseline.
+    "thunder-mw/host-tier": _thunder_mw(),
     "thunder-mw/resident": _thunder_mw(admission={"resident_floor": 0.5}),
     "thunder-mw/hw-1.0+acting-0.5": _thunder_mw(
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
@@ -112,6 +116,7 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
 # every engine the host KV tier the scenario sizes (`host_kv_tokens`).
 POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "offload": {"host_tier": True},
+    "thunder-mw/host-tier": {"host_tier": True},
     "continuum": {"program_fcfs": True},
 }
 

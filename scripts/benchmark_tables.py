@@ -343,31 +343,42 @@ def figure_tables(names: list[str]) -> str:
 
 
 def summary_table(names: list[str]) -> str:
-    """One row per scenario: thunder-mw against the strongest baseline on each figure."""
+    """The README's one table, a row per scenario: thunder-mw against the strongest
+    baseline on each figure, the controller's two goals on the long window (the best
+    baseline that is not program-aware, >= 1.15; the vLLM router's program scheduler,
+    >= 1.1) and its fixed-rules ablation. A scenario whose file predates the long window
+    or the controller says so."""
     lines = [
-        "| scenario | set | fixed batch: strongest | its makespan / thunder-mw's | "
-        "long window: strongest | thunder-mw / it |",
+        "| scenario | set | fixed batch: strongest, its makespan / thunder-mw's | "
+        "long window: strongest, thunder-mw / it | goals: / best not program-aware (>= 1.15); "
+        "/ vLLM router (>= 1.1) | / its fixed rules |",
         "|---|---|---|---|---|---|",
     ]
+    metric = "steps_per_min_steady"
     for name, report in _reports(names):
+        split = report["config"].get("split", "tuning")
+        link = f"[`{name}`](benchmarks/results/{name}.json)"
         point = _main_point(report)
-        if point is None:
+        if point is None or not ran_controller(name, report):
+            lines.append(f"| {link} | {split} | not yet rerun with the default scheduler | | | |")
             continue
         cells = []
-        for metric, _, _ in FIGURE_COLUMNS:
-            rival = point["strongest"].get(metric)
+        for figure, _, _ in FIGURE_COLUMNS:
+            rival = point["strongest"].get(figure)
             record = point["policies"].get(rival, {}) if rival else {}
             cap = (
-                f" (cap {record['cap']['batch' if metric == 'makespan_s' else 'window']})"
+                f" (cap {record['cap']['batch' if figure == 'makespan_s' else 'window']})"
                 if record.get("cap")
                 else ""
             )
-            cells += [
-                f"{rival}{cap}" if rival else "-",
-                _ratio_cell(point["ratios"].get(rival, {}).get(metric)),
-            ]
-        split = report["config"].get("split", "tuning")
-        link = f"[`{name}`](benchmarks/results/{name}.json)"
+            ratio = _ratio_cell(point["ratios"].get(rival, {}).get(figure))
+            cells.append(f"{rival}{cap} {ratio}" if rival else "-")
+        ratios = point["ratios"]
+        present = [p for p in NOT_PROGRAM_AWARE if metric in ratios.get(p, {})]
+        best = min(present, key=lambda p: ratios[p][metric]["ratio"], default=None)
+        first = _goal_cell(ratios[best][metric], best, 1.15) if best else "-"
+        second = _goal_cell(ratios.get("vllm_router_program", {}).get(metric), "router", 1.1)
+        cells += [f"{first}; {second}", _fixed_ratio(name)]
         lines.append(f"| {link} | {split} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -397,16 +408,23 @@ def _fixed_ratio(name: str) -> str:
     return _ratio_cell(r) if r else "-"
 
 
-# The scenarios whose result files were rerun with the admission controller as the default
-# (2026-12-01, evening); the others' thunder-mw rows are the fixed rules of 0.2.0.
+# Result files rerun with the admission controller as the default before they named the rule
+# each policy resolves to (`config.admission_overflow`, since 2026-12-01, late evening).
 CONTROLLER_RUNS = ["paper-toolorchestra-qwen3-8b", "test-mixed-fleet", "test-swe-orchestra-mix"]
+
+
+def ran_controller(name: str, report: Record) -> bool:
+    """Whether the file's `thunder-mw` ran the admission controller (else: 0.2.0's rules)."""
+    overflow = report["config"].get("admission_overflow", {}).get("thunder-mw")
+    return overflow == "adaptive" if overflow else name in CONTROLLER_RUNS
 
 
 def controller_table(names: list[str]) -> str:
     """Per scenario, on the long window at the published concurrency: thunder-mw against
     its two targets (the best baseline that is not program-aware, >= 1.15; the vLLM
     router's program scheduler, >= 1.1; each met only with the interval above 1.0), against
-    its own fixed rules (the ablation), and its starvation bound (max / median JCT <= 3)."""
+    its own fixed rules (the ablation), and its starvation bound (max / median JCT <= 3).
+    A scenario whose file predates the controller or the long window gets a row saying so."""
     lines = [
         "| scenario | set | / best not program-aware (>= 1.15) | / vllm_router_program (>= 1.1) "
         "| / thunder-mw/fixed (ablation) | max / median JCT (<= 3) |",
@@ -414,8 +432,10 @@ def controller_table(names: list[str]) -> str:
     ]
     metric = "steps_per_min_steady"
     for name, report in _reports(names):
+        split = report["config"].get("split", "tuning")
         point = _main_point(report)
-        if point is None:
+        if point is None or not ran_controller(name, report):
+            lines.append(f"| `{name}` | {split} | not yet rerun with the controller | | | |")
             continue
         ratios = point["ratios"]
         present = [p for p in NOT_PROGRAM_AWARE if metric in ratios.get(p, {})]
@@ -425,7 +445,6 @@ def controller_table(names: list[str]) -> str:
         second = _goal_cell(router, "router", 1.1)
         jct = point["policies"].get("thunder-mw", {}).get("jct_max_over_median")
         starvation = f"{jct['mean']:.2f}" if jct else "-"
-        split = report["config"].get("split", "tuning")
         lines.append(
             f"| `{name}` | {split} | {first} | {second} | {_fixed_ratio(name)} | {starvation} |"
         )
@@ -577,8 +596,7 @@ def update_docs() -> None:
     """Rewrites the figures blocks of docs/benchmarks.md and the README's summary table."""
     _replace_block(DOCS, "tuning-figures", figure_tables(TUNING))
     _replace_block(DOCS, "test-figures", figure_tables(TEST))
-    _replace_block(DOCS, "controller-targets", controller_table(CONTROLLER_RUNS))
-    _replace_block(README, "controller-targets", controller_table(CONTROLLER_RUNS))
+    _replace_block(DOCS, "controller-targets", controller_table([*TUNING, *TEST]))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
     _replace_block(README, "real-engine-table", real_engine_table())
     _replace_block(DOCS, "real-engine-table", real_engine_table())
@@ -597,7 +615,7 @@ if __name__ == "__main__":
         print(summary_table(sys.argv[2:] or [*TUNING, *TEST]))
         sys.exit()
     if sys.argv[1:2] == ["--controller"]:
-        print(controller_table(sys.argv[2:] or CONTROLLER_RUNS))
+        print(controller_table(sys.argv[2:] or [*TUNING, *TEST]))
         sys.exit()
     if sys.argv[1:2] == ["--live-peers"]:
         for name in sys.argv[2:] or LIVE_REGIMES:

@@ -8,9 +8,11 @@ count (the acting weight, the growth buffer), so those need no tuning of their o
 large `m` nothing is held: thunder-mw is then a cache-affinity router with bounded load;
 near 1 it keeps the working set inside the cache.
 
-What it measures: goodput `G`, output tokens per second on the engine (the engine's own
-generation counter where it exports one, else the output tokens of the calls the gateway saw
-finish there): the batch a hold narrows and the recompute an overflow costs both show in it.
+What it measures: goodput `G`, the output tokens of the calls the gateway saw finish on the
+engine, per second per call that wants it (policies/admission.py): the batch a hold narrows
+and the recompute an overflow costs both show in it. (The engine's own generation counter,
+smoother, was tried in the DES: rounds as noisy, so the noise is the workload's, not the
+count's.)
 
 How it moves (a probe cycle, as TCP BBR's and Envoy's gradient controller's): each round runs
 four phases at `m*g` and `m/g` in the order up, down, down, up (the next round down, up, up,

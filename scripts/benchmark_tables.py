@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from thunder_mw.benchmarks.bootstrap import compare
+
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 COLUMNS = [
     ("steps_per_min", "steps/min"),
@@ -451,6 +453,54 @@ def controller_table(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _per_seed(report: Record, policy: str, wave: bool, metric: str) -> dict[int, float]:
+    """A policy's figure per seed at the file's main point (the batch or the window run)."""
+    c = report["config"]
+    return {
+        r["seed"]: r[metric]
+        for r in report["sweep"]
+        if r["policy"] == policy
+        and r["main"]
+        and bool(r["wave"]) == wave
+        and (r["engines"], r["programs_per_engine"]) == (c["engines"], c["programs_per_engine"])
+        and r.get(metric) is not None
+    }
+
+
+def host_tier_table(names: list[str]) -> str:
+    """thunder-mw on the host-tier engines `offload` runs on (`thunder-mw/host-tier`, from
+    `<name>-variants.json`) over `offload` (from `<name>.json`): the same hardware, paired by
+    seed on the seeds both files ran (the workloads and engines are the seed's in both)."""
+    lines = [
+        "| scenario | seeds | fixed batch: offload's makespan / thunder-mw's | "
+        "long window: thunder-mw / offload |",
+        "|---|---|---|---|",
+    ]
+    for name, report in _reports(names):
+        vpath = RESULTS / f"{name}-variants.json"
+        if not vpath.is_file():
+            continue
+        variants = json.loads(vpath.read_text())
+        cells = []
+        seeds: set[int] = set()
+        for metric, wave, higher in (
+            ("makespan_s", True, False),
+            ("steps_per_min_steady", False, True),
+        ):
+            ours = _per_seed(variants, "thunder-mw/host-tier", wave, metric)
+            theirs = _per_seed(report, "offload", wave, metric)
+            common = sorted(set(ours) & set(theirs))
+            if len(common) < 2:
+                cells.append("-")
+                continue
+            seeds |= set(common)
+            c = compare([ours[k] for k in common], [theirs[k] for k in common], higher)
+            cells.append(_ratio_cell(c))
+        if seeds:
+            lines.append(f"| `{name}` | {len(seeds)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 REAL_SYSTEMS = {
     "direct": "plain vLLM",
     "direct/cap-2": "plain vLLM, client cap 2",
@@ -597,6 +647,7 @@ def update_docs() -> None:
     _replace_block(DOCS, "tuning-figures", figure_tables(TUNING))
     _replace_block(DOCS, "test-figures", figure_tables(TEST))
     _replace_block(DOCS, "controller-targets", controller_table([*TUNING, *TEST]))
+    _replace_block(DOCS, "host-tier", host_tier_table([*TUNING, *TEST]))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
     _replace_block(README, "real-engine-table", real_engine_table())
     _replace_block(DOCS, "real-engine-table", real_engine_table())
@@ -613,6 +664,9 @@ if __name__ == "__main__":
         sys.exit()
     if sys.argv[1:2] == ["--summary"]:
         print(summary_table(sys.argv[2:] or [*TUNING, *TEST]))
+        sys.exit()
+    if sys.argv[1:2] == ["--host-tier"]:
+        print(host_tier_table(sys.argv[2:] or [*TUNING, *TEST]))
         sys.exit()
     if sys.argv[1:2] == ["--controller"]:
         print(controller_table(sys.argv[2:] or [*TUNING, *TEST]))

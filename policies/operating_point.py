@@ -215,7 +215,13 @@ class OperatingPoint:
         b = self.bounds
         if abs(avg) > max(b.z * sd / math.sqrt(n), b.min_gain):
             direction = 1 if avg > 0 else -1
-            self.point = self._probe(direction)
+            moved = self._probe(direction)
+            if moved == self.point:
+                # Pinned at a bound: a move that cannot happen is a stay, so the step
+                # shrinks instead of doubling on each "repeated" move (a point at the floor
+                # would otherwise probe ever further above it, at up to twice the floor).
+                direction = 0
+            self.point = moved
         elif n >= b.max_rounds:
             direction = 0
         else:

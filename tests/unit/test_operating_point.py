@@ -116,6 +116,19 @@ def test_the_point_stays_within_its_bounds(start: float) -> None:
     assert all(0.9 <= f <= 8.0 for f in applied)
 
 
+@pytest.mark.parametrize(("start", "best"), [(0.9, 0.3), (8.0, 24.0)])
+def test_pinned_at_a_bound_its_probes_stay_close(start: float, best: float) -> None:
+    # The peak lies beyond the bound: every judged round says "further", which the bound
+    # forbids. Those are stays, not repeated moves: the step stays small, so the probes do
+    # not reach twice the floor (a limit far above the working set: the engine thrashes).
+    point = OperatingPoint(start, Bounds(floor=0.9, ceiling=8.0))
+    curve = peaked(best)
+    _, _, applied = run(point, lambda m, t: curve(m), 6 * 3600)
+    assert point.point == start
+    assert point.step <= math.log(1.05) + 1e-12
+    assert max(applied) / min(applied) <= 1.05 * 1.05 + 1e-9
+
+
 def test_two_phases_at_the_start_then_rounds_of_four_phases_of_two_cycles_each() -> None:
     point = OperatingPoint(2.0, Bounds(floor=0.9, ceiling=8.0))
     phase = int(2 * CYCLE_S / TICK_S)

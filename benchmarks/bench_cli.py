@@ -35,6 +35,7 @@ from thunder_mw.benchmarks.reproduction import (
     summarise_runs,
 )
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
+from thunder_mw.benchmarks.reuse import ReuseError, check_config, reused_output
 from thunder_mw.benchmarks.scenarios import (
     POLICIES,
     POLICY_ENGINE_OPTIONS,
@@ -160,6 +161,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--seeds", type=int, help="Seeds of the main point (default: the scenario's; --seed first)."
     )
     des.add_argument("--no-sweep", action="store_true", help="Skip the concurrency sweep.")
+    des.add_argument(
+        "--rerun",
+        help="Comma-separated policies to rerun; every other run is taken from the result "
+        "file being replaced (--output), which must have been made with the same scenario "
+        "and those policies' pipelines (benchmarks/reuse.py).",
+    )
     des.add_argument("--no-plots", action="store_true", help="Do not write PNG plots.")
     des.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="Worker processes.")
     from thunder_mw.benchmarks import proxy_overhead
@@ -256,16 +263,35 @@ _HARNESSES: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def _run_des(scenario: Scenario, policies: list[str], args: argparse.Namespace) -> int:
     output = args.output or args.results_dir / f"{scenario.name}.json"
-    report = run_scenario(
-        scenario,
-        policies,
-        seed=args.seed,
-        trace=args.trace,
-        sweep=not args.no_sweep,
-        jobs=args.jobs,
-        total=args.programs,
-        seeds=args.seeds,
-    )
+    reuse, rerun = None, None
+    if args.rerun:
+        rerun = set(args.rerun.split(","))
+        unknown = sorted(rerun - set(policies))
+        if unknown:
+            print(f"--rerun names policies the run has not: {unknown}", file=sys.stderr)
+            return 2
+        if not output.is_file():
+            print(
+                f"--rerun takes the other runs from {output}, which does not exist", file=sys.stderr
+            )
+            return 2
+        reuse = json.loads(output.read_text())
+    try:
+        report = run_scenario(
+            scenario,
+            policies,
+            seed=args.seed,
+            trace=args.trace,
+            sweep=not args.no_sweep,
+            jobs=args.jobs,
+            total=args.programs,
+            seeds=args.seeds,
+            reuse=reuse,
+            rerun=rerun,
+        )
+    except ReuseError as e:
+        print(f"--rerun: {e} ({output})", file=sys.stderr)
+        return 2
     _write_report(report, output)
     print(format_table(report))
     reproduction = format_reproduction(report)
@@ -647,6 +673,45 @@ def cap_values(scenario: Scenario) -> list[int]:
     return sorted({max(1, round(f * concurrency)) for f in scenario.caps if f < 1})
 
 
+def scenario_config(
+    scenario: Scenario,
+    policies: list[str],
+    work: list[Job],
+    trace: Path | None,
+    sweep: bool,
+    total: int | None,
+) -> dict[str, Any]:
+    """The result document's `config`: what the scenario ran, and each policy's pipeline."""
+    return {
+        "workload": str(trace) if trace else scenario.workload,
+        "engines": scenario.engines,
+        "programs_per_engine": scenario.programs_per_engine,
+        "concurrency": scenario.concurrency,
+        "programs": work[0].programs
+        if total
+        else next(j.programs for j in work if j.main and not j.wave),
+        "arrival": scenario.arrival,
+        "total_factor": scenario.total_factor,
+        "seeds": sorted({j.seed for j in work}),
+        "split": scenario.split,
+        "steady_factor": scenario.total_factor,
+        "burst": scenario.burst,
+        "engine_profiles": list(scenario.engine_profiles),
+        "engine_kv_tokens": list(engine_kv_tokens(scenario)),
+        "kv_tokens_per_engine": kv_tokens_of(scenario),
+        "host_tier": {
+            p: dict(engine_options(scenario, p)) for p in policies if engine_options(scenario, p)
+        },
+        "profile": scenario.profile,
+        "max_model_len": scenario.max_model_len,
+        "cluster_defaults": asdict(ClusterConfig()),
+        "sweep": [list(s) for s in scenario.sweep] if sweep and trace is None else [],
+        "policies": {p: POLICIES[p] for p in policies},
+        "admission_overflow": admission_overflow(policies),
+        "description": scenario.description,
+    }
+
+
 def run_scenario(
     scenario: Scenario,
     policies: list[str],
@@ -656,18 +721,30 @@ def run_scenario(
     jobs: int = 1,
     total: int | None = None,
     seeds: int | None = None,
+    reuse: dict[str, Any] | None = None,
+    rerun: set[str] | None = None,
 ) -> dict[str, Any]:
-    """Every policy on the main configuration (and the sweep): the result document."""
+    """Every policy on the main configuration (and the sweep): the result document. With
+    `reuse` (an earlier result document of this scenario), only the `rerun` policies run;
+    every other run is taken from it (benchmarks/reuse.py)."""
     started = time.perf_counter()
-    work = plan_jobs(scenario, policies, seed, sweep and trace is None, total, seeds)
+    planned = plan_jobs(scenario, policies, seed, sweep and trace is None, total, seeds)
+    work = planned
     done: list[tuple[Job, dict[str, Any]]] = []
+    reused: list[str] = []
+    if reuse is not None:
+        reused = [p for p in policies if p not in (rerun or set())]
+        config = scenario_config(scenario, policies, planned, trace, sweep, total)
+        check_config(reuse["config"], config, reused)
+        done = [(j, reused_output(reuse, j, seed)) for j in work if j.policy in reused]
+        work = [j for j in work if j.policy not in reused]
     if jobs > 1 and len(work) > 1:
         portable = replace(scenario, targets=())  # targets hold closures; workers need none
         with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
             futures = [pool.submit(_run_job, portable, j, trace, seed) for j in work]
-            done = [f.result() for f in futures]
+            done += [f.result() for f in futures]
     else:
-        done = [_run_job(scenario, j, trace, seed) for j in work]
+        done += [_run_job(scenario, j, trace, seed) for j in work]
 
     all_rows = [
         {
@@ -718,34 +795,7 @@ def run_scenario(
         dict(zip(("value", "met"), t.check(by_policy), strict=True), target=t.name, goal=t.goal)
         for t in scenario.targets
     ]
-    config = {
-        "workload": str(trace) if trace else scenario.workload,
-        "engines": scenario.engines,
-        "programs_per_engine": scenario.programs_per_engine,
-        "concurrency": scenario.concurrency,
-        "programs": work[0].programs
-        if total
-        else next(j.programs for j in work if j.main and not j.wave),
-        "arrival": scenario.arrival,
-        "total_factor": scenario.total_factor,
-        "seeds": sorted({j.seed for j in work}),
-        "split": scenario.split,
-        "steady_factor": scenario.total_factor,
-        "burst": scenario.burst,
-        "engine_profiles": list(scenario.engine_profiles),
-        "engine_kv_tokens": list(engine_kv_tokens(scenario)),
-        "kv_tokens_per_engine": kv_tokens_of(scenario),
-        "host_tier": {
-            p: dict(engine_options(scenario, p)) for p in policies if engine_options(scenario, p)
-        },
-        "profile": scenario.profile,
-        "max_model_len": scenario.max_model_len,
-        "cluster_defaults": asdict(ClusterConfig()),
-        "sweep": [list(s) for s in scenario.sweep] if sweep and trace is None else [],
-        "policies": {p: POLICIES[p] for p in policies},
-        "admission_overflow": admission_overflow(policies),
-        "description": scenario.description,
-    }
+    config = scenario_config(scenario, policies, planned, trace, sweep, total)
     report: dict[str, Any] = {
         "scenario": scenario.name,
         "mode": "des",
@@ -765,6 +815,9 @@ def run_scenario(
         keys = ("cap", "seed", "wave", "makespan_s", "steps_per_min_steady", "steady_programs_done")
         caps["runs"] = [{k: r.get(k) for k in keys} for r in all_rows if r["policy"] == VLLM_CAPPED]
         report["vllm_capped"] = caps
+    if reused:
+        # Their runs are the old file's: its wall time is theirs, this one the reruns'.
+        report["reused"] = {"policies": reused, "wall_s": reuse.get("wall_s") if reuse else None}
     report["wall_s"] = round(time.perf_counter() - started, 1)
     report["machine"] = (
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"

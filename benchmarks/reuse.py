@@ -1,0 +1,101 @@
+"""Rerun some policies of a scenario and take every other run from the result file it
+replaces (`thunder-mw bench --rerun thunder-mw`).
+
+A scenario's file holds five seeds of every baseline at every sweep point; a change to
+thunder-mw's rules changes only thunder-mw's rows. Rerunning the baselines with it costs
+five times the CPU and gives, the simulation being deterministic, the same numbers. This
+takes those runs from the old file, each exactly as it was recorded, where the file was
+made with the same scenario, harness constants and pipeline for that policy: anything
+else is an error that names what differs, never a silent mix. It cannot see a change to
+the simulator's own code: `scripts/des_check`-style reruns (and the golden digest test)
+are what tell that the engines still behave as when the file was written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from thunder_mw.benchmarks.scenarios import VLLM_CAPPED
+
+# A row's identity in a result file's `sweep` (the rest are the run's metrics).
+ROW_KEYS: tuple[str, ...] = ("policy", "engines", "programs_per_engine", "concurrency")
+ROW_KEYS += ("programs", "main", "seed", "wave", "cap")
+# Config keys that say what a policy ran on, not which policies ran.
+PER_POLICY = ("policies", "admission_overflow", "host_tier", "description")
+
+
+class ReuseError(ValueError):
+    """The old file cannot stand in for a run (the message names what differs)."""
+
+
+def check_config(old: dict[str, Any], new: dict[str, Any], reused: Iterable[str]) -> None:
+    """The old file's scenario must be this one, and each reused policy must have run the
+    pipeline and engines it has now."""
+    differs = [k for k in new if k not in PER_POLICY and old.get(k) != new[k]]
+    if differs:
+        raise ReuseError(
+            "the result file was made with another configuration: "
+            + "; ".join(f"{k}: {old.get(k)!r} there, {new[k]!r} now" for k in differs)
+        )
+    for policy in reused:
+        pipeline = old.get("policies", {}).get(policy)
+        if pipeline is None:
+            raise ReuseError(f"the result file has no runs of {policy}: rerun it too")
+        if pipeline != new["policies"].get(policy):
+            raise ReuseError(f"{policy}'s pipeline changed since the file was written: rerun it")
+        if old.get("host_tier", {}).get(policy) != new["host_tier"].get(policy):
+            raise ReuseError(f"{policy}'s engines changed since the file was written: rerun it")
+
+
+def _matches(row: dict[str, Any], key: tuple[Any, ...]) -> bool:
+    policy, engines, per_engine, seed, wave, main, cap = key
+    return bool(
+        row["policy"] == policy
+        and row["engines"] == engines
+        and row["programs_per_engine"] == per_engine
+        and row["seed"] == seed
+        and bool(row["wave"]) == wave
+        and row.get("main", True) == main
+        and (row.get("cap") or None) == cap
+    )
+
+
+def reused_output(old: dict[str, Any], job: Any, base_seed: int) -> dict[str, Any]:
+    """What `bench_cli._run_job` returned for `job` when the old file was made: its metrics
+    (a capped run at a cap that was not chosen kept only the figures the choice reads), and
+    for the main seed's runs their JCT samples and time series."""
+    key = (job.policy, job.engines, job.per_engine, job.seed, job.wave, job.main, job.cap)
+    row = next((r for r in old["sweep"] if _matches(r, key)), None)
+    if row is not None:
+        metrics = {k: v for k, v in row.items() if k not in ROW_KEYS}
+    elif job.policy == VLLM_CAPPED:
+        runs = old.get("vllm_capped", {}).get("runs", [])
+        run = next(
+            (
+                r
+                for r in runs
+                if r["cap"] == job.cap and r["seed"] == job.seed and bool(r["wave"]) == job.wave
+            ),
+            None,
+        )
+        if run is None:
+            raise ReuseError(
+                f"the result file has no {VLLM_CAPPED} run at cap {job.cap}, seed {job.seed}: "
+                "rerun it too"
+            )
+        metrics = {k: v for k, v in run.items() if k not in ("cap", "seed", "wave")}
+    else:
+        raise ReuseError(
+            f"the result file has no run of {job.policy} at {job.engines}x{job.per_engine}, "
+            f"seed {job.seed}{' (fixed batch)' if job.wave else ''}: rerun it too"
+        )
+    out: dict[str, Any] = {"metrics": metrics, "wall_s": 0.0}
+    if job.main and job.seed == base_seed and not job.wave:
+        name = job.policy
+        if name in old.get("timeseries", {}):
+            out["timeseries"] = old["timeseries"][name]
+            out["jct_s"] = old["jct_s"][name]
+            out["wall_s"] = old.get("run_wall_s", {}).get(name, 0.0)
+            out["counters"] = {}
+    return out

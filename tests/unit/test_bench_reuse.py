@@ -1,0 +1,78 @@
+"""`bench --rerun`: rerun some policies, take every other run from the result file it
+replaces (benchmarks/reuse.py). The document must be the one a full run writes."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import pytest
+
+from thunder_mw.benchmarks.bench_cli import run_scenario
+from thunder_mw.benchmarks.reuse import ReuseError
+from thunder_mw.benchmarks.scenarios import SCENARIOS
+
+# Two programs on one engine, two seeds, one client-side cap: every kind of run (the
+# window, the fixed batch, a capped run at the chosen cap and at one not chosen) in seconds.
+TINY = dataclasses.replace(
+    SCENARIOS["test-swe-orchestra-mix"],
+    engines=1,
+    programs_per_engine=3,
+    seeds=2,
+    caps=(0.34, 0.67),
+    targets=(),
+)
+POLICIES = ["session_affinity", "vllm_capped", "thunder-mw"]
+# What differs between two runs of the same work: how long they took.
+TIMINGS = ("wall_s", "run_wall_s", "reused", "machine")
+
+
+def _without_timings(report: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in report.items() if k not in TIMINGS}
+
+
+@pytest.fixture(scope="module")
+def full() -> dict[str, Any]:
+    return run_scenario(TINY, POLICIES, sweep=False)
+
+
+def test_a_rerun_writes_the_document_a_full_run_writes(full: dict[str, Any]) -> None:
+    again = run_scenario(TINY, POLICIES, sweep=False, reuse=full, rerun={"thunder-mw"})
+    assert _without_timings(again) == _without_timings(full)
+    assert again["reused"]["policies"] == ["session_affinity", "vllm_capped"]
+
+
+def test_a_reused_run_is_the_old_files_not_a_new_one(full: dict[str, Any]) -> None:
+    # A marked old figure comes through untouched: the reused policy did not run again.
+    old = copy.deepcopy(full)
+    row = next(r for r in old["sweep"] if r["policy"] == "session_affinity" and not r["wave"])
+    row["steps_per_min_steady"] = 12345.0
+    again = run_scenario(TINY, POLICIES, sweep=False, reuse=old, rerun={"thunder-mw"})
+    marked = [r for r in again["sweep"] if r.get("steps_per_min_steady") == 12345.0]
+    assert [(r["policy"], r["seed"]) for r in marked] == [("session_affinity", row["seed"])]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda c: c.update(programs_per_engine=4), "programs_per_engine"),
+        (lambda c: c["policies"].update(session_affinity=[{"round_robin": {}}]), "pipeline"),
+        (lambda c: c["policies"].pop("vllm_capped"), "no runs of vllm_capped"),
+        (lambda c: c.update(cluster_defaults={}), "cluster_defaults"),
+    ],
+)
+def test_a_file_of_another_configuration_is_refused_with_what_differs(
+    full: dict[str, Any], change: Any, message: str
+) -> None:
+    old = copy.deepcopy(full)
+    change(old["config"])
+    with pytest.raises(ReuseError, match=message):
+        run_scenario(TINY, POLICIES, sweep=False, reuse=old, rerun={"thunder-mw"})
+
+
+def test_a_run_the_file_lacks_is_refused(full: dict[str, Any]) -> None:
+    old = copy.deepcopy(full)
+    old["sweep"] = [r for r in old["sweep"] if not (r["policy"] == "session_affinity" and r["wave"])]
+    with pytest.raises(ReuseError, match="no run of session_affinity.*fixed batch"):
+        run_scenario(TINY, POLICIES, sweep=False, reuse=old, rerun={"thunder-mw"})

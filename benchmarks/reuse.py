@@ -13,6 +13,7 @@ are what tell that the engines still behave as when the file was written.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,6 +33,7 @@ class ReuseError(ValueError):
 def check_config(old: dict[str, Any], new: dict[str, Any], reused: Iterable[str]) -> None:
     """The old file's scenario must be this one, and each reused policy must have run the
     pipeline and engines it has now."""
+    new = json.loads(json.dumps(new))  # as a file holds it (tuples are lists there)
     differs = [k for k in new if k not in PER_POLICY and old.get(k) != new[k]]
     if differs:
         raise ReuseError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -32,13 +33,18 @@ def _without_timings(report: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in report.items() if k not in TIMINGS}
 
 
+def _as_written(report: dict[str, Any]) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(json.dumps(report))  # what the file holds
+    return loaded
+
+
 @pytest.fixture(scope="module")
 def full() -> dict[str, Any]:
-    return run_scenario(TINY, POLICIES, sweep=False)
+    return _as_written(run_scenario(TINY, POLICIES, sweep=False))
 
 
 def test_a_rerun_writes_the_document_a_full_run_writes(full: dict[str, Any]) -> None:
-    again = run_scenario(TINY, POLICIES, sweep=False, reuse=full, rerun={"thunder-mw"})
+    again = _as_written(run_scenario(TINY, POLICIES, sweep=False, reuse=full, rerun={"thunder-mw"}))
     assert _without_timings(again) == _without_timings(full)
     assert again["reused"]["policies"] == ["session_affinity", "vllm_capped"]
 
@@ -73,6 +79,8 @@ def test_a_file_of_another_configuration_is_refused_with_what_differs(
 
 def test_a_run_the_file_lacks_is_refused(full: dict[str, Any]) -> None:
     old = copy.deepcopy(full)
-    old["sweep"] = [r for r in old["sweep"] if not (r["policy"] == "session_affinity" and r["wave"])]
-    with pytest.raises(ReuseError, match="no run of session_affinity.*fixed batch"):
+    old["sweep"] = [
+        r for r in old["sweep"] if not (r["policy"] == "session_affinity" and r["wave"])
+    ]
+    with pytest.raises(ReuseError, match=r"no run of session_affinity.*fixed batch"):
         run_scenario(TINY, POLICIES, sweep=False, reuse=old, rerun={"thunder-mw"})

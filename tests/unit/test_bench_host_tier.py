@@ -1,0 +1,36 @@
+"""thunder-mw on offload's engines over offload, paired by seed across a scenario's two
+result files (benchmarks/host_tier.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from thunder_mw.benchmarks.host_tier import pair
+
+
+def _report(policy: str, seeds: dict[int, tuple[float, float]]) -> dict[str, Any]:
+    """A result file at one point: per seed (window steps/min, batch makespan)."""
+    rows = []
+    for seed, (steady, makespan) in seeds.items():
+        point = {"policy": policy, "engines": 1, "programs_per_engine": 8, "main": True}
+        rows += [
+            {**point, "seed": seed, "wave": False, "steps_per_min_steady": steady},
+            {**point, "seed": seed, "wave": True, "makespan_s": makespan},
+        ]
+    rows.append({**rows[0], "programs_per_engine": 4, "steps_per_min_steady": 1.0})  # a sweep point
+    return {"config": {"engines": 1, "programs_per_engine": 8}, "sweep": rows}
+
+
+def test_the_two_files_pair_on_the_seeds_both_ran() -> None:
+    offload = _report("offload", {0: (100.0, 1000.0), 1: (110.0, 1100.0), 2: (90.0, 900.0)})
+    ours = _report("thunder-mw/host-tier", {0: (120.0, 800.0), 1: (132.0, 880.0), 7: (1.0, 1.0)})
+    paired = pair(offload, ours)
+    assert paired["steps_per_min_steady"]["seeds"] == [0, 1]
+    assert paired["steps_per_min_steady"]["ratio"] == 1.2
+    assert paired["makespan_s"]["ratio"] == 1.25  # theirs / ours: a shorter batch is better
+    assert paired["makespan_s"]["verdict"] == "win"
+
+
+def test_fewer_than_two_common_seeds_give_no_ratio() -> None:
+    offload = _report("offload", {0: (100.0, 1000.0)})
+    assert pair(offload, _report("thunder-mw/host-tier", {0: (120.0, 800.0)})) == {}

@@ -815,9 +815,9 @@ def run_scenario(
         keys = ("cap", "seed", "wave", "makespan_s", "steps_per_min_steady", "steady_programs_done")
         caps["runs"] = [{k: r.get(k) for k in keys} for r in all_rows if r["policy"] == VLLM_CAPPED]
         report["vllm_capped"] = caps
-    if reused:
+    if reuse is not None:
         # Their runs are the old file's: its wall time is theirs, this one the reruns'.
-        report["reused"] = {"policies": reused, "wall_s": reuse.get("wall_s") if reuse else None}
+        report["reused"] = {"policies": reused, "wall_s": reuse.get("wall_s")}
     report["wall_s"] = round(time.perf_counter() - started, 1)
     report["machine"] = (
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"

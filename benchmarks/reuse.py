@@ -7,8 +7,8 @@ five times the CPU and gives, the simulation being deterministic, the same numbe
 takes those runs from the old file, each exactly as it was recorded, where the file was
 made with the same scenario, harness constants and pipeline for that policy: anything
 else is an error that names what differs, never a silent mix. It cannot see a change to
-the simulator's own code: `scripts/des_check`-style reruns (and the golden digest test)
-are what tell that the engines still behave as when the file was written.
+the simulator's own code: the golden digest test (tests/sim/test_sim_engine_golden.py) and a
+rerun of one job are what tell that the engines still behave as when the file was written.
 """
 
 from __future__ import annotations
@@ -64,9 +64,10 @@ def _matches(row: dict[str, Any], key: tuple[Any, ...]) -> bool:
 
 
 def reused_output(old: dict[str, Any], job: Any, base_seed: int) -> dict[str, Any]:
-    """What `bench_cli._run_job` returned for `job` when the old file was made: its metrics
-    (a capped run at a cap that was not chosen kept only the figures the choice reads), and
-    for the main seed's runs their JCT samples and time series."""
+    """What `bench_cli._run_job` returned for `job` (a bench_cli.Job, typed Any: bench_cli
+    imports this module) when the old file was made: its metrics (a capped run at a cap that
+    was not chosen kept only the figures the choice reads), and for the main seed's runs
+    their JCT samples and time series."""
     key = (job.policy, job.engines, job.per_engine, job.seed, job.wave, job.main, job.cap)
     row = next((r for r in old["sweep"] if _matches(r, key)), None)
     if row is not None:
@@ -99,5 +100,4 @@ def reused_output(old: dict[str, Any], job: Any, base_seed: int) -> dict[str, An
             out["timeseries"] = old["timeseries"][name]
             out["jct_s"] = old["jct_s"][name]
             out["wall_s"] = old.get("run_wall_s", {}).get(name, 0.0)
-            out["counters"] = {}
     return out

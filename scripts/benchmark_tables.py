@@ -631,17 +631,15 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--update-docs"]:
         update_docs()
         sys.exit()
-    if sys.argv[1:2] == ["--figures"]:
-        print(figure_tables(sys.argv[2:] or [*TUNING, *TEST]))
-        sys.exit()
-    if sys.argv[1:2] == ["--summary"]:
-        print(summary_table(sys.argv[2:] or [*TUNING, *TEST]))
-        sys.exit()
-    if sys.argv[1:2] == ["--host-tier"]:
-        print(host_tier_table(sys.argv[2:] or [*TUNING, *TEST]))
-        sys.exit()
-    if sys.argv[1:2] == ["--controller"]:
-        print(controller_table(sys.argv[2:] or [*TUNING, *TEST]))
+    # The per-scenario tables: over the scenarios named, else every tuning and test one.
+    per_scenario = {
+        "--figures": figure_tables,
+        "--summary": summary_table,
+        "--host-tier": host_tier_table,
+        "--controller": controller_table,
+    }
+    if sys.argv[1:2] and sys.argv[1] in per_scenario:
+        print(per_scenario[sys.argv[1]](sys.argv[2:] or [*TUNING, *TEST]))
         sys.exit()
     if sys.argv[1:2] == ["--live-peers"]:
         for name in sys.argv[2:] or LIVE_REGIMES:

@@ -71,6 +71,8 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     ),
     "thunder-mw/buffer-0": _thunder_mw(admission={"buffer_tokens_per_program": 0}),
     "thunder-mw/shortest-first": _thunder_mw(**{"state-aware-pause": {"victim": "shortest_first"}}),
+    # Shortest first while new programs keep arriving, cost-benefit once they stop.
+    "thunder-mw/auto-victim": _thunder_mw(**{"state-aware-pause": {"victim": "auto"}}),
     "thunder-mw/no-home": _thunder_mw(migration={"prefer_home_backend": False}),
     "thunder-mw/fifo": _thunder_mw(migration={"placement": "most_room"}),
     "thunder-mw/yield-5s": _thunder_mw(**{"state-aware-pause": {"yield_idle_after_s": 5.0}}),

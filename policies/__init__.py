@@ -10,6 +10,7 @@ from thunder_mw.policies.decisions import (
     Prefill,
     ReclaimTools,
     Release,
+    Reorder,
     Resume,
     StageDecision,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "ProgramView",
     "ReclaimTools",
     "Release",
+    "Reorder",
     "Resume",
     "Stage",
     "StageDecision",

@@ -138,4 +138,11 @@ class PlanBackend(msgspec.Struct, frozen=True):
     resident_ratio: float | None = None
 
 
-StageDecision = Pause | Resume | Release | Count | Footprint | PlanBackend | ReclaimTools | Prefill
+class Reorder(msgspec.Struct, frozen=True):
+    """The stage's pause-order keys changed for every program (its rule switched): the
+    core re-keys every ACTIVE program's entry (O(n log n); for rare switches)."""
+
+
+StageDecision = (
+    Pause | Resume | Release | Count | Footprint | PlanBackend | Reorder | ReclaimTools | Prefill
+)

@@ -18,6 +18,7 @@ from thunder_mw.policies.decisions import (
     Reject,
     Release,
     Released,
+    Reorder,
     Resume,
     Resumed,
     StageDecision,
@@ -75,6 +76,9 @@ class Placement(CoreView):
                 ledger.acting_weight = footprint.acting_weight
             if footprint.dedupe_prefixes is not None:
                 ledger.dedupe_prefixes = footprint.dedupe_prefixes
+        elif kind is Reorder:
+            for program in [p for p in self.table if p.state is ProgramState.ACTIVE]:
+                self._reindex(program)
         else:  # an action for the caller (ReclaimTools, Prefill)
             self._actions.append(decision)  # type: ignore[arg-type]
 

@@ -4,8 +4,8 @@ the hooks it answers, and the decisions it returns.
 A stage never changes the core. Its hooks receive a read-only `StageView` of the core (and
 `ProgramView` / `BackendView` records) and either answer a question (`place`, `route`,
 `victim_key`, `queue_key`, `kv_ttl`, `admits`) or return the decisions it wants applied
-(`Pause`, `Resume`, `Release`, `Count`, `Footprint`, `PlanBackend`, or an action such as
-`ReclaimTools` / `Prefill` for the caller; policies/decisions.py). The core applies each
+(`Pause`, `Resume`, `Release`, `Count`, `Footprint`, `PlanBackend`, `Reorder`, or an action
+such as `ReclaimTools` / `Prefill` for the caller; policies/decisions.py). The core applies each
 decision in one place, in the order returned; a hook written as a generator sees the
 effect of each decision it yielded before it computes the next. A stage's own fields (its
 learned estimates, its indexes) are its own to change.

@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from thunder_mw.policies.admission import Admission as Admission
+from thunder_mw.policies.arrival_pace import ArrivalPace
 from thunder_mw.policies.decisions import (
     Footprint,
     Pause,
     ReclaimTools,
     Release,
+    Reorder,
     Resume,
     StageDecision,
 )
@@ -48,6 +50,11 @@ class StateAwarePause(Stage):
       or the smallest first: each pause then costs the least recompute when the program
       returns, and the programs furthest along run to completion instead of every program
       taking turns through the cache (docs/scheduling.md, "Which call pauses").
+    - `auto`: `shortest_first`, yielding nothing, while new programs keep arriving
+      (policies/arrival_pace.py): with more work coming, the programs furthest along are
+      the ones to finish, and a yield only lets a newcomer churn the cache; `cost_benefit`
+      once arrivals stop, where the drain's last program sets the makespan. A switch
+      re-keys the pause order (`Reorder`).
     """
 
     name = "state_aware_pause"
@@ -55,14 +62,48 @@ class StateAwarePause(Stage):
     params: PauseParams
 
     def bind(self, view: StageView) -> Decisions:
+        self._pace = ArrivalPace(self.params.stream_patience)
+        self._streaming = False  # `auto`: the rule in force (keys in the pause order use it)
         self._high = self.params.high_watermark
         if self._high is None:
             admission = next((s for s in view.stages if isinstance(s, Admission)), None)
             self._high = admission.params.high_watermark if admission else 1.0
         return (Footprint(acting_weight=self.params.acting_token_weight),)
 
+    def rule(self) -> str:
+        """The victim rule in force: `auto` resolves to one of the other two."""
+        if self.params.victim != "auto":
+            return self.params.victim
+        return "shortest_first" if self._streaming else "cost_benefit"
+
+    def _switch(self, now: float) -> Decisions:
+        """`auto`: latch whether programs keep arriving; on a change, re-key the order."""
+        if self.params.victim != "auto":
+            return ()
+        streaming = self._pace.streaming(now)
+        if streaming == self._streaming:
+            return ()
+        self._streaming = streaming
+        return (Reorder(),)
+
+    def on_request(self, view: StageView, program: ProgramView, now: float) -> Decisions:
+        if self.params.victim != "auto":
+            return ()
+        # A program's first request: created in this event, nothing sent or held yet.
+        fresh = not (program.steps or program.in_flight or program.waiting)
+        if fresh and program.created_at == now:
+            self._pace.arrived(now)
+        return self._switch(now)
+
+    def on_release(
+        self, view: StageView, program: ProgramView, reason: str, now: float
+    ) -> Decisions:
+        if self.params.victim == "auto":
+            self._pace.ended()
+        return ()
+
     def victim_key(self, view: StageView, program: ProgramView, acting: bool) -> Any:
-        if self.params.victim == "shortest_first":
+        if self.rule() == "shortest_first":
             return (program.reserved_tokens,)
         if acting:
             expected_end = program.acting_since + view.expected_tool_time(program)
@@ -72,16 +113,25 @@ class StateAwarePause(Stage):
         return (program.priority, -program.reserved_tokens)
 
     def on_backend_change(self, view: StageView, backend: BackendView, now: float) -> Decisions:
-        if self.params.check == "event":
-            return self.relieve(view, backend, now)
-        return ()
+        switch = self._switch(now)
+        if self.params.check != "event":
+            return switch
+        if switch:
+            return self._reorder_then_relieve(view, backend, now)
+        return self.relieve(view, backend, now)
+
+    def _reorder_then_relieve(
+        self, view: StageView, backend: BackendView, now: float
+    ) -> Iterator[StageDecision]:
+        yield Reorder()  # applied before the victims below are picked
+        yield from self.relieve(view, backend, now)
 
     def on_queue_blocked(self, view: StageView, program: ProgramView, now: float) -> Decisions:
         """Work conservation: a program idle in a long tool call holds KV that a waiting
         program could use now; pause such programs on the backend where that frees enough
         (the previous backend first), and only if it frees enough for the head."""
         threshold = self.params.yield_idle_after_s
-        if threshold is None or self.params.victim != "cost_benefit":
+        if threshold is None or self.rule() != "cost_benefit":
             return ()
         assert self._high is not None
         need = view.footprint_for_resume(program)
@@ -111,6 +161,7 @@ class StateAwarePause(Stage):
         return ()
 
     def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
+        yield from self._switch(now)
         if self.params.check == "tick":
             for backend in view.backends.values():
                 yield from self.relieve(view, backend, now)

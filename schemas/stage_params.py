@@ -87,8 +87,17 @@ class AdmissionParams(StageParams):
 
 
 class PauseParams(StageParams):
-    victim: Literal["cost_benefit", "shortest_first"] = Field(
-        "cost_benefit", description="How victims are chosen among a backend's programs."
+    victim: Literal["cost_benefit", "shortest_first", "auto"] = Field(
+        "cost_benefit",
+        description="How victims are chosen among a backend's programs: `auto` pauses "
+        "`shortest_first` (and yields nothing) while new programs keep arriving, and by "
+        "`cost_benefit` once they stop (a batch's drain; docs/scheduling.md).",
+    )
+    stream_patience: float = Field(
+        4.0,
+        gt=0,
+        description="`auto`: new programs count as still arriving while the last came within "
+        "this many of their usual gaps (an EMA of the gaps between first requests).",
     )
     acting_token_weight: float = Field(
         0.7,

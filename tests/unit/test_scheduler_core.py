@@ -19,7 +19,7 @@ from thunder_mw.policies.core import (
     Resumed,
     SchedulerCore,
 )
-from thunder_mw.policies.decisions import Pause
+from thunder_mw.policies.decisions import Decision, Pause
 from thunder_mw.policies.pipeline import PipelineError, build_pipeline
 from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usage
 from thunder_mw.policies.stages import Admission
@@ -166,6 +166,55 @@ def test_cost_benefit_pauses_the_program_with_the_longest_expected_tool_time() -
     # Both are ACTING again; the grower's next request overflows the backend a little.
     _, actions = core.on_request(ctx("grower"), info(380), 33)
     assert [p.program_id for p in of(actions, Paused)] == ["slow"]
+
+
+def _auto_core_with_a_stream(stream: bool) -> SchedulerCore:
+    """`big` (510) and `small` (210) ACTING since t=1; with `stream`, a program ended at
+    t=2 and two new ones arrived at t=3 and t=4 (a stream with a 1 s gap; their calls still
+    run); without, the two new ones are a batch's late starters (nothing ended before)."""
+    core = make(pause={"victim": "auto"})
+    run_step(core, "grower", 100, 0)
+    run_step(core, "big", 500, 0)
+    run_step(core, "small", 200, 0)
+    run_step(core, "done", 10, 0)
+    if stream:
+        core.on_release("done", "release", 2)
+    for i, at in ((1, 3.0), (2, 4.0)):  # their first calls stay in flight: not victims
+        decision, _ = core.on_request(ctx(f"n{i}"), info(10), at)
+        assert isinstance(decision, Forward)
+    return core
+
+
+@pytest.mark.parametrize(
+    ("stream", "at", "victim"),
+    [(True, 5.0, "small"), (True, 20.0, "big"), (False, 5.0, "big")],
+    ids=["streaming-shortest-first", "stream-stopped-cost-benefit", "batch-cost-benefit"],
+)
+def test_auto_pauses_the_shortest_while_programs_keep_arriving(
+    stream: bool, at: float, victim: str
+) -> None:
+    # Entries pushed under one rule are re-keyed when it switches: "big" and "small" went
+    # into the pause order under cost-benefit (largest first) before the stream began.
+    core = _auto_core_with_a_stream(stream)
+    _, actions = core.on_request(ctx("grower"), info(300), at)  # overflow by ~70 tokens
+    assert [p.program_id for p in of(actions, Paused)] == [victim]
+
+
+def test_auto_yields_nothing_while_programs_keep_arriving() -> None:
+    def newcomer(stream: bool) -> Decision:
+        core = make(pause={"victim": "auto", "yield_idle_after_s": 5})
+        run_step(core, "done", 10, 0)
+        run_step(core, "idle", 600, 0)
+        run_step(core, "idle", 600, 31)  # its tool calls take ~30 s
+        if stream:
+            core.on_release("done", "release", 32)
+        for i in range(3):
+            run_step(core, f"n{i}", 10, 33 + i)  # new programs every second
+        decision, _ = core.on_request(ctx("new"), info(500), 36)  # fits only by a yield
+        return decision
+
+    assert isinstance(newcomer(stream=True), Hold)  # more keep coming: it waits its turn
+    assert newcomer(stream=False) == Forward("new", "b0")  # a batch's: the idle one yields
 
 
 def test_marking_a_reasoning_program_lowers_the_projection_so_only_one_is_marked() -> None:

@@ -16,6 +16,7 @@ the hook leaves unpaused are put back when it returns), `next_idle` and `next_ov
 
 Hooks, called at fixed points (first stage with an answer wins; None: no opinion):
 - `bind(view)`: once, when the core is built (return a `Footprint` to size reservations);
+  `unused_hooks()`: those of its hooks its params leave unused (the core never calls them);
 - `place(view, program, now)`: the backend a queued program is admitted or resumed on
   ("": nowhere now); `route(view, program, now)`: per request of an ACTIVE program;
 - `victim_key` / `queue_key`: sort keys of the pause order and of the global queue;
@@ -89,6 +90,11 @@ class Stage:
     def bind(self, view: StageView) -> Decisions:
         """Called once when the core is built (return a `Footprint` to size reservations)."""
         return ()
+
+    def unused_hooks(self) -> frozenset[str]:
+        """Hooks this stage overrides but, with its params, never needs: the core does not
+        call them (a rule that an option turns on costs nothing on the hot path when off)."""
+        return frozenset()
 
     # -- decisions (first stage with an answer wins; None = no opinion)
     def place(self, view: StageView, program: ProgramView, now: float) -> str | None:
@@ -179,4 +185,8 @@ def overriding(stages: Sequence[Stage], hook: str) -> list[Any]:
     """The bound `hook` methods of the stages that override it, in pipeline order: the core
     calls only these (a base hook has no opinion and returns nothing)."""
     base = getattr(Stage, hook)
-    return [getattr(s, hook) for s in stages if getattr(type(s), hook) is not base]
+    return [
+        getattr(s, hook)
+        for s in stages
+        if getattr(type(s), hook) is not base and hook not in s.unused_hooks()
+    ]

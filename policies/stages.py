@@ -35,8 +35,10 @@ from thunder_mw.schemas.stage_params import MigrationParams as MigrationParams
 from thunder_mw.schemas.stage_params import PauseParams as PauseParams
 from thunder_mw.schemas.stage_params import StageParams as StageParams
 
-
 # ---------------------------------------------------------------------------- pausing
+_STREAM_HOOKS = frozenset({"on_request", "on_release"})
+
+
 class StateAwarePause(Stage):
     """On overflow pause ACTING programs first (their GPU is idle anyway), then mark
     REASONING ones to pause after their call, until the projected use is back under high.
@@ -70,6 +72,10 @@ class StateAwarePause(Stage):
             self._high = admission.params.high_watermark if admission else 1.0
         return (Footprint(acting_weight=self.params.acting_token_weight),)
 
+    def unused_hooks(self) -> frozenset[str]:
+        # Arrivals and ends only feed `auto`'s switch.
+        return frozenset() if self.params.victim == "auto" else _STREAM_HOOKS
+
     def rule(self) -> str:
         """The victim rule in force: `auto` resolves to one of the other two."""
         if self.params.victim != "auto":
@@ -87,8 +93,6 @@ class StateAwarePause(Stage):
         return (Reorder(),)
 
     def on_request(self, view: StageView, program: ProgramView, now: float) -> Decisions:
-        if self.params.victim != "auto":
-            return ()
         # A program's first request: created in this event, nothing sent or held yet.
         fresh = not (program.steps or program.in_flight or program.waiting)
         if fresh and program.created_at == now:
@@ -98,8 +102,7 @@ class StateAwarePause(Stage):
     def on_release(
         self, view: StageView, program: ProgramView, reason: str, now: float
     ) -> Decisions:
-        if self.params.victim == "auto":
-            self._pace.ended()
+        self._pace.ended()
         return ()
 
     def victim_key(self, view: StageView, program: ProgramView, acting: bool) -> Any:

@@ -455,7 +455,7 @@ def controller_table(names: list[str]) -> str:
 def host_tier_table(names: list[str]) -> str:
     """thunder-mw on the host-tier engines `offload` runs on (`thunder-mw/host-tier`, in
     `<name>-variants.json`) over `offload` (in `<name>.json`), paired by seed, as
-    `python -m thunder_mw.benchmarks.host_tier` wrote them to `host-tier.json`."""
+    the host-tier pairing command (benchmarks/host_tier.py) wrote them to `host-tier.json`."""
     lines = [
         "| scenario | seeds | fixed batch: offload's makespan / thunder-mw's | "
         "long window: thunder-mw / offload |",

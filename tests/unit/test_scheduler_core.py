@@ -217,6 +217,15 @@ def test_auto_yields_nothing_while_programs_keep_arriving() -> None:
     assert newcomer(stream=False) == Forward("new", "b0")  # a batch's: the idle one yields
 
 
+@pytest.mark.parametrize("victim", ["cost_benefit", "shortest_first", "auto"])
+def test_only_auto_watches_arrivals_and_ends(victim: str) -> None:
+    # The request path calls a stage's hook only where its rule needs it.
+    core = make(pause={"victim": victim})
+    pause = next(s for s in core.stages if s.name == "state_aware_pause")
+    called = (pause.on_request in core._request_hooks, pause.on_release in core._release_hooks)
+    assert called == (victim == "auto",) * 2
+
+
 def test_marking_a_reasoning_program_lowers_the_projection_so_only_one_is_marked() -> None:
     core = make()
     run_step(core, "r3", 100, 0)

@@ -51,7 +51,7 @@ from thunder_mw.benchmarks.workloads import (
     load_trace,
 )
 from thunder_mw.benchmarks.workloads import PRESETS as WORKLOADS
-from thunder_mw.schemas.stage_params import AdmissionParams
+from thunder_mw.schemas.stage_params import AdmissionParams, PauseParams
 from thunder_mw.sim.cost_model import get_profile
 
 PROXY_OVERHEAD = "proxy-overhead"
@@ -667,6 +667,17 @@ def admission_overflow(policies: list[str]) -> dict[str, str]:
     return out
 
 
+def pause_victim(policies: list[str]) -> dict[str, str]:
+    """Per policy with a state-aware-pause stage, the victim rule it resolves to (the
+    default changed in 0.3.0: a file that does not say ran `cost_benefit`, reuse.py)."""
+    out: dict[str, str] = {}
+    for policy in policies:
+        for stage in POLICIES[policy]:
+            if "state_aware_pause" in stage:
+                out[policy] = PauseParams(**stage["state_aware_pause"]).victim
+    return out
+
+
 def cap_values(scenario: Scenario) -> list[int]:
     """vllm_capped's caps: the scenario's fractions of its concurrency, whole programs."""
     concurrency = scenario.concurrency
@@ -708,6 +719,7 @@ def scenario_config(
         "sweep": [list(s) for s in scenario.sweep] if sweep and trace is None else [],
         "policies": {p: POLICIES[p] for p in policies},
         "admission_overflow": admission_overflow(policies),
+        "pause_victim": pause_victim(policies),
         "description": scenario.description,
     }
 

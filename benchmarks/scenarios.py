@@ -71,8 +71,11 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     ),
     "thunder-mw/buffer-0": _thunder_mw(admission={"buffer_tokens_per_program": 0}),
     "thunder-mw/shortest-first": _thunder_mw(**{"state-aware-pause": {"victim": "shortest_first"}}),
-    # Shortest first while new programs keep arriving, cost-benefit once they stop.
+    # Shortest first while new programs keep arriving, cost-benefit once they stop: the
+    # default since 2026-12-02, named for the files that compared it with the one before.
     "thunder-mw/auto-victim": _thunder_mw(**{"state-aware-pause": {"victim": "auto"}}),
+    # The pause victim of 0.2.0 (cost-benefit whether or not programs keep arriving).
+    "thunder-mw/cost-benefit": _thunder_mw(**{"state-aware-pause": {"victim": "cost_benefit"}}),
     "thunder-mw/no-home": _thunder_mw(migration={"prefer_home_backend": False}),
     "thunder-mw/fifo": _thunder_mw(migration={"placement": "most_room"}),
     "thunder-mw/yield-5s": _thunder_mw(**{"state-aware-pause": {"yield_idle_after_s": 5.0}}),

@@ -88,7 +88,7 @@ class AdmissionParams(StageParams):
 
 class PauseParams(StageParams):
     victim: Literal["cost_benefit", "shortest_first", "auto"] = Field(
-        "cost_benefit",
+        "auto",
         description="How victims are chosen among a backend's programs: `auto` pauses "
         "`shortest_first` (and yields nothing) while new programs keep arriving, and by "
         "`cost_benefit` once they stop (a batch's drain; docs/scheduling.md).",

@@ -669,7 +669,7 @@ def admission_overflow(policies: list[str]) -> dict[str, str]:
 
 def pause_victim(policies: list[str]) -> dict[str, str]:
     """Per policy with a state-aware-pause stage, the victim rule it resolves to (the
-    default changed in 0.3.0: a file that does not say ran `cost_benefit`, reuse.py)."""
+    default changed after 0.2.0: a file that does not say ran `cost_benefit`, reuse.py)."""
     out: dict[str, str] = {}
     for policy in policies:
         for stage in POLICIES[policy]:

@@ -24,7 +24,7 @@ ROW_KEYS: tuple[str, ...] = ("policy", "engines", "programs_per_engine", "concur
 ROW_KEYS += ("programs", "main", "seed", "wave", "cap")
 # Config keys that say what a policy ran on, not which policies ran.
 PER_POLICY = ("policies", "admission_overflow", "pause_victim", "host_tier", "description")
-# The pause victim of `state_aware_pause: {}` before 0.3.0 made it `auto`; files of that
+# The pause victim of `state_aware_pause: {}` until `auto` replaced it after 0.2.0; files of that
 # time do not record the rule a pipeline resolved to.
 LEGACY_PAUSE_VICTIM = "cost_benefit"
 
@@ -51,7 +51,7 @@ def check_config(old: dict[str, Any], new: dict[str, Any], reused: Iterable[str]
             raise ReuseError(f"{policy}'s pipeline changed since the file was written: rerun it")
         if old.get("host_tier", {}).get(policy) != new["host_tier"].get(policy):
             raise ReuseError(f"{policy}'s engines changed since the file was written: rerun it")
-        then, now = _victim(old, policy), new.get("pause_victim", {}).get(policy)
+        then, now = recorded_victim(old, policy), new.get("pause_victim", {}).get(policy)
         if then != now:
             raise ReuseError(
                 f"{policy}'s pause victim resolved to {then} when the file was written, "
@@ -59,7 +59,7 @@ def check_config(old: dict[str, Any], new: dict[str, Any], reused: Iterable[str]
             )
 
 
-def _victim(config: dict[str, Any], policy: str) -> str | None:
+def recorded_victim(config: dict[str, Any], policy: str) -> str | None:
     """The pause victim `policy` ran with, as the file records it or, for a file written
     before it did, as its pipeline said (else the default of that time)."""
     if "pause_victim" in config:

@@ -473,26 +473,12 @@ def host_tier_table(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _inverted(r: Record | None) -> Record | None:
-    """A ratio of thunder-mw over a variant turned into the variant's over thunder-mw (the
-    bootstrap interval's bounds invert with it; a win becomes a loss)."""
-    if not r:
-        return None
-    low, high = r["ci95"]
-    flip = {"win": "loss", "loss": "win"}
-    return {
-        "ratio": 1 / r["ratio"],
-        "ci95": [1 / high, 1 / low],
-        "verdict": flip.get(r["verdict"], r["verdict"]),
-    }
-
-
-def variant_table(names: list[str], variant: str = "thunder-mw/auto-victim") -> str:
-    """A variant of the default pipeline over the default, both figures, from
+def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") -> str:
+    """The default pipeline over a variant of it (one rule changed), both figures, from
     `<name>-variants.json` (the scenarios where it ran), each over the file's seeds."""
     lines = [
-        "| scenario | set | seeds | fixed batch: default's makespan / the variant's | "
-        "long window: the variant / default |",
+        "| scenario | set | seeds | fixed batch: the variant's makespan / default's | "
+        "long window: default / the variant |",
         "|---|---|---|---|---|",
     ]
     for name in names:
@@ -505,9 +491,7 @@ def variant_table(names: list[str], variant: str = "thunder-mw/auto-victim") -> 
         if not ratios:
             continue
         split = report["config"].get("split", "tuning")
-        cells = [
-            _ratio_cell(_inverted(ratios.get(m))) for m in ("makespan_s", "steps_per_min_steady")
-        ]
+        cells = [_ratio_cell(ratios.get(m)) for m in ("makespan_s", "steps_per_min_steady")]
         lines.append(f"| `{name}` | {split} | {len(report['seeds'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -659,7 +643,7 @@ def update_docs() -> None:
     _replace_block(DOCS, "test-figures", figure_tables(TEST))
     _replace_block(DOCS, "controller-targets", controller_table([*TUNING, *TEST]))
     _replace_block(DOCS, "host-tier", host_tier_table([*TUNING, *TEST]))
-    _replace_block(DOCS, "auto-victim", variant_table([*TUNING, *TEST]))
+    _replace_block(DOCS, "pause-victim", variant_table([*TUNING, *TEST]))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
     _replace_block(README, "real-engine-table", real_engine_table())
     _replace_block(DOCS, "real-engine-table", real_engine_table())
@@ -676,7 +660,7 @@ if __name__ == "__main__":
         "--figures": figure_tables,
         "--summary": summary_table,
         "--host-tier": host_tier_table,
-        "--auto-victim": variant_table,
+        "--pause-victim": variant_table,
         "--controller": controller_table,
     }
     if sys.argv[1:2] and sys.argv[1] in per_scenario:

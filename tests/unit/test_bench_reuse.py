@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from thunder_mw.benchmarks.bench_cli import run_scenario
-from thunder_mw.benchmarks.reuse import ReuseError
+from thunder_mw.benchmarks.reuse import ReuseError, recorded_victim
 from thunder_mw.benchmarks.scenarios import SCENARIOS
 
 # Two programs on one engine, two seeds, one client-side cap: every kind of run (the
@@ -84,3 +84,19 @@ def test_a_run_the_file_lacks_is_refused(full: dict[str, Any]) -> None:
     ]
     with pytest.raises(ReuseError, match=r"no run of session_affinity.*fixed batch"):
         run_scenario(TINY, POLICIES, sweep=False, reuse=old, rerun={"thunder-mw"})
+
+
+def test_a_run_whose_pause_victim_default_changed_is_refused(full: dict[str, Any]) -> None:
+    # The pipeline reads the same (`state_aware_pause: {}`) but resolved to another rule: a
+    # file that records it, and one from before files did (the rule of that time).
+    assert full["config"]["pause_victim"]["thunder-mw"] == "auto"
+    recorded = copy.deepcopy(full)
+    recorded["config"]["pause_victim"]["thunder-mw"] = "cost_benefit"
+    legacy = copy.deepcopy(full)
+    del legacy["config"]["pause_victim"]
+    for old in (recorded, legacy):
+        with pytest.raises(ReuseError, match="thunder-mw's pause victim resolved to cost_benefit"):
+            run_scenario(TINY, POLICIES, sweep=False, reuse=old, rerun={"session_affinity"})
+    # A rule a legacy file's pipeline names outright is the rule it ran.
+    named = {"policies": {"p": [{"state_aware_pause": {"victim": "auto"}}], "q": []}}
+    assert (recorded_victim(named, "p"), recorded_victim(named, "q")) == ("auto", None)

@@ -358,7 +358,7 @@ def summary_table(names: list[str]) -> str:
         split = report["config"].get("split", "tuning")
         link = f"[`{name}`](benchmarks/results/{name}.json)"
         point = _main_point(report)
-        if point is None or not ran_controller(name, report):
+        if point is None or not runs_default(report):
             lines.append(f"| {link} | {split} | not yet rerun with the default scheduler | | | |")
             continue
         cells = []
@@ -411,19 +411,22 @@ def _fixed_ratio(name: str) -> str:
     point = _main_point(report)
     if point is None:
         return "-"
+    if not runs_default(report):
+        return "not yet rerun"
     r = point["ratios"].get("thunder-mw/fixed", {}).get("steps_per_min_steady")
     return _ratio_cell(r) if r else "-"
 
 
-# Result files rerun with the admission controller as the default before they named the rule
-# each policy resolves to (`config.admission_overflow`, since 2026-12-01, late evening).
-CONTROLLER_RUNS = ["paper-toolorchestra-qwen3-8b", "test-mixed-fleet", "test-swe-orchestra-mix"]
+# What `thunder-mw` resolves to today, as result files record it (`config.admission_overflow`,
+# `config.pause_victim`; schemas/stage_params.py's defaults, pinned by tests/unit/test_docs.py).
+# A file that names another rule, or none (written before it named it), ran an earlier default.
+DEFAULT_RULES = {"admission_overflow": "adaptive", "pause_victim": "auto"}
 
 
-def ran_controller(name: str, report: Record) -> bool:
-    """Whether the file's `thunder-mw` ran the admission controller (else: 0.2.0's rules)."""
-    overflow = report["config"].get("admission_overflow", {}).get("thunder-mw")
-    return overflow == "adaptive" if overflow else name in CONTROLLER_RUNS
+def runs_default(report: Record) -> bool:
+    """Whether the file's `thunder-mw` ran today's default rules."""
+    config = report["config"]
+    return all(config.get(key, {}).get("thunder-mw") == v for key, v in DEFAULT_RULES.items())
 
 
 def controller_table(names: list[str]) -> str:
@@ -440,8 +443,8 @@ def controller_table(names: list[str]) -> str:
     for name, report in _reports(names):
         split = report["config"].get("split", "tuning")
         point = _main_point(report)
-        if point is None or not ran_controller(name, report):
-            lines.append(f"| `{name}` | {split} | not yet rerun with the controller | | | |")
+        if point is None or not runs_default(report):
+            lines.append(f"| `{name}` | {split} | not yet rerun with the default scheduler | | | |")
             continue
         first, second = _goal_cells(point)
         jct = point["policies"].get("thunder-mw", {}).get("jct_max_over_median")

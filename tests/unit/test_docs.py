@@ -2,6 +2,7 @@
 relative link in README.md, CHANGELOG.md, benchmarks/README.md and docs/ points at a file
 (and heading) that exists."""
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from thunder_mw.schemas.config_reference import config_reference
+from thunder_mw.schemas.stage_params import AdmissionParams, PauseParams
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "configuration.md"
@@ -87,3 +89,15 @@ def test_link_checker_sees_links_and_headings() -> None:
     assert _anchor("Replaying against your own stack: `thunder-mw replay`") == (
         "replaying-against-your-own-stack-thunder-mw-replay"
     )
+
+
+def test_the_tables_know_the_default_rules_the_result_files_record() -> None:
+    # scripts/benchmark_tables.py reads result files alone (no thunder_mw import): its idea of
+    # the default must follow the params' defaults, or stale rows would pass as current.
+    spec = importlib.util.spec_from_file_location("tables", ROOT / "scripts/benchmark_tables.py")
+    assert spec is not None and spec.loader is not None
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    resolved = {"admission_overflow": AdmissionParams().overflow}
+    resolved["pause_victim"] = PauseParams().victim
+    assert tables.DEFAULT_RULES == resolved

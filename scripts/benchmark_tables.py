@@ -429,6 +429,36 @@ def runs_default(report: Record) -> bool:
     return all(config.get(key, {}).get("thunder-mw") == v for key, v in DEFAULT_RULES.items())
 
 
+def _sweep_cell(report: Record) -> str:
+    """The sweep goal: at every point thunder-mw >= 0.98x the best steady throughput any
+    policy reaches at that concurrency or below (seed medians); the worst point, its ratio
+    and the best it is measured against."""
+    engines = report["config"]["engines"]
+    points = sorted(
+        {r["programs_per_engine"] for r in report.get("steady", []) if r["engines"] == engines}
+    )
+    if len(points) < 2:
+        return "-"
+    best: tuple[float, str, int] = (0.0, "", 0)
+    worst: tuple[float, int, str, int] | None = None
+    own_best, own = 0.0, 1.0  # thunder-mw against its own best at lower concurrency
+    for n in points:
+        here = _medians(report, (engines, n))
+        for policy, record in here.items():
+            best = max(best, (record["steps_per_min_steady"]["median"], policy, n))
+        if "thunder-mw" in here and best[0]:
+            figure = here["thunder-mw"]["steps_per_min_steady"]["median"]
+            own_best = max(own_best, figure)
+            own = min(own, figure / own_best)
+            if worst is None or figure / best[0] < worst[0]:
+                worst = (figure / best[0], n, best[1], best[2])
+    if worst is None:
+        return "-"
+    ratio, n, rival, at = worst
+    status = "met" if ratio >= 0.98 else f"missed by {0.98 - ratio:.2f}"
+    return f"{ratio:.2f} at {n} vs {rival} at {at}: {status} (its own curve: {own:.2f})"
+
+
 def controller_table(names: list[str]) -> str:
     """Per scenario, on the long window at the published concurrency: thunder-mw against
     its two targets (the best baseline that is not program-aware, >= 1.15; the vLLM
@@ -437,20 +467,24 @@ def controller_table(names: list[str]) -> str:
     A scenario whose file predates the controller or the long window gets a row saying so."""
     lines = [
         "| scenario | set | / best not program-aware (>= 1.15) | / vllm_router_program (>= 1.1) "
+        "| sweep: worst point / best at or below it (>= 0.98) "
         "| / thunder-mw/fixed (ablation) | max / median JCT (<= 3) |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, report in _reports(names):
         split = report["config"].get("split", "tuning")
         point = _main_point(report)
         if point is None or not runs_default(report):
-            lines.append(f"| `{name}` | {split} | not yet rerun with the default scheduler | | | |")
+            lines.append(
+                f"| `{name}` | {split} | not yet rerun with the default scheduler | | | | |"
+            )
             continue
         first, second = _goal_cells(point)
         jct = point["policies"].get("thunder-mw", {}).get("jct_max_over_median")
         starvation = f"{jct['mean']:.2f}" if jct else "-"
         lines.append(
-            f"| `{name}` | {split} | {first} | {second} | {_fixed_ratio(name)} | {starvation} |"
+            f"| `{name}` | {split} | {first} | {second} | {_sweep_cell(report)} "
+            f"| {_fixed_ratio(name)} | {starvation} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -98,6 +98,6 @@ def test_the_tables_know_the_default_rules_the_result_files_record() -> None:
     assert spec is not None and spec.loader is not None
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
-    resolved = {"admission_overflow": AdmissionParams().overflow}
+    resolved: dict[str, str] = {"admission_overflow": AdmissionParams().overflow}
     resolved["pause_victim"] = PauseParams().victim
     assert tables.DEFAULT_RULES == resolved

@@ -45,14 +45,14 @@ class StateAwarePause(Stage):
 
     Victim rules:
     - `shortest_first` (the original): the fewest tokens first.
-    - `cost_benefit` (default): lowest priority first; then the program whose tool call is
+    - `cost_benefit`: lowest priority first; then the program whose tool call is
       expected to run longest from now (EMA of its own tool gaps, else its session type's),
       i.e. the most memory freed for the longest time per recompute it will cost; REASONING
       programs (`reasoning_victim`): the largest first, so the fewest programs pay a pause,
       or the smallest first: each pause then costs the least recompute when the program
       returns, and the programs furthest along run to completion instead of every program
       taking turns through the cache (docs/scheduling.md, "Which call pauses").
-    - `auto`: `shortest_first`, yielding nothing, while new programs keep arriving
+    - `auto` (default): `shortest_first`, yielding nothing, while new programs keep arriving
       (policies/arrival_pace.py): with more work coming, the programs furthest along are
       the ones to finish, and a yield only lets a newcomer churn the cache; `cost_benefit`
       once arrivals stop, where the drain's last program sets the makespan. A switch

@@ -656,26 +656,21 @@ def plan_jobs(
     return work
 
 
-def admission_overflow(policies: list[str]) -> dict[str, str]:
-    """Per policy with an admission stage, the overflow rule it resolves to (`admission: {}`
-    is the default's, which a result file would otherwise not name)."""
-    out: dict[str, str] = {}
+def resolved_rules(policies: list[str]) -> dict[str, dict[str, str]]:
+    """Per policy, the rules its pipeline resolves to where the result file would otherwise
+    not name them (`admission: {}` is the default's, and defaults change):
+    `admission_overflow`, the admission stage's overflow rule, and `pause_victim`, the
+    state-aware-pause stage's victim (it changed after 0.2.0: a file that does not say ran
+    `cost_benefit`, reuse.py)."""
+    rules: dict[str, dict[str, str]] = {"admission_overflow": {}, "pause_victim": {}}
     for policy in policies:
         for stage in POLICIES[policy]:
             if "admission" in stage:
-                out[policy] = AdmissionParams(**stage["admission"]).overflow
-    return out
-
-
-def pause_victim(policies: list[str]) -> dict[str, str]:
-    """Per policy with a state-aware-pause stage, the victim rule it resolves to (the
-    default changed after 0.2.0: a file that does not say ran `cost_benefit`, reuse.py)."""
-    out: dict[str, str] = {}
-    for policy in policies:
-        for stage in POLICIES[policy]:
+                rules["admission_overflow"][policy] = AdmissionParams(**stage["admission"]).overflow
             if "state_aware_pause" in stage:
-                out[policy] = PauseParams(**stage["state_aware_pause"]).victim
-    return out
+                pause = PauseParams(**stage["state_aware_pause"])
+                rules["pause_victim"][policy] = pause.victim
+    return rules
 
 
 def cap_values(scenario: Scenario) -> list[int]:
@@ -718,8 +713,7 @@ def scenario_config(
         "cluster_defaults": asdict(ClusterConfig()),
         "sweep": [list(s) for s in scenario.sweep] if sweep and trace is None else [],
         "policies": {p: POLICIES[p] for p in policies},
-        "admission_overflow": admission_overflow(policies),
-        "pause_victim": pause_victim(policies),
+        **resolved_rules(policies),
         "description": scenario.description,
     }
 

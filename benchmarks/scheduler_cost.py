@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from thunder_mw.benchmarks.bootstrap import mean_ci
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.policies.core import Forward, RequestInfo, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
@@ -29,6 +30,9 @@ from thunder_mw.schemas.config import Convention
 
 OUTPUT = RESULTS_DIR / "scheduler-cost.json"
 TARGET_US = 50.0
+
+
+BLOCKS = 20
 
 
 def measure(programs: int, events: int, backends: int, load: float, seed: int) -> dict[str, Any]:
@@ -50,6 +54,7 @@ def measure(programs: int, events: int, backends: int, load: float, seed: int) -
         if isinstance(decision, Forward):
             core.on_finished(f"p{i}", Usage(context[i], 256), True, now)
     costs: dict[str, list[float]] = {"on_request": [], "on_finished": [], "on_tick": []}
+    timeline: list[float] = []  # every event's cost in the order they ran
     clock = time.perf_counter_ns
     for _ in range(events):
         now += 0.002
@@ -58,19 +63,27 @@ def measure(programs: int, events: int, backends: int, load: float, seed: int) -
             context[i] += rng.randint(50, 800)
             t = clock()
             core.on_finished(f"p{i}", Usage(context[i], 256), True, now)
-            costs["on_finished"].append(clock() - t)
+            costs["on_finished"].append(cost := clock() - t)
+            timeline.append(cost)
             in_flight.discard(i)
         else:
             t = clock()
             decision, _ = core.on_request(ctxs[i], RequestInfo(context[i] * 4, 256), now)
-            costs["on_request"].append(clock() - t)
+            costs["on_request"].append(cost := clock() - t)
+            timeline.append(cost)
             if isinstance(decision, Forward):
                 in_flight.add(i)
         if int(now) != int(now - 0.002):
             t = clock()
             core.on_tick(now)
-            costs["on_tick"].append(clock() - t)
+            costs["on_tick"].append(cost := clock() - t)
+            timeline.append(cost)
     every = [c for v in costs.values() for c in v]
+    # The mean's interval over BLOCKS contiguous stretches of the run (batch means: costs
+    # of neighbouring events are correlated, through the cache and the queue's length).
+    size = len(timeline) // BLOCKS
+    blocks = [statistics.fmean(timeline[k * size : (k + 1) * size]) / 1000 for k in range(BLOCKS)]
+    low, high = mean_ci(blocks)
     return {
         "programs": programs,
         "backends": backends,
@@ -80,6 +93,7 @@ def measure(programs: int, events: int, backends: int, load: float, seed: int) -
         "pauses": core.counters.get("pauses", 0),
         "resumes": core.counters.get("resumes", 0),
         "mean_us_per_event": round(statistics.fmean(every) / 1000, 2),
+        "ci95_us_per_event": [round(low, 2), round(high, 2)],
         "p99_us_per_event": round(percentile(every, 99) / 1000, 2),
         "by_event": {
             name: {

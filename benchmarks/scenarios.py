@@ -536,6 +536,7 @@ PUBLISHED_SCENARIOS: dict[str, Scenario] = {
         policies=FLEET_POLICIES,
         seeds=SEEDS,
         sweep_seeds=True,
+        wave=True,
         stop_at_window_end=True,
         published=(
             Published(

@@ -78,6 +78,7 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "thunder-mw/cost-benefit": _thunder_mw(**{"state-aware-pause": {"victim": "cost_benefit"}}),
     "thunder-mw/no-home": _thunder_mw(migration={"prefer_home_backend": False}),
     "thunder-mw/fifo": _thunder_mw(migration={"placement": "most_room"}),
+    "thunder-mw/started-first": _thunder_mw(migration={"started_first": True}),
     "thunder-mw/yield-5s": _thunder_mw(**{"state-aware-pause": {"yield_idle_after_s": 5.0}}),
     # Ablations of issue 17's mechanisms (docs/scheduling.md), each against the default.
     # The fixed rules the controller replaced (the default until 0.2.0): the cost-aware

@@ -207,10 +207,10 @@ class StateAwarePause(Stage):
 class Migration(Stage):
     """One global queue of paused and new programs across backends.
 
-    Order: strict-priority tier, then priority raised by waiting (ageing), then largest
-    first (best-fit-decreasing). Placement: the previous backend when it admits the program,
-    else the admitting backend with the most room. A program queued past
-    `resume_timeout_s` is force-resumed so nothing starves.
+    Order: programs under way before new ones where `started_first`, then priority raised
+    by waiting (ageing), then largest first (best-fit-decreasing). Placement: the previous
+    backend when it admits the program, else the admitting backend with the most room. A
+    program queued past `resume_timeout_s` is force-resumed so nothing starves.
     """
 
     name = "migration"
@@ -220,11 +220,17 @@ class Migration(Stage):
     def queue_key(self, view: StageView, program: ProgramView) -> Any:
         assert program.queued_at is not None
         band = math.floor(program.queued_at / self.params.aging_s - program.priority)
+        # started_first: a program under way goes ahead of one not yet begun whatever their
+        # waits. Admitting new programs past paused ones grows the set of programs started
+        # beyond what the fleet runs, and each one started holds KV (in a host tier, if any)
+        # and sandboxes while it waits; ageing alone puts the new ones first, having waited
+        # since they arrived while a paused one waits only since its pause.
+        tier = (0 if program.steps else 1) if self.params.started_first else 0
         if self.params.placement == "best_fit_decreasing":
-            return (band, -program.request_tokens, program.queued_at)
+            return (tier, band, -program.request_tokens, program.queued_at)
         if self.params.placement == "mru":
-            return (band, -program.queued_at)
-        return (band, program.queued_at)
+            return (tier, band, -program.queued_at)
+        return (tier, band, program.queued_at)
 
     def place(self, view: StageView, program: ProgramView, now: float) -> str | None:
         if self.params.prefer_home_backend and program.backend is not None:

@@ -315,6 +315,23 @@ def test_queue_order_is_priority_then_largest_first() -> None:
     assert [r.program_id for r in of(actions, Resumed)] == ["high", "low-big", "low-small"]
 
 
+@pytest.mark.parametrize(
+    ("started_first", "order"), [(False, ["new", "old"]), (True, ["old", "new"])]
+)
+def test_started_first_queues_a_paused_program_ahead_of_one_not_yet_begun(
+    started_first: bool, order: list[str]
+) -> None:
+    core = make(migration={"started_first": started_first})
+    run_step(core, "old", 300, 0)
+    core.apply([Pause(_program(core, "old"))], 1)
+    assert isinstance(core.on_request(ctx("hog"), info(990), 2)[0], Forward)
+    assert isinstance(core.on_request(ctx("new"), info(200), 3)[0], Hold)
+    # old comes back from its tool long after new queued: by ageing alone, new goes first.
+    assert isinstance(core.on_request(ctx("old"), info(320), 200)[0], Hold)
+    _, actions = core.on_release("hog", "release", 201)
+    assert [r.program_id for r in of(actions, Resumed)] == order
+
+
 def test_a_starving_program_is_force_resumed_after_the_timeout() -> None:
     core = make(migration={"resume_timeout_s": 100})
     core.on_request(ctx("hog"), info(990), 0)

@@ -157,7 +157,12 @@ def per_size(name: str = "cluster-scaling", base: str = "kv_aware") -> str:
     ]
     for engines in sorted(rows):
         by = rows[engines]
-        ratios = [f"{by[p]['median'] / by[base]['median']:.2f}" for p in policies if p != base]
+        # vllm_capped's cap sweep runs at the main point only.
+        ratios = [
+            f"{by[p]['median'] / by[base]['median']:.2f}" if p in by else "-"
+            for p in policies
+            if p != base
+        ]
         lines.append(
             f"| {engines} ({8 * engines}) | "
             + " | ".join(_spread(by.get(p)) for p in policies)

@@ -536,9 +536,11 @@ def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") ->
         if not ratios:
             continue
         split = report["config"].get("split", "tuning")
-        cells = [_ratio_cell(ratios.get(m)) for m in ("makespan_s", "steps_per_min_steady")]
-        if not runs_default(report):
-            cells = ["not yet rerun with the default", ""]
+        cells = (
+            [_ratio_cell(ratios.get(m)) for m in ("makespan_s", "steps_per_min_steady")]
+            if runs_default(report)
+            else ["not yet rerun with the default", ""]
+        )
         lines.append(f"| `{name}` | {split} | {len(report['seeds'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

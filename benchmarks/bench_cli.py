@@ -51,7 +51,7 @@ from thunder_mw.benchmarks.workloads import (
     load_trace,
 )
 from thunder_mw.benchmarks.workloads import PRESETS as WORKLOADS
-from thunder_mw.schemas.stage_params import AdmissionParams, PauseParams
+from thunder_mw.schemas.stage_params import AdmissionParams, MigrationParams, PauseParams
 from thunder_mw.sim.cost_model import get_profile
 
 PROXY_OVERHEAD = "proxy-overhead"
@@ -656,13 +656,20 @@ def plan_jobs(
     return work
 
 
-def resolved_rules(policies: list[str]) -> dict[str, dict[str, str]]:
+def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[str, str]]:
     """Per policy, the rules its pipeline resolves to where the result file would otherwise
     not name them (`admission: {}` is the default's, and defaults change):
-    `admission_overflow`, the admission stage's overflow rule, and `pause_victim`, the
+    `admission_overflow`, the admission stage's overflow rule; `pause_victim`, the
     state-aware-pause stage's victim (it changed after 0.2.0: a file that does not say ran
-    `cost_benefit`, reuse.py)."""
-    rules: dict[str, dict[str, str]] = {"admission_overflow": {}, "pause_victim": {}}
+    `cost_benefit`, reuse.py); `queue_order`, the migration stage's order of held programs
+    on this scenario's engines (`started_first` or `arrival`; `started_first: null` picks by
+    whether the engines have a host KV tier, and a file that does not say ran `arrival`
+    unless its pipeline said otherwise)."""
+    rules: dict[str, dict[str, str]] = {
+        "admission_overflow": {},
+        "pause_victim": {},
+        "queue_order": {},
+    }
     for policy in policies:
         for stage in POLICIES[policy]:
             if "admission" in stage:
@@ -670,6 +677,11 @@ def resolved_rules(policies: list[str]) -> dict[str, dict[str, str]]:
             if "state_aware_pause" in stage:
                 pause = PauseParams(**stage["state_aware_pause"])
                 rules["pause_victim"][policy] = pause.victim
+            if "migration" in stage:
+                first = MigrationParams(**stage["migration"]).started_first
+                if first is None:
+                    first = any(k == "host_kv_tokens" for k, _ in engine_options(scenario, policy))
+                rules["queue_order"][policy] = "started_first" if first else "arrival"
     return rules
 
 
@@ -713,7 +725,7 @@ def scenario_config(
         "cluster_defaults": asdict(ClusterConfig()),
         "sweep": [list(s) for s in scenario.sweep] if sweep and trace is None else [],
         "policies": {p: POLICIES[p] for p in policies},
-        **resolved_rules(policies),
+        **resolved_rules(scenario, policies),
         "description": scenario.description,
     }
 

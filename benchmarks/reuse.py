@@ -23,10 +23,15 @@ from thunder_mw.benchmarks.scenarios import VLLM_CAPPED
 ROW_KEYS: tuple[str, ...] = ("policy", "engines", "programs_per_engine", "concurrency")
 ROW_KEYS += ("programs", "main", "seed", "wave", "cap")
 # Config keys that say what a policy ran on, not which policies ran.
-PER_POLICY = ("policies", "admission_overflow", "pause_victim", "host_tier", "description")
+PER_POLICY: tuple[str, ...] = ("policies", "admission_overflow", "pause_victim", "host_tier")
+PER_POLICY += ("queue_order", "description")
 # The pause victim of `state_aware_pause: {}` until `auto` replaced it after 0.2.0; files of that
 # time do not record the rule a pipeline resolved to.
 LEGACY_PAUSE_VICTIM = "cost_benefit"
+# The migration stage's order until `started_first: null` (by the host tier) became the
+# default after 0.2.0: one order for paused and new programs. The baselines' presets name it
+# since; files of that time name neither.
+LEGACY_QUEUE_ORDER = "arrival"
 
 
 class ReuseError(ValueError):
@@ -47,7 +52,7 @@ def check_config(old: dict[str, Any], new: dict[str, Any], reused: Iterable[str]
         pipeline = old.get("policies", {}).get(policy)
         if pipeline is None:
             raise ReuseError(f"the result file has no runs of {policy}: rerun it too")
-        if pipeline != new["policies"].get(policy):
+        if _as_written(pipeline) != _as_written(new["policies"].get(policy)):
             raise ReuseError(f"{policy}'s pipeline changed since the file was written: rerun it")
         if old.get("host_tier", {}).get(policy) != new["host_tier"].get(policy):
             raise ReuseError(f"{policy}'s engines changed since the file was written: rerun it")
@@ -57,6 +62,41 @@ def check_config(old: dict[str, Any], new: dict[str, Any], reused: Iterable[str]
                 f"{policy}'s pause victim resolved to {then} when the file was written, "
                 f"to {now} now (a default changed): rerun it"
             )
+        then, now = recorded_order(old, policy), new.get("queue_order", {}).get(policy)
+        if then != now:
+            raise ReuseError(
+                f"{policy}'s queue order resolved to {then} when the file was written, "
+                f"to {now} now (a default changed): rerun it"
+            )
+
+
+def _as_written(pipeline: Any) -> Any:
+    """A pipeline without `started_first: false`, which every migration stage meant before a
+    preset had to say it (the default became `null` after 0.2.0; `queue_order` tells the
+    runs apart where the new default orders otherwise)."""
+    if not isinstance(pipeline, list):
+        return pipeline
+    return [
+        {
+            name: {k: v for k, v in params.items() if (k, v) != ("started_first", False)}
+            if name == "migration"
+            else params
+            for name, params in stage.items()
+        }
+        for stage in pipeline
+    ]
+
+
+def recorded_order(config: dict[str, Any], policy: str) -> str | None:
+    """The queue order `policy` ran with, as the file records it or, for a file written
+    before it did, as its pipeline said (else the order of that time)."""
+    if "queue_order" in config:
+        return config["queue_order"].get(policy)  # type: ignore[no-any-return]
+    for stage in config["policies"][policy]:
+        if "migration" in stage:
+            first = stage["migration"].get("started_first")
+            return "started_first" if first else LEGACY_QUEUE_ORDER
+    return None
 
 
 def recorded_victim(config: dict[str, Any], policy: str) -> str | None:

@@ -204,10 +204,17 @@ class StateAwarePause(Stage):
 
 
 # ---------------------------------------------------------------------------- migration
+def _host_tier_tokens(backend: BackendView) -> float:
+    """The backend's host KV tier: the engine's own report, else what the config declared."""
+    reported = backend.metrics.host_kv_tokens
+    return reported if reported is not None else backend.host_kv_tokens
+
+
 class Migration(Stage):
     """One global queue of paused and new programs across backends.
 
-    Order: programs under way before new ones where `started_first`, then priority raised
+    Order: programs under way before new ones where `started_first` (by default, while the
+    fleet has a host KV tier), then priority raised
     by waiting (ageing), then largest first (best-fit-decreasing). Placement: the previous
     backend when it admits the program, else the admitting backend with the most room. A
     program queued past `resume_timeout_s` is force-resumed so nothing starves.
@@ -225,7 +232,16 @@ class Migration(Stage):
         # beyond what the fleet runs, and each one started holds KV (in a host tier, if any)
         # and sandboxes while it waits; ageing alone puts the new ones first, having waited
         # since they arrived while a paused one waits only since its pause.
-        tier = (0 if program.steps else 1) if self.params.started_first else 0
+        first = self.params.started_first
+        if first is None:
+            # By what a resume costs: with a host tier a paused program's context waits
+            # there and comes back at reload speed, and each program started past what the
+            # fleet runs pushes an older one's out of the tier; without one it is gone by
+            # the time it resumes (a full recompute, dearer than a new program's first
+            # prompt), and arrival order is kept. Read when the program is queued: a tier
+            # reported later orders only the programs queued after it.
+            first = any(_host_tier_tokens(b) for b in view.healthy_backends())
+        tier = (0 if program.steps else 1) if first else 0
         if self.params.placement == "best_fit_decreasing":
             return (tier, band, -program.request_tokens, program.queued_at)
         if self.params.placement == "mru":

@@ -36,6 +36,7 @@ THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
             "placement": "best_fit_decreasing",
             "prefer_home_backend": False,
             "resume_timeout_s": 1800,
+            "started_first": False,  # as measured since 0.1.0 (benchmarks/reuse.py)
         }
     },
 ]
@@ -104,6 +105,7 @@ VLLM_ROUTER_PROGRAM_PIPELINE: list[dict[str, Any]] = [
             "prefer_home_backend": True,
             "resume_timeout_s": 300,
             "aging_s": 1e9,
+            "started_first": False,  # MRU over every held program
         }
     },
 ]
@@ -128,7 +130,14 @@ VLLM_ROUTER_PROGRAM_BINARY_READING: list[dict[str, Any]] = [
             "yield_idle_after_s": None,
         }
     },
-    {"migration": {"placement": "most_room", "prefer_home_backend": True, "resume_timeout_s": 600}},
+    {
+        "migration": {
+            "placement": "most_room",
+            "prefer_home_backend": True,
+            "resume_timeout_s": 600,
+            "started_first": False,
+        }
+    },
 ]
 
 BASELINE_PRESETS: dict[str, list[dict[str, Any]]] = {

@@ -152,11 +152,13 @@ class MigrationParams(StageParams):
     aging_s: float = Field(
         60.0, gt=0, description="Each this-many seconds queued raises a program one priority."
     )
-    started_first: bool = Field(
-        False,
+    started_first: bool | None = Field(
+        None,
         description="Queue programs under way (a call answered) ahead of programs not yet "
         "begun, as the original's resume order does: the set of programs started stays what "
-        "the fleet runs (false: one order for both; docs/scheduling.md).",
+        "the fleet runs (false: one order for both; null: started first while the fleet has "
+        "a host KV tier, where a paused program's resume is a reload, not a recompute; "
+        "docs/scheduling.md).",
     )
 
 

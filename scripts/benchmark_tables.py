@@ -262,7 +262,7 @@ def targets(names: list[str]) -> str:
 # The two headline figures over seeds (benchmarks/figures.py): the fixed batch's makespan
 # and the long window's steady steps/min, each policy's mean [ci95] and thunder-mw's ratio
 # over it [ci95] with the verdict. Scenarios whose file predates them are skipped.
-TUNING = [*PUBLISHED]
+TUNING = [*PUBLISHED, "swe-agent-knee", "tool-orchestra-knee", "chat-control"]
 TEST = ["test-mixed-fleet", "test-swe-orchestra-mix", "test-bursty-swe-glm46"]
 DOCS = RESULTS.parents[1] / "docs" / "benchmarks.md"
 README = RESULTS.parents[1] / "README.md"
@@ -431,7 +431,26 @@ DEFAULT_RULES = {"admission_overflow": "adaptive", "pause_victim": "auto"}
 def runs_default(report: Record) -> bool:
     """Whether the file's `thunder-mw` ran today's default rules."""
     config = report["config"]
-    return all(config.get(key, {}).get("thunder-mw") == v for key, v in DEFAULT_RULES.items())
+    rules = all(config.get(key, {}).get("thunder-mw") == v for key, v in DEFAULT_RULES.items())
+    return rules and _queue_order(config) == default_queue_order(config)
+
+
+def default_queue_order(config: Record) -> str:
+    """The default's queue order on the file's engines (`started_first: null`): programs
+    under way first where thunder-mw's engines have a host KV tier."""
+    tier = "host_kv_tokens" in config.get("host_tier", {}).get("thunder-mw", {})
+    return "started_first" if tier else "arrival"
+
+
+def _queue_order(config: Record) -> str:
+    """thunder-mw's queue order as the file records it; a file written before it did ran
+    one order for paused and new programs (`arrival`) unless its pipeline said otherwise."""
+    if "queue_order" in config:
+        return str(config["queue_order"].get("thunder-mw"))
+    migration: Record = next(
+        (s["migration"] for s in config["policies"]["thunder-mw"] if "migration" in s), {}
+    )
+    return "started_first" if migration.get("started_first") else "arrival"
 
 
 def _sweep_cell(report: Record) -> str:

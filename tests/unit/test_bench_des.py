@@ -14,7 +14,7 @@ from support.bench_schema import RECORD_KEYS
 
 from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, _Program, simulate
-from thunder_mw.benchmarks.scenarios import POLICIES
+from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS
 from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, ProgramSpec, generate
 from thunder_mw.policies.core import Resumed
 
@@ -42,20 +42,16 @@ def swe(n: int = 12) -> list[ProgramSpec]:
 
 def test_bench_writes_one_record_per_policy_with_every_metric(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
+    # One wave (a steady scenario stops at its window's end, before every program is done).
     code = bench(
-        "--scenario", "chat-control", "--engines", "2", "--programs-per-engine", "3",
+        "--scenario", "live-small", "--engines", "2", "--programs-per-engine", "3",
         "--programs", "8", "--no-sweep", "--no-plots", "--jobs", "1", "--output", str(out),
     )  # fmt: skip
     assert code == 0
     report = json.loads(out.read_text())
     assert {"scenario", "mode", "seed", "config", "results"} <= report.keys()
-    assert report["scenario"] == "chat-control" and report["mode"] == "des"
-    assert [r["policy"] for r in report["results"]] == [
-        "round_robin",
-        "sticky",
-        "thunderagent",
-        "thunder-mw",
-    ]
+    assert report["scenario"] == "live-small" and report["mode"] == "des"
+    assert [r["policy"] for r in report["results"]] == list(SCENARIOS["live-small"].policies)
     for record in report["results"]:
         assert RECORD_KEYS <= record.keys()
         assert record["programs_completed"] == 8 and record["programs_failed"] == 0

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from thunder_mw.benchmarks.bench_cli import run_scenario
-from thunder_mw.benchmarks.reuse import ReuseError, recorded_victim
+from thunder_mw.benchmarks.reuse import ReuseError, check_config, recorded_order, recorded_victim
 from thunder_mw.benchmarks.scenarios import SCENARIOS
 
 # Two programs on one engine, two seeds, one client-side cap: every kind of run (the
@@ -100,3 +100,31 @@ def test_a_run_whose_pause_victim_default_changed_is_refused(full: dict[str, Any
     # A rule a legacy file's pipeline names outright is the rule it ran.
     named = {"policies": {"p": [{"state_aware_pause": {"victim": "auto"}}], "q": []}}
     assert (recorded_victim(named, "p"), recorded_victim(named, "q")) == ("auto", None)
+
+
+def test_a_run_whose_queue_order_default_changed_is_refused(full: dict[str, Any]) -> None:
+    # `migration: {}` orders by the host tier since 0.2.0: no tier here, so the order is the
+    # one files written before it was recorded ran, and such a file is reused...
+    assert full["config"]["queue_order"]["thunder-mw"] == "arrival"
+    legacy = copy.deepcopy(full)
+    del legacy["config"]["queue_order"]
+    run_scenario(TINY, POLICIES, sweep=False, reuse=legacy, rerun={"session_affinity"})
+    # ...while a file whose run resolved otherwise is not.
+    recorded = copy.deepcopy(full)
+    recorded["config"]["queue_order"]["thunder-mw"] = "started_first"
+    with pytest.raises(ReuseError, match="thunder-mw's queue order resolved to started_first"):
+        run_scenario(TINY, POLICIES, sweep=False, reuse=recorded, rerun={"session_affinity"})
+
+
+def test_a_preset_that_now_names_the_old_queue_order_still_matches_its_old_runs() -> None:
+    # The baselines' presets say `started_first: false` since the default moved; their
+    # files of before say nothing, and ran the same order.
+    then = [{"migration": {"placement": "mru"}}]
+    now = [{"migration": {"placement": "mru", "started_first": False}}]
+    config = {"policies": {"p": then}, "host_tier": {}}
+    order = {"queue_order": {"p": "arrival"}}
+    check_config(config, {**config, **order, "policies": {"p": now}}, ["p"])
+    assert recorded_order(config, "p") == "arrival"
+    with pytest.raises(ReuseError, match="pipeline changed"):
+        later = [{"migration": {"placement": "mru", "started_first": True}}]
+        check_config(config, {**config, **order, "policies": {"p": later}}, ["p"])

@@ -316,12 +316,23 @@ def test_queue_order_is_priority_then_largest_first() -> None:
 
 
 @pytest.mark.parametrize(
-    ("started_first", "order"), [(False, ["new", "old"]), (True, ["old", "new"])]
+    ("started_first", "host_tier", "order"),
+    [
+        (False, 0, ["new", "old"]),
+        (True, 0, ["old", "new"]),
+        (False, 50_000, ["new", "old"]),
+        # The default, by what a resume costs: a reload from the host tier, where there is
+        # one; without, the paused program's KV is gone and arrival order is kept.
+        (None, 0, ["new", "old"]),
+        (None, 50_000, ["old", "new"]),
+    ],
 )
 def test_started_first_queues_a_paused_program_ahead_of_one_not_yet_begun(
-    started_first: bool, order: list[str]
+    started_first: bool | None, host_tier: int, order: list[str]
 ) -> None:
-    core = make(migration={"started_first": started_first})
+    core = make(migration={} if started_first is None else {"started_first": started_first})
+    if host_tier:
+        core.declare_host_tier("b0", host_tier, 1e6)
     run_step(core, "old", 300, 0)
     core.apply([Pause(_program(core, "old"))], 1)
     assert isinstance(core.on_request(ctx("hog"), info(990), 2)[0], Forward)

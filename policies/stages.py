@@ -214,10 +214,10 @@ class Migration(Stage):
     """One global queue of paused and new programs across backends.
 
     Order: programs under way before new ones where `started_first` (by default, while the
-    fleet has a host KV tier), then priority raised
-    by waiting (ageing), then largest first (best-fit-decreasing). Placement: the previous
-    backend when it admits the program, else the admitting backend with the most room. A
-    program queued past `resume_timeout_s` is force-resumed so nothing starves.
+    fleet has a host KV tier), then priority raised by waiting (ageing), then largest first
+    (best-fit-decreasing). Placement: the previous backend when it admits the program, else
+    the admitting backend with the most room. A program queued past `resume_timeout_s` is
+    force-resumed so nothing starves.
     """
 
     name = "migration"

@@ -534,7 +534,8 @@ def host_tier_table(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-STARTED_FIRST = "thunder-mw/started-first"  # the queue order's ablation (docs/scheduling.md)
+STARTED_FIRST = "thunder-mw/started-first"  # the queue order's ablations (docs/scheduling.md)
+ARRIVAL_ORDER = "thunder-mw/arrival-order"
 
 
 def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") -> str:
@@ -642,7 +643,7 @@ def real_agreement_block(name: str = "vllm-cpu-real") -> str:
     return "\n".join(lines) + "\n"
 
 
-LIVE_REGIMES = ("live-peers-glm46", "live-peers-minimax")
+LIVE_REGIMES = ("live-peers", "live-peers-glm46", "live-peers-minimax")
 
 
 def _spread_cell(cell: Record | None, digits: int = 1) -> str:
@@ -713,6 +714,7 @@ def update_docs() -> None:
     _replace_block(DOCS, "host-tier", host_tier_table([*TUNING, *TEST]))
     _replace_block(DOCS, "pause-victim", variant_table([*TUNING, *TEST]))
     _replace_block(DOCS, "started-first", variant_table([*TUNING, *TEST], STARTED_FIRST))
+    _replace_block(DOCS, "arrival-order", variant_table([*TUNING, *TEST], ARRIVAL_ORDER))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
     _replace_block(README, "real-engine-table", real_engine_table())
     _replace_block(DOCS, "real-engine-table", real_engine_table())
@@ -731,6 +733,7 @@ if __name__ == "__main__":
         "--host-tier": host_tier_table,
         "--pause-victim": variant_table,
         "--started-first": lambda names: variant_table(names, STARTED_FIRST),
+        "--arrival-order": lambda names: variant_table(names, ARRIVAL_ORDER),
         "--controller": controller_table,
     }
     if sys.argv[1:2] and sys.argv[1] in per_scenario:

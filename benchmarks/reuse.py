@@ -14,7 +14,7 @@ rerun of one job are what tell that the engines still behave as when the file wa
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from thunder_mw.benchmarks.scenarios import VLLM_CAPPED
@@ -90,23 +90,41 @@ def _as_written(pipeline: Any) -> Any:
 def recorded_order(config: dict[str, Any], policy: str) -> str | None:
     """The queue order `policy` ran with, as the file records it or, for a file written
     before it did, as its pipeline said (else the order of that time)."""
-    if "queue_order" in config:
-        return config["queue_order"].get(policy)  # type: ignore[no-any-return]
-    for stage in config["policies"][policy]:
-        if "migration" in stage:
-            first = stage["migration"].get("started_first")
-            return "started_first" if first else LEGACY_QUEUE_ORDER
-    return None
+    return _recorded(
+        config,
+        policy,
+        "queue_order",
+        "migration",
+        lambda params: "started_first" if params.get("started_first") else LEGACY_QUEUE_ORDER,
+    )
 
 
 def recorded_victim(config: dict[str, Any], policy: str) -> str | None:
     """The pause victim `policy` ran with, as the file records it or, for a file written
     before it did, as its pipeline said (else the default of that time)."""
-    if "pause_victim" in config:
-        return config["pause_victim"].get(policy)  # type: ignore[no-any-return]
+    return _recorded(
+        config,
+        policy,
+        "pause_victim",
+        "state_aware_pause",
+        lambda params: str(params.get("victim", LEGACY_PAUSE_VICTIM)),
+    )
+
+
+def _recorded(
+    config: dict[str, Any],
+    policy: str,
+    key: str,
+    stage_name: str,
+    from_params: Callable[[dict[str, Any]], str],
+) -> str | None:
+    """A rule a policy resolved to: the file's `config[key]`, or for a file that predates
+    it, read from the params of its pipeline's `stage_name` stage (None: no such stage)."""
+    if key in config:
+        return config[key].get(policy)  # type: ignore[no-any-return]
     for stage in config["policies"][policy]:
-        if "state_aware_pause" in stage:
-            return str(stage["state_aware_pause"].get("victim", LEGACY_PAUSE_VICTIM))
+        if stage_name in stage:
+            return from_params(stage[stage_name])
     return None
 
 

@@ -680,7 +680,7 @@ def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[st
             if "migration" in stage:
                 first = MigrationParams(**stage["migration"]).started_first
                 if first is None:
-                    first = any(k == "host_kv_tokens" for k, _ in engine_options(scenario, policy))
+                    first = "host_kv_tokens" in dict(engine_options(scenario, policy))
                 rules["queue_order"][policy] = "started_first" if first else "arrival"
     return rules
 

@@ -24,6 +24,13 @@ from thunder_mw.policies.views import BackendView, ProgramView
 from thunder_mw.schemas.stage_params import AdmissionParams
 
 
+def host_tier_tokens(backend: BackendView) -> int:
+    """The backend's host (and disk) KV tier: the engine's own report, else what the config
+    declared for it."""
+    reported = backend.metrics.host_kv_tokens
+    return int(reported) if reported is not None else backend.host_kv_tokens
+
+
 class Admission(Stage):
     """Admit a new or resumed program only if it fits under the high watermark, with
     hysteresis: a backend that went over high admits nothing until it is back under low.
@@ -98,8 +105,7 @@ class Admission(Stage):
 
     def _overflow_view(self, view: StageView, backend: BackendView, high: float) -> OverflowView:
         running = backend.metrics.running
-        host = backend.metrics.host_kv_tokens
-        tier = int(host) if host is not None else backend.host_kv_tokens
+        tier = host_tier_tokens(backend)
         return OverflowView(
             capacity=high,
             reserved=backend.reserved - backend.unused,

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from thunder_mw.policies.admission import Admission as Admission
+from thunder_mw.policies.admission import host_tier_tokens
 from thunder_mw.policies.arrival_pace import ArrivalPace
 from thunder_mw.policies.decisions import (
     Footprint,
@@ -204,12 +205,6 @@ class StateAwarePause(Stage):
 
 
 # ---------------------------------------------------------------------------- migration
-def _host_tier_tokens(backend: BackendView) -> float:
-    """The backend's host KV tier: the engine's own report, else what the config declared."""
-    reported = backend.metrics.host_kv_tokens
-    return reported if reported is not None else backend.host_kv_tokens
-
-
 class Migration(Stage):
     """One global queue of paused and new programs across backends.
 
@@ -240,7 +235,7 @@ class Migration(Stage):
             # the time it resumes (a full recompute, dearer than a new program's first
             # prompt), and arrival order is kept. Read when the program is queued: a tier
             # reported later orders only the programs queued after it.
-            first = any(_host_tier_tokens(b) for b in view.healthy_backends())
+            first = any(host_tier_tokens(b) for b in view.healthy_backends())
         tier = (0 if program.steps else 1) if first else 0
         if self.params.placement == "best_fit_decreasing":
             return (tier, band, -program.request_tokens, program.queued_at)

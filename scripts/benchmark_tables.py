@@ -356,7 +356,8 @@ def summary_table(names: list[str]) -> str:
     lines = [
         "| scenario | set | fixed batch: strongest, its makespan / thunder-mw's | "
         "long window: strongest, thunder-mw / it | goals: / best not program-aware (>= 1.15); "
-        "/ vLLM router (>= 1.1) | / its fixed rules |",
+        "/ vLLM router (>= 1.1); sweep: worst point / best at or below it (>= 0.98); "
+        "max / median JCT (<= 3) | ablations: / its fixed rules; the variant it trails most |",
         "|---|---|---|---|---|---|",
     ]
     for name, report in _reports(names):
@@ -378,7 +379,12 @@ def summary_table(names: list[str]) -> str:
             ratio = _ratio_cell(point["ratios"].get(rival, {}).get(figure))
             cells.append(f"{rival}{cap} {ratio}" if rival else "-")
         first, second = _goal_cells(point)
-        cells += [f"{first}; {second}", _fixed_ratio(name)]
+        sweep = _sweep_cell(report).split(" (its own", 1)[0]
+        sweep = "no sweep" if sweep == "-" else f"sweep {sweep}"
+        goals = f"{first}; {second}; {sweep}; JCT {_starvation_cell(point)}"
+        fixed = _fixed_ratio(name)
+        ablations = "no variants run" if fixed == "-" else f"{fixed}; {_trails_cell(name)}"
+        cells += [goals, ablations]
         lines.append(f"| {link} | {split} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -420,6 +426,42 @@ def _fixed_ratio(name: str) -> str:
         return "not yet rerun"
     r = point["ratios"].get("thunder-mw/fixed", {}).get("steps_per_min_steady")
     return _ratio_cell(r) if r else "-"
+
+
+# Rows of a `*-variants.json` that change what runs, not a rule: `host-tier` is thunder-mw on
+# offload's engines (docs/benchmarks.md's host-tier table compares it there).
+NOT_A_RULE = ("thunder-mw/host-tier",)
+
+
+def _trails_cell(name: str) -> str:
+    """The rule variant the default trails most on the long window (its ratio over it, the
+    lowest, where the interval says a loss): what the ablations show is left; else that none
+    is ahead."""
+    path = RESULTS / f"{name}-variants.json"
+    report = json.loads(path.read_text()) if path.is_file() else None
+    point = _main_point(report) if report else None
+    if report is None or point is None or not runs_default(report):
+        return "-"
+    metric = "steps_per_min_steady"
+    ahead = [
+        (r[metric]["ratio"], variant, r[metric])
+        for variant, r in point["ratios"].items()
+        if variant.startswith("thunder-mw/") and variant not in NOT_A_RULE and metric in r
+        if r[metric]["verdict"] == "loss"
+    ]
+    if not ahead:
+        return "no variant ahead"
+    _, variant, r = min(ahead)
+    return f"{variant.removeprefix('thunder-mw/')} {_ratio_cell(r)}"
+
+
+def _starvation_cell(point: Record) -> str:
+    """thunder-mw's max / median JCT against its bound of 3."""
+    jct = point["policies"].get("thunder-mw", {}).get("jct_max_over_median")
+    if not jct:
+        return "-"
+    tail = jct["mean"]
+    return f"{tail:.2f}: " + ("met" if tail <= 3 else f"over by {tail - 3:.2f}")
 
 
 # What `thunder-mw` resolves to today, as result files record it (`config.admission_overflow`,
@@ -492,23 +534,22 @@ def controller_table(names: list[str]) -> str:
     lines = [
         "| scenario | set | / best not program-aware (>= 1.15) | / vllm_router_program (>= 1.1) "
         "| sweep: worst point / best at or below it (>= 0.98) "
-        "| / thunder-mw/fixed (ablation) | max / median JCT (<= 3) |",
-        "|---|---|---|---|---|---|---|",
+        "| / thunder-mw/fixed (ablation) | the variant it trails most (ablations) "
+        "| max / median JCT (<= 3) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, report in _reports(names):
         split = report["config"].get("split", "tuning")
         point = _main_point(report)
         if point is None or not runs_default(report):
             lines.append(
-                f"| `{name}` | {split} | not yet rerun with the default scheduler | | | | |"
+                f"| `{name}` | {split} | not yet rerun with the default scheduler | | | | | |"
             )
             continue
         first, second = _goal_cells(point)
-        jct = point["policies"].get("thunder-mw", {}).get("jct_max_over_median")
-        starvation = f"{jct['mean']:.2f}" if jct else "-"
         lines.append(
             f"| `{name}` | {split} | {first} | {second} | {_sweep_cell(report)} "
-            f"| {_fixed_ratio(name)} | {starvation} |"
+            f"| {_fixed_ratio(name)} | {_trails_cell(name)} | {_starvation_cell(point)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -536,6 +577,7 @@ def host_tier_table(names: list[str]) -> str:
 
 STARTED_FIRST = "thunder-mw/started-first"  # the queue order's ablations (docs/scheduling.md)
 ARRIVAL_ORDER = "thunder-mw/arrival-order"
+NO_ADMISSION = "thunder-mw/no-admission"  # nothing held at admission: the controller's ceiling
 
 
 def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") -> str:
@@ -715,6 +757,7 @@ def update_docs() -> None:
     _replace_block(DOCS, "pause-victim", variant_table([*TUNING, *TEST]))
     _replace_block(DOCS, "started-first", variant_table([*TUNING, *TEST], STARTED_FIRST))
     _replace_block(DOCS, "arrival-order", variant_table([*TUNING, *TEST], ARRIVAL_ORDER))
+    _replace_block(DOCS, "no-admission", variant_table([*TUNING, *TEST], NO_ADMISSION))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
     _replace_block(README, "real-engine-table", real_engine_table())
     _replace_block(DOCS, "real-engine-table", real_engine_table())
@@ -734,6 +777,7 @@ if __name__ == "__main__":
         "--pause-victim": variant_table,
         "--started-first": lambda names: variant_table(names, STARTED_FIRST),
         "--arrival-order": lambda names: variant_table(names, ARRIVAL_ORDER),
+        "--no-admission": lambda names: variant_table(names, NO_ADMISSION),
         "--controller": controller_table,
     }
     if sys.argv[1:2] and sys.argv[1] in per_scenario:

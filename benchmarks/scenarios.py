@@ -90,9 +90,6 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # capacity): where recompute is cheap, what a controller at its ceiling would reach; where
     # it is dear, what holding earns.
     "thunder-mw/no-admission": _thunder_mw_without("admission"),
-    # The controller's ceiling arm (off by default): a round comparing its point with
-    # "hold nothing", jumping there where that pays.
-    "thunder-mw/probe-ceiling": _thunder_mw(admission={"probe_ceiling": True}),
     # docs/scheduling.md, "Shared prefixes counted once" and "Which call pauses": off by
     # default (each lost on some published setup).
     "thunder-mw/shared-prefix": _thunder_mw(admission={"shared_prefix": True}),

@@ -17,6 +17,7 @@ from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, _Prog
 from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS
 from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, ProgramSpec, generate
 from thunder_mw.policies.core import Resumed
+from thunder_mw.policies.pipeline import build_pipeline
 
 # swe-agent's shape with short answers, so a run past the knee takes a fraction of a second.
 TINY_SWE = dataclasses.replace(
@@ -211,3 +212,9 @@ def test_the_fixed_rules_ablation_runs_no_controller() -> None:
     sim.run()
     admission = next(s for s in sim.core.stages if s.name == "admission")
     assert admission.points == {}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_benchmark_policy_is_a_pipeline_that_builds(policy: str) -> None:
+    # A variant naming a param the stages no longer have fails here, not hours into a run.
+    assert build_pipeline(POLICIES[policy])

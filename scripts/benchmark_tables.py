@@ -379,11 +379,15 @@ def summary_table(names: list[str]) -> str:
             ratio = _ratio_cell(point["ratios"].get(rival, {}).get(figure))
             cells.append(f"{rival}{cap} {ratio}" if rival else "-")
         first, second = _goal_cells(point)
-        sweep = _sweep_cell(report).split(" (its own", 1)[0]
+        sweep = _sweep_cell(report, own_curve=False)
         sweep = "no sweep" if sweep == "-" else f"sweep {sweep}"
         goals = f"{first}; {second}; {sweep}; JCT {_starvation_cell(point)}"
-        fixed = _fixed_ratio(name)
-        ablations = "no variants run" if fixed == "-" else f"{fixed}; {_trails_cell(name)}"
+        variants = _variants(name)
+        ablations = (
+            "no variants run"
+            if variants is None
+            else f"{_fixed_ratio(variants)}; {_trails_cell(variants)}"
+        )
         cells += [goals, ablations]
         lines.append(f"| {link} | {split} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -412,17 +416,19 @@ def _goal_cells(point: Record) -> tuple[str, str]:
     return first, _goal_cell(ratios.get("vllm_router_program", {}).get(metric), "router", 1.1)
 
 
-def _fixed_ratio(name: str) -> str:
-    """thunder-mw over its fixed-rules ablation, long window, from `<name>-variants.json`
-    (ratio of the means over its seeds), where the file has both rows."""
+def _variants(name: str) -> Record | None:
+    """The scenario's `<name>-variants.json` (the default beside its ablations), if run."""
     path = RESULTS / f"{name}-variants.json"
-    if not path.is_file():
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _fixed_ratio(variants: Record | None) -> str:
+    """thunder-mw over its fixed-rules ablation, long window, from a variants file (ratio
+    of the means over its seeds), where the file has both rows."""
+    point = _main_point(variants) if variants is not None else None
+    if variants is None or point is None:
         return "-"
-    report = json.loads(path.read_text())
-    point = _main_point(report)
-    if point is None:
-        return "-"
-    if not runs_default(report):
+    if not runs_default(variants):
         return "not yet rerun"
     r = point["ratios"].get("thunder-mw/fixed", {}).get("steps_per_min_steady")
     return _ratio_cell(r) if r else "-"
@@ -433,14 +439,12 @@ def _fixed_ratio(name: str) -> str:
 NOT_A_RULE = ("thunder-mw/host-tier",)
 
 
-def _trails_cell(name: str) -> str:
+def _trails_cell(variants: Record | None) -> str:
     """The rule variant the default trails most on the long window (its ratio over it, the
-    lowest, where the interval says a loss): what the ablations show is left; else that none
-    is ahead."""
-    path = RESULTS / f"{name}-variants.json"
-    report = json.loads(path.read_text()) if path.is_file() else None
-    point = _main_point(report) if report else None
-    if report is None or point is None or not runs_default(report):
+    lowest, where the interval says a loss), from a variants file: what the ablations show is
+    left; else that none is ahead."""
+    point = _main_point(variants) if variants is not None else None
+    if variants is None or point is None or not runs_default(variants):
         return "-"
     metric = "steps_per_min_steady"
     ahead = [
@@ -495,10 +499,10 @@ def _queue_order(config: Record) -> str:
     return "started_first" if migration.get("started_first") else "arrival"
 
 
-def _sweep_cell(report: Record) -> str:
+def _sweep_cell(report: Record, own_curve: bool = True) -> str:
     """The sweep goal: at every point thunder-mw >= 0.98x the best steady throughput any
     policy reaches at that concurrency or below (seed medians); the worst point, its ratio
-    and the best it is measured against."""
+    and the best it is measured against (and, with `own_curve`, against its own best)."""
     engines = report["config"]["engines"]
     points = sorted(
         {r["programs_per_engine"] for r in report.get("steady", []) if r["engines"] == engines}
@@ -522,7 +526,8 @@ def _sweep_cell(report: Record) -> str:
         return "-"
     ratio, n, rival, at = worst
     status = "met" if ratio >= 0.98 else f"missed by {0.98 - ratio:.2f}"
-    return f"{ratio:.2f} at {n} vs {rival} at {at}: {status} (its own curve: {own:.2f})"
+    cell = f"{ratio:.2f} at {n} vs {rival} at {at}: {status}"
+    return f"{cell} (its own curve: {own:.2f})" if own_curve else cell
 
 
 def controller_table(names: list[str]) -> str:
@@ -547,9 +552,10 @@ def controller_table(names: list[str]) -> str:
             )
             continue
         first, second = _goal_cells(point)
+        variants = _variants(name)
         lines.append(
             f"| `{name}` | {split} | {first} | {second} | {_sweep_cell(report)} "
-            f"| {_fixed_ratio(name)} | {_trails_cell(name)} | {_starvation_cell(point)} |"
+            f"| {_fixed_ratio(variants)} | {_trails_cell(variants)} | {_starvation_cell(point)} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -5,8 +5,9 @@
 #   scripts/test.sh          what CI runs (.ci/run): sets up the real vLLM engine, Docker and
 #                            Chromium, runs ruff, every test, then the conformance suite
 #                            against thunder-mw itself.
-#   scripts/test.sh --fast   the lane for work in progress (about 1.5 minutes on 2 cores,
-#                            the tests about 55 s on 4 xdist workers): no
+#   scripts/test.sh --fast   the lane for work in progress (about a minute on 2 cores,
+#                            the tests ~52 s on 4 xdist workers; `-n N` after --fast
+#                            overrides): no
 #                            engine, Docker or browser setup and no conformance run; ruff,
 #                            then pytest -m "not slow and not real_vllm and not docker and
 #                            not browser and not peers and not redis" (the in-process tests).
@@ -80,8 +81,7 @@ if [ "$fast" -eq 1 ]; then
   # Four workers on two cores: the in-process tests mostly wait on timeouts (CPU ~45 s of the
   # ~125 s serial run), so they overlap; -p no:benchmark keeps a stray pytest-benchmark's
   # "disabled under xdist" warning from failing the run (warnings are errors here).
-  python3 -m pytest -m "$FAST_MARKERS" -n "${THUNDER_MW_FAST_WORKERS:-4}" -p no:benchmark "$@" \
-    || status=$?
+  python3 -m pytest -m "$FAST_MARKERS" -n 4 -p no:benchmark "$@" || status=$?
 else
   python3 -m pytest "$@" || status=$?
 fi

@@ -137,6 +137,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "with one --regimes entry, the engine of that regime).",
     )
     live.add_argument(
+        "--engine-log",
+        type=Path,
+        help="vllm-cpu-real with --engine-url: that engine's log, which it writes with "
+        "--enable-log-requests; with it the step-cost profile is fitted on the engine before "
+        "the runs, under the machine's load of the moment, as when bench starts the engine.",
+    )
+    live.add_argument(
         "--resimulate",
         action="store_true",
         help="vllm-cpu-real: rerun only the simulator's half on the result file's recorded "
@@ -357,6 +364,12 @@ def _run_real(scenario: Scenario, systems: list[str], args: argparse.Namespace) 
     if args.engine_url and len(regimes) != 1:
         print("--engine-url serves one regime: pass --regimes with one of them", file=sys.stderr)
         return 2
+    if args.engine_log is not None and not args.engine_url:
+        print("--engine-log names the log of the engine at --engine-url", file=sys.stderr)
+        return 2
+    if args.engine_log is not None and not args.engine_log.is_file():
+        print(f"--engine-log {args.engine_log}: no such file", file=sys.stderr)
+        return 2
     output = args.output or args.results_dir / f"{scenario.name}.json"
     report = vllm_real.run_vllm_real_scenario(
         scenario,
@@ -366,6 +379,7 @@ def _run_real(scenario: Scenario, systems: list[str], args: argparse.Namespace) 
         repeats=args.repeats,
         programs=args.programs,
         engine_url=args.engine_url,
+        engine_log=args.engine_log,
         checkpoint=lambda partial: _write_report(partial, output),
     )
     print(vllm_real.format_report(report))

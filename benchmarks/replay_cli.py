@@ -26,8 +26,13 @@ import httpx
 from thunder_mw.benchmarks.engine_counters import delta, hit_rate, read_counters
 from thunder_mw.benchmarks.live import live_metrics
 from thunder_mw.benchmarks.replay import Replayer
-from thunder_mw.benchmarks.vllm_real import scaled_preset
-from thunder_mw.benchmarks.workloads import PRESETS, ProgramSpec, generate, load_trace
+from thunder_mw.benchmarks.workloads import (
+    PRESETS,
+    ProgramSpec,
+    generate,
+    load_trace,
+    scaled_preset,
+)
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:

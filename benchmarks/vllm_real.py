@@ -70,13 +70,7 @@ from thunder_mw.benchmarks.replay import (
 )
 from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS, Scenario
 from thunder_mw.benchmarks.vllm_cpu import DEAR_MODEL_DIR, MODEL_DIR, RealVllm, start_vllm
-from thunder_mw.benchmarks.workloads import (
-    PRESETS,
-    LogNormal,
-    ProgramSpec,
-    WorkloadPreset,
-    generate,
-)
+from thunder_mw.benchmarks.workloads import PRESETS, ProgramSpec, generate, scaled_preset
 from thunder_mw.sim.cost_model import PROFILES, StepCost, get_profile
 from thunder_mw.sim.ports import free_port
 
@@ -203,39 +197,6 @@ def router_program_config(kv_tokens: int, cost: StepCost) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ workload
-def _scaled(dist: LogNormal, factor: float) -> LogNormal:
-    return LogNormal(dist.median * factor, dist.sigma, dist.low * factor, dist.high * factor)
-
-
-def scaled_preset(
-    name: str, token_scale: float, time_scale: float, max_tool_s: float | None = None
-) -> WorkloadPreset:
-    """Preset `name` with every token count x `token_scale` and every time x `time_scale`.
-
-    Turns, the share of instant tools and the spread of every distribution are unchanged, so the
-    scaled programs keep the reference programs' shape (growing prompts, a shared system prompt,
-    heavy-tailed tool time) at the size of a tiny model. `max_tool_s` clips the scaled tool time.
-    """
-    base = PRESETS[name]
-    tool = _scaled(base.tool_s, time_scale)
-    if max_tool_s is not None:
-        tool = replace(tool, high=min(tool.high, max_tool_s))
-    return replace(
-        base,
-        name=f"{name}-x{token_scale:g}",
-        system_tokens=round(base.system_tokens * token_scale),
-        task_tokens=_scaled(base.task_tokens, token_scale),
-        tool_result_tokens=_scaled(base.tool_result_tokens, token_scale),
-        output_tokens=_scaled(base.output_tokens, token_scale),
-        tool_s=tool,
-        start_s=_scaled(base.start_s, time_scale) if base.start_s else None,
-        compact_at_tokens=round(base.compact_at_tokens * token_scale)
-        if base.compact_at_tokens
-        else None,
-        compact_to_tokens=round(base.compact_to_tokens * token_scale),
-    )
-
-
 def regime_programs(
     scenario: Scenario, regime: Regime, seed: int, count: int | None = None
 ) -> list[ProgramSpec]:
@@ -542,6 +503,7 @@ def run_regime(
     repeats: int = 5,
     programs: int | None = None,
     engine_url: str | None = None,
+    engine_log: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Every system `repeats` times on one real engine of the regime, interleaved; the
@@ -550,7 +512,11 @@ def run_regime(
     cost = get_profile(regime.profile)
     started = time.perf_counter()
     blocks = scenario.kv_tokens // BLOCK_SIZE
-    with _engine(regime, blocks, scenario.max_model_len, engine_url) as (url, start_s, engine):
+    with _engine(regime, blocks, scenario.max_model_len, engine_url, engine_log) as (
+        url,
+        start_s,
+        engine,
+    ):
         # An engine given by URL has its own KV cache and context limit: the programs and
         # the simulated engine follow it.
         kv_tokens = engine_kv_tokens(url)
@@ -713,12 +679,17 @@ def resimulate(report: dict[str, Any]) -> dict[str, Any]:
 
 @contextmanager
 def _engine(
-    regime: Regime, kv_blocks: int, max_model_len: int, engine_url: str | None
+    regime: Regime,
+    kv_blocks: int,
+    max_model_len: int,
+    engine_url: str | None,
+    engine_log: Path | None = None,
 ) -> Iterator[tuple[str, float, RealVllm | None]]:
-    """(url, start seconds, the engine if started here): the engine given, else a fresh one
-    for the regime (its requests logged: the in-situ fit releases scenarios at once)."""
+    """(url, start seconds, the engine to fit the profile on): the engine given (with its log,
+    a handle the in-situ fit can use; without, none), else a fresh one for the regime (its
+    requests logged: the in-situ fit releases scenarios at once)."""
     if engine_url is not None:
-        yield engine_url, 0.0, None
+        yield engine_url, 0.0, None if engine_log is None else given_engine(engine_url, engine_log)
         return
     started = time.perf_counter()
     with start_vllm(
@@ -729,6 +700,27 @@ def _engine(
         log_requests=True,
     ) as engine:
         yield engine.url, round(time.perf_counter() - started, 1), engine
+
+
+def given_engine(url: str, log_path: Path) -> RealVllm:
+    """A handle on a running engine that logs its requests (`--enable-log-requests`) to
+    `log_path`: what the in-situ fit needs, read from the engine itself."""
+    if not log_path.is_file():
+        raise ValueError(f"--engine-log {log_path}: no such file")
+    folder = _model_folder(url)
+    blocks = engine_kv_tokens(url) // BLOCK_SIZE
+    model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    return RealVllm(
+        url=url,
+        model=model,
+        model_dir=folder,
+        tokenizer_json=folder / "tokenizer.json",
+        num_blocks=blocks,
+        block_size=BLOCK_SIZE,
+        log_path=log_path,
+        pid=0,  # not ours: never signalled
+        log_requests=True,
+    )
 
 
 def overflow_check(
@@ -826,6 +818,26 @@ def agreement(
     }
 
 
+def disagreements(
+    regime: dict[str, Any], steps_tolerance: float, hit_rate_tolerance: float
+) -> list[str]:
+    """Where a regime's simulator misses its real runs: each system whose simulated steps/min
+    is off the real median by more than `steps_tolerance` (relative), or whose simulated
+    prefix hit rate is off the engine's median by more than `hit_rate_tolerance` (absolute).
+    Empty: the simulator predicts the engine. CI's check of the short form, and of a
+    simulator broken on purpose (tests/unit/test_vllm_real_agreement.py)."""
+    missed = []
+    for row in regime["agreement"]["rows"]:
+        name = row["policy"]
+        if row["ratio"] is None or abs(row["ratio"] - 1) > steps_tolerance:
+            missed.append(f"{name}: steps/min simulated/real {row['ratio']}")
+        real_hit = regime["policies"][name]["prefix_hit_rate"]["median"]
+        sim_hit = regime["simulated"][name]["prefix_hit_rate"]
+        if real_hit is None or sim_hit is None or abs(sim_hit - real_hit) > hit_rate_tolerance:
+            missed.append(f"{name}: prefix hit rate simulated {sim_hit}, real {real_hit}")
+    return missed
+
+
 def pairwise_order(
     runs: dict[str, list[dict[str, Any]]], simulated: dict[str, float | None]
 ) -> dict[str, Any]:
@@ -911,6 +923,7 @@ def run_vllm_real_scenario(
     repeats: int = 5,
     programs: int | None = None,
     engine_url: str | None = None,
+    engine_log: Path | None = None,
     log: Callable[[str], None] = print,
     checkpoint: Callable[[dict[str, Any]], None] = lambda report: None,
 ) -> dict[str, Any]:
@@ -929,6 +942,7 @@ def run_vllm_real_scenario(
             repeats=repeats,
             programs=programs,
             engine_url=engine_url,
+            engine_log=engine_log,
             log=log,
         )
         report = _document(scenario, seed, systems, results, started, load_start)

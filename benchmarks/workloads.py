@@ -512,3 +512,36 @@ def summarise(programs: list[ProgramSpec]) -> WorkloadSummary:
         tool_s_mean=sum(tools) / max(1, len(tools)),
         subagents=len(every) - len(top),
     )
+
+
+def _scaled(dist: LogNormal, factor: float) -> LogNormal:
+    return LogNormal(dist.median * factor, dist.sigma, dist.low * factor, dist.high * factor)
+
+
+def scaled_preset(
+    name: str, token_scale: float, time_scale: float, max_tool_s: float | None = None
+) -> WorkloadPreset:
+    """Preset `name` with every token count x `token_scale` and every time x `time_scale`.
+
+    Turns, the share of instant tools and the spread of every distribution are unchanged, so the
+    scaled programs keep the reference programs' shape (growing prompts, a shared system prompt,
+    heavy-tailed tool time) at the size of a tiny model. `max_tool_s` clips the scaled tool time.
+    """
+    base = PRESETS[name]
+    tool = _scaled(base.tool_s, time_scale)
+    if max_tool_s is not None:
+        tool = replace(tool, high=min(tool.high, max_tool_s))
+    return replace(
+        base,
+        name=f"{name}-x{token_scale:g}",
+        system_tokens=round(base.system_tokens * token_scale),
+        task_tokens=_scaled(base.task_tokens, token_scale),
+        tool_result_tokens=_scaled(base.tool_result_tokens, token_scale),
+        output_tokens=_scaled(base.output_tokens, token_scale),
+        tool_s=tool,
+        start_s=_scaled(base.start_s, time_scale) if base.start_s else None,
+        compact_at_tokens=round(base.compact_at_tokens * token_scale)
+        if base.compact_at_tokens
+        else None,
+        compact_to_tokens=round(base.compact_to_tokens * token_scale),
+    )

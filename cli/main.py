@@ -3,28 +3,120 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from thunder_mw import __version__
 from thunder_mw.cli.config_loader import ConfigError, load_config
 
 log = logging.getLogger("thunder_mw")
-SUBCOMMANDS = (
-    "serve",
-    "check-config",
-    "config-reference",
-    "plan",
-    "conformance",
-    "bench",
-    "replay",
-    "sim-engine",
-)
 
 
-def _serve_arguments(p: argparse.ArgumentParser) -> None:
+@dataclass(frozen=True)
+class Subcommand:
+    """One subcommand, loaded only when named: its module is imported by `thunder-mw NAME`
+    (or `--help`), never by another, so serving needs only the declared dependencies and a
+    tool whose extra is missing fails alone, with the extra named."""
+
+    help: str
+    module: str  # the module holding `add_arguments` and `run` (both by these names below)
+    add_arguments: str | None
+    run: str
+
+
+SUBCOMMAND_TABLE: dict[str, Subcommand] = {
+    "serve": Subcommand(
+        "run the gateway (the default command; no --config: the demo)",
+        "thunder_mw.cli.main",
+        "serve_arguments",
+        "run_serve",
+    ),
+    "check-config": Subcommand(
+        "validate a config file and print it normalised",
+        "thunder_mw.cli.main",
+        "check_config_arguments",
+        "run_check_config",
+    ),
+    "config-reference": Subcommand(
+        "print the config reference as a markdown table",
+        "thunder_mw.cli.main",
+        None,
+        "run_config_reference",
+    ),
+    "plan": Subcommand(
+        "KV capacity plan: how many programs fit",
+        "thunder_mw.cli.plan",
+        "add_plan_arguments",
+        "run_plan",
+    ),
+    "conformance": Subcommand(
+        "check an agent-context server's field handling",
+        "thunder_mw.conformance.cli",
+        "add_conformance_arguments",
+        "run_conformance",
+    ),
+    "bench": Subcommand(
+        "run a benchmark scenario",
+        "thunder_mw.benchmarks.bench_cli",
+        "add_bench_arguments",
+        "run_bench",
+    ),
+    "replay": Subcommand(
+        "drive agent programs through any OpenAI-compatible URL",
+        "thunder_mw.benchmarks.replay_cli",
+        "add_replay_arguments",
+        "run_replay",
+    ),
+    "sim-engine": Subcommand(
+        "serve a simulated vLLM/SGLang engine",
+        "thunder_mw.sim.server",
+        "add_sim_engine_arguments",
+        "run_sim_engine",
+    ),
+}
+SUBCOMMANDS = tuple(SUBCOMMAND_TABLE)
+
+# The optional dependencies each extra brings (pyproject.toml's [project.optional-dependencies]),
+# by import name: a subcommand that meets one of these missing names the extra to install.
+EXTRA_IMPORTS: dict[str, str] = {
+    "numpy": "bench",
+    "matplotlib": "bench",
+    "tokenizers": "bench",
+    "litellm": "agents",
+    "minisweagent": "agents",
+}
+
+
+class MissingExtra(Exception):
+    """A subcommand needs an optional dependency that is not installed."""
+
+    def __init__(self, command: str, missing: str, extra: str) -> None:
+        super().__init__(
+            f"thunder-mw {command} needs {missing!r}, which comes with the {extra!r} extra: "
+            f"pip install 'thunder-mw[{extra}]'"
+        )
+
+
+def _missing_extra(command: str, exc: ModuleNotFoundError) -> MissingExtra | None:
+    top = (exc.name or "").partition(".")[0]
+    extra = EXTRA_IMPORTS.get(top)
+    return None if extra is None else MissingExtra(command, top, extra)
+
+
+def _attribute(command: str, name: str) -> Any:
+    spec = SUBCOMMAND_TABLE[command]
+    try:
+        module = importlib.import_module(spec.module)
+    except ModuleNotFoundError as exc:
+        raise _missing_extra(command, exc) or exc from None
+    return getattr(module, name)
+
+
+def serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",
         "-c",
@@ -40,41 +132,40 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def check_config_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from thunder_mw.cli.serve import serve
+
+    return serve(args)
+
+
+def run_check_config(args: argparse.Namespace) -> int:
+    return check_config(args.path)
+
+
+def run_config_reference(args: argparse.Namespace) -> int:
+    from thunder_mw.schemas.config_reference import config_reference
+
+    sys.stdout.write(config_reference())
+    return 0
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of `thunder-mw`, with the options of `command` only (every subcommand is
+    listed; the others' options load when they are named). None: every subcommand's options,
+    for tests and the reference that need the whole tree."""
     parser = argparse.ArgumentParser(
         prog="thunder-mw", description="Program-aware scheduling gateway for LLM agents."
     )
     parser.add_argument("--version", action="version", version=f"thunder-mw {__version__}")
     sub = parser.add_subparsers(dest="command")
-    _serve_arguments(
-        sub.add_parser("serve", help="run the gateway (the default command; no --config: the demo)")
-    )
-    check = sub.add_parser("check-config", help="validate a config file and print it normalised")
-    check.add_argument("path")
-    sub.add_parser("config-reference", help="print the config reference as a markdown table")
-    from thunder_mw.cli.plan import add_plan_arguments
-
-    add_plan_arguments(sub.add_parser("plan", help="KV capacity plan: how many programs fit"))
-    from thunder_mw.conformance.cli import add_conformance_arguments
-
-    add_conformance_arguments(
-        sub.add_parser("conformance", help="check an agent-context server's field handling")
-    )
-    from thunder_mw.benchmarks.bench_cli import add_bench_arguments
-
-    add_bench_arguments(sub.add_parser("bench", help="run a benchmark scenario"))
-    from thunder_mw.benchmarks.replay_cli import add_replay_arguments
-
-    add_replay_arguments(
-        sub.add_parser("replay", help="drive agent programs through any OpenAI-compatible URL")
-    )
-    sim = sub.add_parser("sim-engine", help="serve a simulated vLLM/SGLang engine")
-    try:
-        from thunder_mw.sim.server import add_sim_engine_arguments
-    except ImportError:  # the simulator is optional at import time
-        pass
-    else:
-        add_sim_engine_arguments(sim)
+    for name, spec in SUBCOMMAND_TABLE.items():
+        p = sub.add_parser(name, help=spec.help)
+        if spec.add_arguments is not None and command in (None, name):
+            _attribute(name, spec.add_arguments)(p)
     return parser
 
 
@@ -85,41 +176,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help", "--version")
     ):
         args_list.insert(0, "serve")
-    parser = build_parser()
-    args = parser.parse_args(args_list)
-    if args.command == "serve":
-        from thunder_mw.cli.serve import serve
-
-        return serve(args)
-    if args.command == "check-config":
-        return check_config(args.path)
-    if args.command == "conformance":
-        from thunder_mw.conformance.cli import run_conformance
-
-        return run_conformance(args)
-    if args.command == "bench":
-        from thunder_mw.benchmarks.bench_cli import run_bench
-
-        return run_bench(args)
-    if args.command == "replay":
-        from thunder_mw.benchmarks.replay_cli import run_replay
-
-        return run_replay(args)
-    if args.command == "plan":
-        from thunder_mw.cli.plan import run_plan
-
-        return run_plan(args)
-    if args.command == "config-reference":
-        from thunder_mw.schemas.config_reference import config_reference
-
-        sys.stdout.write(config_reference())
-        return 0
-    if args.command == "sim-engine":
-        from thunder_mw.sim.server import run_sim_engine
-
-        return run_sim_engine(args)
-    parser.print_help()
-    return 2
+    command = args_list[0] if args_list[0] in SUBCOMMANDS else ""
+    try:
+        parser = build_parser(command)
+        args = parser.parse_args(args_list)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        try:
+            code: int = _attribute(args.command, SUBCOMMAND_TABLE[args.command].run)(args)
+        except ModuleNotFoundError as exc:
+            # An optional dependency imported only once the command runs (a plot, a fit).
+            raise _missing_extra(args.command, exc) or exc from None
+    except MissingExtra as exc:
+        sys.stderr.write(f"thunder-mw: {exc}\n")
+        return 2
+    return code
 
 
 def check_config(path: str) -> int:

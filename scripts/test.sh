@@ -3,8 +3,9 @@
 # Usage: scripts/test.sh [--fast] [PYTEST_ARGS...]   (other arguments go to pytest unchanged)
 #
 #   scripts/test.sh          what CI runs (.ci/run): sets up the real vLLM engine, Docker and
-#                            Chromium, runs ruff, every test, then the conformance suite
-#                            against thunder-mw itself.
+#                            Chromium, runs ruff, the bare-install check
+#                            (scripts/check_bare_install.py), every test, then the conformance
+#                            suite against thunder-mw itself.
 #   scripts/test.sh --fast   the lane for work in progress (about a minute on 2 cores,
 #                            the tests ~52 s on 4 xdist workers; `-n N` after --fast
 #                            overrides): no
@@ -29,7 +30,7 @@ want="$(python3 --version 2>&1) $(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! python3 -c \
   'import os, sys, thunder_mw; sys.exit(os.path.dirname(thunder_mw.__file__) != os.getcwd())' \
   2>/dev/null; then
-  python3 -m pip install --quiet --disable-pip-version-check -e '.[test,peers,agents]'
+  python3 -m pip install --quiet --disable-pip-version-check -e '.[test,bench,peers,agents]'
   mkdir -p .cache && echo "$want" >"$stamp"
 fi
 
@@ -75,6 +76,12 @@ fi
 python3 -m ruff check .
 python3 -m ruff format --check .
 bash scripts/typecheck.sh
+
+# A fresh install as a newcomer makes it: the wheel in a bare venv with no extras, every
+# subcommand's --help, and the README's demo answering one chat request (~40 s).
+if [ "$fast" -eq 0 ]; then
+  python3 scripts/check_bare_install.py
+fi
 
 status=0
 if [ "$fast" -eq 1 ]; then

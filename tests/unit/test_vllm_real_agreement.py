@@ -1,0 +1,60 @@
+"""CI's agreement check of the simulator against the real vLLM CPU engine catches a wrong
+simulator: the committed real runs of the cheap regime (benchmarks/results/vllm-cpu-real.json,
+plain vLLM and thunder-mw), resimulated as the code stands, pass it with CI's tolerances, and
+fail it once the simulator is broken on purpose — its steps cost twice what its profile says,
+or its engine caches no prefix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.agreement import CI_HIT_RATE_TOLERANCE, CI_STEPS_TOLERANCE
+
+from thunder_mw.benchmarks import vllm_real
+from thunder_mw.sim.cost_model import StepCost
+from thunder_mw.sim.kv_cache import BlockPool
+
+COMMITTED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "vllm-cpu-real.json"
+SYSTEMS = ("direct", "thunder-mw")
+
+
+def _cheap_regime_resimulated() -> dict[str, Any]:
+    report: dict[str, Any] = json.loads(COMMITTED.read_text())
+    cheap = report["regimes"]["cheap"]
+    for key in ("runs", "policies"):
+        cheap[key] = {name: cheap[key][name] for name in SYSTEMS}
+    report["regimes"] = {"cheap": cheap}
+    regime: dict[str, Any] = vllm_real.resimulate(report)["regimes"]["cheap"]
+    return regime
+
+
+def _missed() -> list[str]:
+    return vllm_real.disagreements(
+        _cheap_regime_resimulated(), CI_STEPS_TOLERANCE, CI_HIT_RATE_TOLERANCE
+    )
+
+
+def test_the_simulator_as_it_stands_passes() -> None:
+    assert _missed() == []
+
+
+def test_a_simulator_whose_steps_cost_twice_their_profile_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    modelled = StepCost.step_seconds
+
+    def doubled(self: StepCost, *args: Any, **kwargs: Any) -> float:
+        return 2 * modelled(self, *args, **kwargs)
+
+    monkeypatch.setattr(StepCost, "step_seconds", doubled)
+    missed = _missed()
+    assert {m.partition(":")[0] for m in missed if "steps/min" in m} == set(SYSTEMS), missed
+
+
+def test_a_simulator_that_caches_no_prefix_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(BlockPool, "longest_hit", lambda self, *args, **kwargs: [])
+    missed = _missed()
+    assert any("thunder-mw: prefix hit rate" in m for m in missed), missed

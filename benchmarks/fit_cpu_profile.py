@@ -18,7 +18,7 @@ engine takes in (~20 ms on these CPUs), is what a one-token request shows beyond
 The client's own latency minus the engine's (queue + inference) is what no engine step pays
 (HTTP, the API server process); its median over the single-request scenarios is
 `per_call_overhead_s`, which the DES adds to each call (ClusterConfig.call_overhead_s).
-Output: benchmarks/results/cpu-<model>-fit.json.
+Output: results/cpu-<model>-fit.json.
 
     python -m thunder_mw.benchmarks.fit_cpu_profile --model tiny|dear
 """
@@ -246,7 +246,7 @@ def fit(engine: RealVllm, model: str, repeats: int = REPEATS) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", choices=sorted(SCENARIOS), default="tiny")
-    parser.add_argument("--out", type=Path, help="default benchmarks/results/cpu-<model>-fit.json")
+    parser.add_argument("--out", type=Path, help="default results/cpu-<model>-fit.json")
     parser.add_argument("--repeats", type=int, default=REPEATS)
     args = parser.parse_args()
     out = args.out or RESULTS_DIR / f"cpu-{args.model}-fit.json"

@@ -19,7 +19,7 @@ cases the gateway must still be healthy (GET /health 200) and serve a normal req
 Two engines: the simulator (`thunder-mw sim-engine`, the demo's and every benchmark's engine,
 with the tiny model's tokenizer and context length when it is built) and the real vLLM CPU
 engine (benchmarks/vllm_cpu.py). `thunder-mw bench --scenario fuzz` runs 10,000 cases on the
-first and 1,000 on the second and writes `benchmarks/results/fuzz.json`.
+first and 1,000 on the second and writes `results/fuzz.json`.
 """
 
 from __future__ import annotations

@@ -80,12 +80,6 @@ def _beside_python(name: str) -> str | None:
     return str(path) if path.exists() else None
 
 
-def installed_as_pinned() -> bool:
-    """Every peer installed, at the version the `peers` extra pins (scripts/test.sh asks)."""
-    pins = {name: spec.split("==")[1] for name, spec in PEER_PACKAGES.items()}
-    return not missing_peers() and peer_versions() == pins
-
-
 def missing_peers() -> list[str]:
     """The peers' executables that are not installed."""
     return [

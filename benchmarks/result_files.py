@@ -1,4 +1,4 @@
-"""Where benchmark results go: `benchmarks/results` under the current directory, by default.
+"""Where benchmark results go: `results` under the current directory, by default.
 
 Relative to the working directory, not to this file: run from the repository root, a harness
 writes where results are committed; installed, it never writes into site-packages.
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-RESULTS_DIR = Path("benchmarks") / "results"
+RESULTS_DIR = Path("results")
 
 
 def write_result(path: Path, report: dict[str, Any], *, indent: int = 2) -> None:

@@ -215,6 +215,6 @@ class GatewayServer(uvicorn.Server):
         # tables) lives as long as the process: frozen, collections stop re-walking it. Each
         # request allocates a few hundred short-lived objects; at CPython's default of 700
         # allocations per young collection the collector ran several times per request and
-        # cost ~15 % of the gateway's CPU (benchmarks/results/proxy-overhead.json, notes).
+        # cost ~15 % of the gateway's CPU (results/proxy-overhead.json, notes).
         gc.freeze()
         gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])

@@ -113,12 +113,6 @@ def models_max_len(content: bytes) -> int | None:
     return max(lengths) if lengths else None
 
 
-def metrics_capacity(content: bytes) -> int | None:
-    """An engine's capacity from its /metrics page (None where it reports none)."""
-    result = EngineCapacity()
-    return result.tokens if capacity_from_metrics(content, result) else None
-
-
 def exposition_capacity(page: Exposition) -> int | None:
     """The same, from a page already read."""
     result = EngineCapacity()

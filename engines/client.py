@@ -1,7 +1,7 @@
 """The one HTTP client of an engine, on aiohttp: forwarded calls (the data plane) on pooled
 keep-alive HTTP/1.1, and probes, model lists and admin calls (the control plane).
 
-The hot path does not go through httpx: `benchmarks/results/proxy-overhead.json` measures
+The hot path does not go through httpx: `results/proxy-overhead.json` measures
 the httpx API (even on its aiohttp transport) at about half the throughput of aiohttp used
 directly, which is the one per-request cost a Python pass-through cannot hide. The control
 plane takes the same client rather than a second stack: one library, one set of errors and

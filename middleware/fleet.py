@@ -125,11 +125,6 @@ class Fleet:
             task.add_done_callback(lambda _: self._leaving.pop(label, None))
         return backend
 
-    async def until_gone(self, label: str) -> None:
-        task = self._leaving.get(label)
-        if task is not None:
-            await asyncio.shield(task)
-
     async def _leave(self, label: str) -> None:
         await self.scheduler.until(lambda: self.scheduler.drained(label))
         self.scheduler.remove_backend(label)

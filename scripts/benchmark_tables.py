@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 COLUMNS = [
     ("steps_per_min", "steps/min"),
     ("output_tokens_per_s", "tok/s"),
@@ -362,7 +362,7 @@ def summary_table(names: list[str]) -> str:
     ]
     for name, report in _reports(names):
         split = report["config"].get("split", "tuning")
-        link = f"[`{name}`](benchmarks/results/{name}.json)"
+        link = f"[`{name}`](results/{name}.json)"
         point = _main_point(report)
         if point is None or not runs_default(report):
             lines.append(f"| {link} | {split} | not yet rerun with the default scheduler | | | |")
@@ -563,7 +563,7 @@ def controller_table(names: list[str]) -> str:
 def host_tier_table(names: list[str]) -> str:
     """thunder-mw on the host-tier engines `offload` runs on (`thunder-mw/host-tier`, in
     `<name>-variants.json`) over `offload` (in `<name>.json`), paired by seed, as
-    the host-tier pairing command (benchmarks/host_tier.py) wrote them to `host-tier.json`."""
+    the host-tier pairing command (lab/host_tier.py) wrote them to `host-tier.json`."""
     lines = [
         "| scenario | seeds | fixed batch: offload's makespan / thunder-mw's | "
         "long window: thunder-mw / offload |",

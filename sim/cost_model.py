@@ -39,7 +39,7 @@ bytes per token, in whole blocks (policies/capacity_plan.capacity_tokens, the ar
 Profiles: `h100-8b` (default; Llama-3-8B bf16 on one H100 SXM), `h100x8-glm46-fp8`,
 `h100x8-qwen3-235b-fp8`, `h100x4-minimax-m2-fp8`, `rtx5090-qwen3-8b`; `cpu-tiny` and `cpu-dear`
 (fitted to the real vLLM CPU engine serving the tiny and the dear-recompute model by
-benchmarks/fit_cpu_profile.py, its output benchmarks/results/cpu-<model>-fit.json); `instant`
+benchmarks/fit_cpu_profile.py, its output results/cpu-<model>-fit.json); `instant`
 (every step 1 µs: tests, throughput benchmarks).
 """
 
@@ -133,11 +133,6 @@ class StepCost:
     def decode_tokens_per_s(self, context_tokens: int) -> float:
         """One sequence alone decoding at `context_tokens` of context (single-request speed)."""
         return 1.0 / self.step_seconds(0, 1, context_tokens)
-
-    def prefill_tokens_per_s(self, prompt_tokens: int) -> float:
-        """One prompt alone prefilled in one step (single-request prefill speed)."""
-        positions = prefill_positions(0, prompt_tokens)
-        return prompt_tokens / self.step_seconds(prompt_tokens, 0, 0, positions)
 
 
 def prefill_positions(start: int, tokens: int) -> int:

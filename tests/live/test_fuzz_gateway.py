@@ -3,7 +3,7 @@ and through a real gateway in front of it. The gateway relays the engine's 4xx o
 4xx of its own naming the field, never a 5xx, never a hang, and is healthy afterwards.
 
 The committed run (10,000 cases on the simulator, 1,000 on the real vLLM engine) is
-`thunder-mw bench --scenario fuzz` (benchmarks/results/fuzz.json); this is its first slice.
+`thunder-mw bench --scenario fuzz` (results/fuzz.json); this is its first slice.
 """
 
 from __future__ import annotations

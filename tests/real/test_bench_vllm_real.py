@@ -172,7 +172,7 @@ def test_an_unknown_system_or_regime_is_refused_by_name(capsys: pytest.CaptureFi
         assert word in capsys.readouterr().err
 
 
-COMMITTED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "vllm-cpu-real.json"
+COMMITTED = Path(__file__).resolve().parents[2] / "results" / "vllm-cpu-real.json"
 
 
 def test_resimulating_keeps_the_real_runs_and_rebuilds_the_simulators_inputs() -> None:

@@ -17,7 +17,7 @@ from support.asgi_servers import ServerThread, serving, serving_gateway
 from support.fake_engine import FakeEngine
 from support.polling import wait_until
 
-from thunder_mw.benchmarks.dashboard_demo import chromium, find_chromium
+from thunder_mw.lab.dashboard_demo import chromium, find_chromium
 from thunder_mw.middleware.app import create_app
 from thunder_mw.schemas.config import ThunderConfig
 

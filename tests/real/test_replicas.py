@@ -18,7 +18,7 @@ import pytest
 from support.polling import wait_until
 
 from thunder_mw.benchmarks.live import Gateway
-from thunder_mw.benchmarks.replica_stack import (
+from thunder_mw.lab.replica_stack import (
     Nginx,
     RedisServer,
     holders,

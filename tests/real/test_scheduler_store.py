@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from support.polling import wait_until_async
 
-from thunder_mw.benchmarks.replica_stack import RedisServer, missing_binaries
+from thunder_mw.lab.replica_stack import RedisServer, missing_binaries
 from thunder_mw.schemas.config import StateSettings
 from thunder_mw.state.store import (
     MemoryState,

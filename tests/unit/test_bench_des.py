@@ -84,7 +84,7 @@ def test_results_go_under_the_current_directory_by_default(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # installed, the package's own folder is site-packages
     assert bench(*SMALL_RUN) == 0
-    assert (tmp_path / "benchmarks" / "results" / "chat-control.json").is_file()
+    assert (tmp_path / "results" / "chat-control.json").is_file()
 
 
 def test_results_dir_moves_the_default_result_file(tmp_path: Path) -> None:

@@ -1,11 +1,11 @@
 """thunder-mw on offload's engines over offload, paired by seed across a scenario's two
-result files (benchmarks/host_tier.py)."""
+result files (lab/host_tier.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from thunder_mw.benchmarks.host_tier import pair
+from thunder_mw.lab.host_tier import pair
 
 
 def _report(policy: str, seeds: dict[int, tuple[float, float]]) -> dict[str, Any]:

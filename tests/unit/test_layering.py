@@ -27,8 +27,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "cli": _BELOW_CLI | {"conformance", "benchmarks"},
     "conformance": _BELOW_CLI | {"cli"},
 }
-# The package's own `__init__` exports gateway mode's names, lazily.
-TOP_LEVEL = frozenset(ALLOWED) | {"benchmarks"}
+# The package's own `__init__` exports gateway mode's names, lazily. lab/ (one-off
+# measurements, not in the wheel) is in no layer's list: nothing shipped may import it.
+TOP_LEVEL = frozenset(ALLOWED) | {"benchmarks", "lab"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -55,6 +56,16 @@ def test_a_folder_imports_only_the_layers_below_it(folder: str) -> None:
         for other in _imports(path) - ALLOWED[folder] - {folder}
     }
     assert not wrong, sorted(wrong)
+
+
+def test_the_shipped_harness_never_imports_the_lab() -> None:
+    # benchmarks/ ships in the wheel (`thunder-mw bench`, `replay`); lab/ does not.
+    wrong = sorted(
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "benchmarks").rglob("*.py")
+        if "lab" in _imports(path)
+    )
+    assert not wrong
 
 
 def test_the_checker_sees_a_wrong_import(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """CI's agreement check of the simulator against the real vLLM CPU engine catches a wrong
-simulator: the committed real runs of the cheap regime (benchmarks/results/vllm-cpu-real.json,
+simulator: the committed real runs of the cheap regime (results/vllm-cpu-real.json,
 plain vLLM and thunder-mw), resimulated as the code stands, pass it with CI's tolerances, and
 fail it once the simulator is broken on purpose — its steps cost twice what its profile says,
 or its engine caches no prefix."""
@@ -17,7 +17,7 @@ from thunder_mw.benchmarks import vllm_real
 from thunder_mw.sim.cost_model import StepCost
 from thunder_mw.sim.kv_cache import BlockPool
 
-COMMITTED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "vllm-cpu-real.json"
+COMMITTED = Path(__file__).resolve().parents[2] / "results" / "vllm-cpu-real.json"
 SYSTEMS = ("direct", "thunder-mw")
 
 

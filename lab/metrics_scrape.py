@@ -5,7 +5,7 @@ registers) over a scheduler core holding `--programs` programs spread over 8 bac
 every state (reasoning, acting, paused and queued), then times `generate_latest` - the
 body of GET /metrics - and, for reference, the dashboard's JSON snapshot.
 
-    python -m thunder_mw.benchmarks.metrics_scrape [--programs 10000] [--runs 200]
+    python -m thunder_mw.lab.metrics_scrape [--programs 10000] [--runs 200]
 """
 
 from __future__ import annotations

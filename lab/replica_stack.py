@@ -1,7 +1,7 @@
 """Starts what several gateway replicas run on: a real redis-server, nginx in front (with the
 shipped config/nginx-replicas.conf), and `thunder-mw serve` replicas sharing the Redis.
 
-For tests/real/test_replicas.py and benchmarks/replicas.py. Every process runs on free loopback
+For tests/real/test_replicas.py and lab/replicas.py. Every process runs on free loopback
 ports from a temporary directory; no system service is started.
 """
 

@@ -2,11 +2,11 @@
 
 Load on a running gateway (the README's demo), to watch its dashboard:
 
-    python -m thunder_mw.benchmarks.dashboard_demo --url http://127.0.0.1:8300 [--programs 30]
+    python -m thunder_mw.lab.dashboard_demo --url http://127.0.0.1:8300 [--programs 30]
 
 The README screenshot (and the dashboard's browser test uses the same pieces):
 
-    python -m thunder_mw.benchmarks.dashboard_demo [--config config/demo.yaml]
+    python -m thunder_mw.lab.dashboard_demo [--config config/demo.yaml]
         [--programs 30] [--after-s 22] [--output docs/dashboard.png]
 
 starts the gateway on the demo config (two simulated engines), runs `--programs` agent

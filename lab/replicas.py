@@ -16,7 +16,7 @@ During every replica run a thread samples the sum of reservations per engine fro
 Then the added cost per request with Redis against the in-memory store: one gateway in front
 of the proxy benchmark's fake engine, at concurrency 1.
 
-    python -m thunder_mw.benchmarks.replicas [--output PATH]
+    python -m thunder_mw.lab.replicas [--output PATH]
 """
 
 from __future__ import annotations
@@ -42,16 +42,16 @@ from thunder_mw.benchmarks.engine_counters import read_counters
 from thunder_mw.benchmarks.live import Gateway, engines_gateway_config, live_metrics
 from thunder_mw.benchmarks.peers import _cluster, _programs, sim_engines
 from thunder_mw.benchmarks.replay import Identity, Replayer, thunder_identity
-from thunder_mw.benchmarks.replica_stack import (
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
+from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS
+from thunder_mw.benchmarks.server_process import wait_until_healthy
+from thunder_mw.benchmarks.workloads import ProgramSpec
+from thunder_mw.lab.replica_stack import (
     Nginx,
     RedisServer,
     kill_replica,
     reservations,
 )
-from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
-from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS
-from thunder_mw.benchmarks.server_process import wait_until_healthy
-from thunder_mw.benchmarks.workloads import ProgramSpec
 from thunder_mw.policies.stats import percentile
 from thunder_mw.sim.ports import free_port
 
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     import json
 
     parser = argparse.ArgumentParser(
-        prog="python -m thunder_mw.benchmarks.replicas", description=__doc__.splitlines()[0]
+        prog="python -m thunder_mw.lab.replicas", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-scale", type=float, default=5.0)

@@ -5,7 +5,7 @@ both hold the same seeds' workloads and engines, so their runs pair by seed. Thi
 paired ratios (fixed batch and long window, 95 % bootstrap interval, verdict) to
 results/host-tier.json, which docs/benchmarks.md's table is printed from:
 
-    python -m thunder_mw.benchmarks.host_tier
+    python -m thunder_mw.lab.host_tier
 """
 
 from __future__ import annotations

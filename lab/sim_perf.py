@@ -1,6 +1,6 @@
 """Shows the simulator is never the bottleneck: engine steps/s in-process, HTTP requests/s.
 
-python -m thunder_mw.benchmarks.sim_perf   # writes ./benchmarks/results/sim-perf.json
+python -m thunder_mw.lab.sim_perf   # writes ./results/sim-perf.json
 """
 
 from __future__ import annotations

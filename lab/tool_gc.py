@@ -1,9 +1,9 @@
 """Leak check of the Docker tool manager: N short programs, each handed a sandbox that it
 writes to, then released; counts containers left and the managed disk before and after.
 
-Usage: python -m thunder_mw.benchmarks.tool_gc [--programs 200] [--concurrency 16]
+Usage: python -m thunder_mw.lab.tool_gc [--programs 200] [--concurrency 16]
 Needs a Docker engine and the image from scripts/setup_docker.sh. Writes
-benchmarks/results/tool-gc.json.
+results/tool-gc.json.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the gateway's bottleneck. Two fleets: one with room for every program (`fits`) a
 where the programs' contexts exceed the KV capacity (`overloaded`: pauses, a global queue,
 resumes on every release of room).
 
-    python -m thunder_mw.benchmarks.scheduler_cost [--programs 10000] [--events 50000]
+    python -m thunder_mw.lab.scheduler_cost [--programs 10000] [--events 50000]
 """
 
 from __future__ import annotations

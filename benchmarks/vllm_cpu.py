@@ -212,7 +212,7 @@ def start_vllm(
                 )
             except ServerNotReady as exc:
                 raise EngineStartError(f"vllm serve: {exc}") from None
-            block_size, live_blocks = _cache_config(url)
+            block_size, live_blocks = cache_config(url)
             yield RealVllm(
                 url=url,
                 model=served_model_name,
@@ -275,7 +275,7 @@ def _logging_config() -> dict[str, object]:
     }
 
 
-def _cache_config(url: str) -> tuple[int, int]:
+def cache_config(url: str) -> tuple[int, int]:
     """(block_size, num_gpu_blocks) as the live engine reports them in vllm:cache_config_info."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
     for family in text_string_to_metric_families(text):
@@ -283,6 +283,27 @@ def _cache_config(url: str) -> tuple[int, int]:
             if sample.name.startswith("vllm:cache_config_info"):
                 return int(sample.labels["block_size"]), int(sample.labels["num_gpu_blocks"])
     raise EngineStartError(f"{url}/metrics has no vllm:cache_config_info")
+
+
+def attach_vllm(url: str, log_path: Path) -> RealVllm:
+    """A handle on an engine running elsewhere that logs its requests
+    (`--enable-log-requests`) to `log_path`: what the in-situ profile fit needs of it."""
+    if not log_path.is_file():
+        raise ValueError(f"{log_path}: no such engine log")
+    served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]
+    block_size, blocks = cache_config(url)
+    folder = Path(served["root"])
+    return RealVllm(
+        url=url,
+        model=served["id"],
+        model_dir=folder,
+        tokenizer_json=folder / "tokenizer.json",
+        num_blocks=blocks,
+        block_size=block_size,
+        log_path=log_path,
+        pid=0,  # not ours: never signalled
+        log_requests=True,
+    )
 
 
 def _stop_group(process: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:

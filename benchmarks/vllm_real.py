@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from thunder_mw.benchmarks import bootstrap, fit_cpu_profile, peers, recompute_cost
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation
@@ -69,7 +68,15 @@ from thunder_mw.benchmarks.replay import (
     thunder_identity,
 )
 from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS, Scenario
-from thunder_mw.benchmarks.vllm_cpu import DEAR_MODEL_DIR, MODEL_DIR, RealVllm, start_vllm
+from thunder_mw.benchmarks.vllm_cpu import (
+    DEAR_MODEL_DIR,
+    MODEL_DIR,
+    EngineStartError,
+    RealVllm,
+    attach_vllm,
+    cache_config,
+    start_vllm,
+)
 from thunder_mw.benchmarks.workloads import PRESETS, ProgramSpec, generate, scaled_preset
 from thunder_mw.sim.cost_model import PROFILES, StepCost, get_profile
 from thunder_mw.sim.ports import free_port
@@ -486,12 +493,11 @@ def _vocab_size(engine_url: str) -> int:
 
 
 def engine_kv_tokens(url: str) -> int:
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.startswith("vllm:cache_config_info"):
-                return int(sample.labels["block_size"]) * int(sample.labels["num_gpu_blocks"])
-    return 0
+    try:
+        block_size, blocks = cache_config(url)
+    except EngineStartError:  # an engine that reports no cache config
+        return 0
+    return block_size * blocks
 
 
 def run_regime(
@@ -689,7 +695,7 @@ def _engine(
     a handle the in-situ fit can use; without, none), else a fresh one for the regime (its
     requests logged: the in-situ fit releases scenarios at once)."""
     if engine_url is not None:
-        yield engine_url, 0.0, None if engine_log is None else given_engine(engine_url, engine_log)
+        yield engine_url, 0.0, None if engine_log is None else attach_vllm(engine_url, engine_log)
         return
     started = time.perf_counter()
     with start_vllm(
@@ -700,27 +706,6 @@ def _engine(
         log_requests=True,
     ) as engine:
         yield engine.url, round(time.perf_counter() - started, 1), engine
-
-
-def given_engine(url: str, log_path: Path) -> RealVllm:
-    """A handle on a running engine that logs its requests (`--enable-log-requests`) to
-    `log_path`: what the in-situ fit needs, read from the engine itself."""
-    if not log_path.is_file():
-        raise ValueError(f"--engine-log {log_path}: no such file")
-    folder = _model_folder(url)
-    blocks = engine_kv_tokens(url) // BLOCK_SIZE
-    model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-    return RealVllm(
-        url=url,
-        model=model,
-        model_dir=folder,
-        tokenizer_json=folder / "tokenizer.json",
-        num_blocks=blocks,
-        block_size=BLOCK_SIZE,
-        log_path=log_path,
-        pid=0,  # not ours: never signalled
-        log_requests=True,
-    )
 
 
 def overflow_check(

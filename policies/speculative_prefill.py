@@ -79,20 +79,41 @@ class SpeculativePrefill(Stage):
 
     def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
         heap = self._returns
+        # Due while still placed on its engine, in the same tool call: its KV is there and
+        # nothing needs warming yet, but it may be paused before it returns (an engine
+        # drained, pressure): kept for the next ticks, not dropped (a drain one tick after
+        # the due time once left such a program cold).
+        placed: list[tuple[float, float, str]] = []
+        try:
+            yield from self._prefetch_due(view, heap, placed, now)
+        finally:
+            for entry in placed:
+                heapq.heappush(heap, entry)
+
+    def _prefetch_due(
+        self,
+        view: StageView,
+        heap: list[tuple[float, float, str]],
+        placed: list[tuple[float, float, str]],
+        now: float,
+    ) -> Iterator[StageDecision]:
         while heap and heap[0][0] <= now:
             if view.queue_length() > 0:
                 # Programs with a request waiting come first; a prefetch would take their room.
                 return
-            _, since, program_id = heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            _, since, program_id = entry
             program = view.program(program_id)
             if (
                 program is None
-                or program.state is not ProgramState.PAUSED
                 or program.in_flight
                 or program.waiting
                 or program.acting_since != since
             ):
-                continue  # resumed, released, or back with a request since
+                continue  # released, or back with a request since
+            if program.state is not ProgramState.PAUSED:
+                placed.append(entry)
+                continue
             target = self._room_for(view, program, now)
             if target is not None:
                 yield Count("prefetch_resumes")

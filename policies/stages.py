@@ -25,6 +25,7 @@ from thunder_mw.policies.decisions import (
     StageDecision,
 )
 from thunder_mw.policies.failed_expiry import FailedExpiry
+from thunder_mw.policies.overflow_cost import move_pays
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
 from thunder_mw.policies.views import BackendView, ProgramView
@@ -243,6 +244,11 @@ class Migration(Stage):
             return (tier, band, -program.queued_at)
         return (tier, band, program.queued_at)
 
+    def bind(self, view: StageView) -> Decisions:
+        # tier_aware prices a move with what the admission stage learned per engine.
+        self._admission = next((s for s in view.stages if isinstance(s, Admission)), None)
+        return ()
+
     def place(self, view: StageView, program: ProgramView, now: float) -> str | None:
         if self.params.prefer_home_backend and program.backend is not None:
             home = view.backends.get(program.backend)
@@ -251,7 +257,10 @@ class Migration(Stage):
         fitting = [b for b in view.healthy_backends() if view.admits(program, b, now)]
         if not fitting:
             return ""
-        return max(fitting, key=view.room).label
+        target = max(fitting, key=view.room)
+        if self.params.tier_aware and not self._move_pays(view, program, target, None):
+            return ""  # it waits for its home, where its context is
+        return target.label
 
     def on_tick(self, view: StageView, now: float) -> Iterator[StageDecision]:
         timeout = self.params.resume_timeout_s
@@ -261,7 +270,62 @@ class Migration(Stage):
                 return
             home = view.backends.get(program.backend) if program.backend else None
             target = home if home is not None and home.healthy else max(healthy, key=view.room)
+            if self.params.tier_aware and target is home and program.queued_at is not None:
+                # Forced onto its home past that engine's room, or moved where it fits now:
+                # the rule of `place`, the wait for home being what it has waited.
+                fitting = [b for b in healthy if view.admits(program, b, now)]
+                waited = now - program.queued_at
+                if fitting:
+                    roomiest = max(fitting, key=view.room)
+                    if self._move_pays(view, program, roomiest, waited):
+                        target = roomiest
             yield Resume(program, target.label, forced=True)
+
+    def _move_pays(
+        self, view: StageView, program: ProgramView, target: BackendView, waited: float | None
+    ) -> bool:
+        """tier_aware: does resuming `program` on `target` pay, against waiting for its
+        previous backend? Only a home with a host KV tier keeps a paused program's context
+        (a tier belongs to one engine): elsewhere a move costs nothing that resuming at home
+        would not, and the answer is yes. With a tier, overflow_cost.move_pays decides: the
+        wait for home plus the reload at home's host link speed, against a full recompute
+        at the target's learned prefill price. The wait: for a program overdue, what it has
+        waited (`waited`); else the admission stage's learned hold on that engine, or until
+        one is seen a cycle of the program (room appears there when a tool call ends). No
+        price learned yet: nothing shows that a move pays, and the program waits."""
+        home = view.backends.get(program.backend) if program.backend else None
+        if home is None or target is home or not home.healthy or not host_tier_tokens(home):
+            return True
+        costs = self._admission.costs if self._admission is not None else {}
+        at_home, there = costs.get(home.label), costs.get(target.label)
+        price = there.prefill_s_per_token if there is not None else None
+        if price is None and at_home is not None:
+            price = at_home.prefill_s_per_token  # its home's, until the target's is seen
+        if price is None:
+            return False
+        if waited is not None:
+            wait = waited
+        elif at_home is not None and at_home.hold_s is not None:
+            wait = at_home.hold_s
+        else:
+            call = at_home.call_s if at_home is not None and at_home.call_s else 0.0
+            wait = view.expected_tool_time(program) + call
+        speed = home.host_load_tokens_per_s
+        return move_pays(
+            program.context_tokens,
+            wait,
+            price,
+            _batch(view, target),
+            1.0 / speed if speed else 0.0,
+            _batch(view, home),
+        )
+
+
+def _batch(view: StageView, backend: BackendView) -> int:
+    """Sequences `backend` runs (its engine's count, else the programs placed on it): the
+    sequences each prefill or reload step there stalls."""
+    running = backend.metrics.running
+    return running if running else view.programs_on(backend.label)
 
 
 # ---------------------------------------------------------------------------- GC hooks

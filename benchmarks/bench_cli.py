@@ -203,6 +203,11 @@ def run_bench(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown policies {unknown}; known: {sorted(POLICIES)}", file=sys.stderr)
         return 2
+    twice = sorted({p for p in policies if policies.count(p) > 1})
+    if twice:
+        # Each would run (and be written) once per mention: rows no reader can tell apart.
+        print(f"--policies names {twice} more than once", file=sys.stderr)
+        return 2
     if args.mode == "live":
         return _run_live(scenario, policies, args)
     return _run_des(scenario, policies, args)

@@ -104,6 +104,13 @@ def test_an_unknown_policy_is_refused(capsys: pytest.CaptureFixture[str]) -> Non
     assert bench("--scenario", "chat-control", "--policies", "nope", "--no-plots") == 2
 
 
+def test_a_policy_named_twice_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # It once ran twice and wrote each row twice (a variants file's policies plus the one
+    # being rerun, already among them).
+    assert bench("--scenario", "chat-control", "--policies", "sticky,sticky", "--no-plots") == 2
+    assert "more than once" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("policy", ["round_robin", "sticky", "thunderagent", "thunder-mw"])
 def test_every_program_completes_past_the_knee(policy: str) -> None:
     result = simulate(swe(), POLICIES[policy], SMALL, Arrivals("closed", 8), policy)

@@ -107,3 +107,39 @@ def test_move_pays_charges_a_full_recompute_against_the_wait_and_the_reload() ->
     assert not move_pays(1000, 3.0, 1e-3, 4, 0.0, 1)  # 3 s < 4 s
     assert move_pays(1000, 3.0, 1e-3, 4, 2e-4, 10)  # 3 + 2 s of reload stall > 4 s: move
     assert not move_pays(1000, 0.0, 1e-3, 0, 0.0, 0)  # empty batches count one sequence
+
+
+def test_a_program_waiting_for_home_holds_up_nobody_who_fits_elsewhere() -> None:
+    # The queue's head waits for b0; a new program behind it goes to b1 at once (the
+    # strict queue would have held it too), and the head does not take b1's room from it.
+    core = _core()
+    _learned(core, prefill_s_per_token=1e-3, hold_s=10.0)  # a move would pay...
+    _paused_behind_a_filler(core)
+    assert isinstance(core.on_request(ctx("a"), info(620), 3)[0], Forward)  # ...alone, it moves
+    core = _core()
+    _learned(core, prefill_s_per_token=1e-3, hold_s=10.0)
+    _paused_behind_a_filler(core)
+    assert core.on_request(ctx("hog"), info(500), 2)[0] == Forward("hog", "b1")
+    assert isinstance(core.on_request(ctx("a"), info(620), 3)[0], Hold)  # b1: 510 + 630 > 1000
+    # Behind a in the queue (programs under way first, where there is a tier): held at
+    # once, placed past a at the next pass that can (the next tick at the latest: a
+    # request adds no room, and the queue is not looked at again for it).
+    assert isinstance(core.on_request(ctx("new"), info(300), 4)[0], Hold)
+    resumed = of(core.on_tick(5), Resumed)
+    assert [(r.program_id, r.backend) for r in resumed] == [("new", "b1")]
+    assert _program(core, "a").backend == "b0" and _program(core, "a").migrations == 0
+
+
+def test_nobody_passes_a_program_waiting_for_home_on_that_home() -> None:
+    # b and a both wait for b0; b, behind a in the queue, fits there first (it is smaller)
+    # but waits: the engine a waits for is closed to those behind it.
+    core = _core()
+    assert run_step(core, "a", 600, 0) == "b0"
+    assert run_step(core, "hog", 600, 0) == "b1"
+    assert run_step(core, "b", 100, 0) == "b0"  # as much room on each: the first
+    core.apply([Pause(_program(core, "a")), Pause(_program(core, "b"))], 1)
+    assert core.on_request(ctx("filler"), info(700), 2)[0] == Forward("filler", "b0")
+    assert isinstance(core.on_request(ctx("a"), info(620), 3)[0], Hold)
+    assert isinstance(core.on_request(ctx("b"), info(120), 4)[0], Hold)  # 710 + 130 fits b0
+    _, actions = core.on_release("filler", "release", 5)
+    assert [(r.program_id, r.backend) for r in of(actions, Resumed)] == [("a", "b0"), ("b", "b0")]

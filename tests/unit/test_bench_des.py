@@ -248,8 +248,12 @@ def test_scrapes_carry_the_engine_cost_counters_when_asked_as_live_ones_do(
     sim.run()
     label, last = seen[-1]
     stats = sim.backends[label].engine.stats
-    fields = (last.prefill_seconds_total, last.prefill_tokens_total)
-    fields += (last.decode_seconds_total, last.decode_tokens_total)
+    fields = (
+        last.prefill_seconds_total,
+        last.prefill_tokens_total,
+        last.decode_seconds_total,
+        last.decode_tokens_total,
+    )
     if not counters:
         assert fields == (None, None, None, None)
         return

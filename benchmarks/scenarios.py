@@ -113,6 +113,11 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # Each of the two alone, on the tiered engines: which part does what.
     "thunder-mw/tier-placement": _thunder_mw(migration={"tier_aware": True}),
     "thunder-mw/tier-counters": _thunder_mw(),
+    # tier-aware with one queue order for paused and new programs: with programs waiting for
+    # their home and the rest going on elsewhere, does the started-first order still pay?
+    "thunder-mw/tier-aware+arrival-order": _thunder_mw(
+        migration={"tier_aware": True, "started_first": False}
+    ),
     "thunder-mw/resident": _thunder_mw(admission={"resident_floor": 0.5}),
     "thunder-mw/hw-1.0+acting-0.5": _thunder_mw(
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
@@ -142,6 +147,7 @@ POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "thunder-mw/tier-aware": {"host_tier": True, "engine_counters": True},
     "thunder-mw/tier-placement": {"host_tier": True},
     "thunder-mw/tier-counters": {"host_tier": True, "engine_counters": True},
+    "thunder-mw/tier-aware+arrival-order": {"host_tier": True, "engine_counters": True},
     "continuum": {"program_fcfs": True},
 }
 

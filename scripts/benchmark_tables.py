@@ -442,6 +442,7 @@ NOT_A_RULE = (
     "thunder-mw/tier-aware",
     "thunder-mw/tier-placement",
     "thunder-mw/tier-counters",
+    "thunder-mw/tier-aware+arrival-order",
 )
 
 

@@ -169,6 +169,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
     des.add_argument("--no-sweep", action="store_true", help="Skip the concurrency sweep.")
     des.add_argument(
+        "--engine-counters",
+        action="store_true",
+        help="Every policy's scrapes carry the engine's prefill and decode counters, as live "
+        "scrapes do (costs learned from them, not from call timings; recorded per policy).",
+    )
+    des.add_argument(
         "--rerun",
         help="Comma-separated policies to rerun; every other run is taken from the result "
         "file being replaced (--output), which must have been made with the same scenario "
@@ -203,6 +209,11 @@ def run_bench(args: argparse.Namespace) -> int:
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         print(f"unknown policies {unknown}; known: {sorted(POLICIES)}", file=sys.stderr)
+        return 2
+    twice = sorted({p for p in policies if policies.count(p) > 1})
+    if twice:
+        # Each would run (and be written) once per mention: rows no reader can tell apart.
+        print(f"--policies names {twice} more than once", file=sys.stderr)
         return 2
     if args.mode == "live":
         return _run_live(scenario, policies, args)
@@ -504,6 +515,8 @@ def _with_overrides(scenario: Scenario, args: argparse.Namespace) -> Scenario:
         value = getattr(args, option, None)
         if value is not None:
             changes[name] = value
+    if getattr(args, "engine_counters", False):
+        changes["engine_counters"] = True
     return replace(scenario, **changes) if changes else scenario
 
 
@@ -570,6 +583,13 @@ def engine_options(scenario: Scenario, policy: str) -> tuple[tuple[str, Any], ..
     return options
 
 
+def engine_counters(scenario: Scenario, policy: str) -> bool:
+    """Whether `policy`'s scrapes carry the engine's cost counters in `scenario` (its own
+    engine option, or the scenario's for every policy)."""
+    own = POLICY_ENGINE_OPTIONS.get(policy, {})
+    return scenario.engine_counters or bool(own.get("engine_counters", False))
+
+
 def cluster_for(scenario: Scenario, policy: str, engines: int, seed: int) -> ClusterConfig:
     profiles = scenario.engine_profiles
     if profiles and len(profiles) != engines:
@@ -583,6 +603,7 @@ def cluster_for(scenario: Scenario, policy: str, engines: int, seed: int) -> Clu
         engine_options=engine_options(scenario, policy),
         engine_profiles=profiles,
         engine_kv_tokens=engine_kv_tokens(scenario),
+        engine_counters=engine_counters(scenario, policy),
     )
 
 
@@ -678,11 +699,15 @@ def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[st
     `cost_benefit`, reuse.py); `queue_order`, the migration stage's order of held programs
     on this scenario's engines (`started_first` or `arrival`; `started_first: null` picks by
     whether the engines have a host KV tier, and a file that does not say ran `arrival`
-    unless its pipeline said otherwise)."""
+    unless its pipeline said otherwise); `resume_placement`, where the migration stage
+    resumes a paused program (`home_if_room`: its previous backend when that has room now,
+    else the most room; `tier_aware`: where its host tier holds its context unless a move
+    pays; a file that does not say ran `home_if_room`)."""
     rules: dict[str, dict[str, str]] = {
         "admission_overflow": {},
         "pause_victim": {},
         "queue_order": {},
+        "resume_placement": {},
     }
     for policy in policies:
         for stage in POLICIES[policy]:
@@ -692,10 +717,13 @@ def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[st
                 pause = PauseParams(**stage["state_aware_pause"])
                 rules["pause_victim"][policy] = pause.victim
             if "migration" in stage:
-                first = MigrationParams(**stage["migration"]).started_first
+                migration = MigrationParams(**stage["migration"])
+                first = migration.started_first
                 if first is None:
                     first = "host_kv_tokens" in dict(engine_options(scenario, policy))
                 rules["queue_order"][policy] = "started_first" if first else "arrival"
+                placement = "tier_aware" if migration.tier_aware else "home_if_room"
+                rules["resume_placement"][policy] = placement
     return rules
 
 
@@ -734,6 +762,9 @@ def scenario_config(
         "host_tier": {
             p: dict(engine_options(scenario, p)) for p in policies if engine_options(scenario, p)
         },
+        # The policies whose costs were learned from the engine's counters (a rerun must
+        # not mix those runs with runs that learned them from call timings).
+        "engine_counters": {p: True for p in policies if engine_counters(scenario, p)},
         "profile": scenario.profile,
         "max_model_len": scenario.max_model_len,
         "cluster_defaults": asdict(ClusterConfig()),

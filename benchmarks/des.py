@@ -38,7 +38,7 @@ from thunder_mw.policies.program_table import Usage
 from thunder_mw.policies.stats import percentile
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
-from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
+from thunder_mw.sim.engine import Engine, EngineConfig, EngineStats, SamplingParams, Sequence
 from thunder_mw.sim.tokenizer import RuleTokenizer
 
 # What the live gateway's RequestInfo.prompt_chars would be: the JSON body's length. Text
@@ -79,6 +79,13 @@ class ClusterConfig:
     # A mixed fleet: engine i's cost profile and KV tokens (empty: `profile`, `kv_tokens`).
     engine_profiles: tuple[str, ...] = ()
     engine_kv_tokens: tuple[int, ...] = ()
+    # Scrapes carry the engine's prefill and decode counters (seconds and tokens), from
+    # which admission learns what a recomputed token and a decode step cost. True is what
+    # live does (engines/pool.py reads them from vLLM's metrics); False, the default the
+    # committed results were made with, leaves them out, and the costs are learned from the
+    # gateway's call timings instead (time to first token, which includes the engine's
+    # queue: early in a run 7-25x the engine's own price).
+    engine_counters: bool = False
 
     def engine_config(self, i: int) -> EngineConfig:
         kv = self.engine_kv_tokens[i] if self.engine_kv_tokens else self.kv_tokens
@@ -92,6 +99,18 @@ class ClusterConfig:
             seed=self.seed + i,
             **dict(self.engine_options),
         )
+
+
+def _counters(stats: EngineStats) -> dict[str, float]:
+    """The engine's cost counters as live reads them from vLLM's metrics (engines/pool.py:
+    `request_prefill_time_seconds` and `request_prefill_kv_computed_tokens` sums,
+    `request_decode_time_seconds` sum, `generation_tokens`), in simulated seconds."""
+    return {
+        "prefill_seconds_total": stats.request_prefill_seconds,
+        "prefill_tokens_total": float(stats.request_prefill_kv_computed_tokens),
+        "decode_seconds_total": stats.request_decode_seconds,
+        "decode_tokens_total": float(stats.generation_tokens),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -618,6 +637,7 @@ class Simulation:
                 preemptions_total=float(stats.num_preemptions),
                 prefix_hits_total=float(stats.prefix_cache_hits),
                 prefix_queries_total=float(stats.prefix_cache_queries),
+                **(_counters(stats) if self.cluster.engine_counters else {}),
             )
             self._apply(self.core.on_backend(backend.label, metrics=metrics, now=self.now))
         self._at(self.now + self.cluster.scrape_s, _SCRAPE)

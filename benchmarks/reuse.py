@@ -24,7 +24,7 @@ ROW_KEYS: tuple[str, ...] = ("policy", "engines", "programs_per_engine", "concur
 ROW_KEYS += ("programs", "main", "seed", "wave", "cap")
 # Config keys that say what a policy ran on, not which policies ran.
 PER_POLICY: tuple[str, ...] = ("policies", "admission_overflow", "pause_victim", "host_tier")
-PER_POLICY += ("queue_order", "description")
+PER_POLICY += ("queue_order", "description", "engine_counters", "resume_placement")
 # The pause victim of `state_aware_pause: {}` until `auto` replaced it after 0.2.0; files of that
 # time do not record the rule a pipeline resolved to.
 LEGACY_PAUSE_VICTIM = "cost_benefit"
@@ -32,6 +32,12 @@ LEGACY_PAUSE_VICTIM = "cost_benefit"
 # default after 0.2.0: one order for paused and new programs. The baselines' presets name it
 # since; files of that time name neither.
 LEGACY_QUEUE_ORDER = "arrival"
+# Where the migration stage resumed a paused program before `tier_aware` existed: its
+# previous backend when that had room, else the most room.
+LEGACY_RESUME_PLACEMENT = "home_if_room"
+# Harness constants added since some files were written, at the value those files ran
+# with: the simulator's scrapes carried no engine cost counters.
+LEGACY_CLUSTER_DEFAULTS: dict[str, Any] = {"engine_counters": False}
 
 
 class ReuseError(ValueError):
@@ -42,6 +48,8 @@ def check_config(old: dict[str, Any], new: dict[str, Any], reused: Iterable[str]
     """The old file's scenario must be this one, and each reused policy must have run the
     pipeline and engines it has now."""
     new = json.loads(json.dumps(new))  # as a file holds it (tuples are lists there)
+    if isinstance(old.get("cluster_defaults"), dict):
+        old = {**old, "cluster_defaults": {**LEGACY_CLUSTER_DEFAULTS, **old["cluster_defaults"]}}
     differs = [k for k in new if k not in PER_POLICY and old.get(k) != new[k]]
     if differs:
         raise ReuseError(
@@ -67,6 +75,19 @@ def check_config(old: dict[str, Any], new: dict[str, Any], reused: Iterable[str]
             raise ReuseError(
                 f"{policy}'s queue order resolved to {then} when the file was written, "
                 f"to {now} now (a default changed): rerun it"
+            )
+        then, now = recorded_placement(old, policy), new.get("resume_placement", {}).get(policy)
+        if then != now:
+            raise ReuseError(
+                f"{policy}'s resume placement resolved to {then} when the file was written, "
+                f"to {now} now (a default changed): rerun it"
+            )
+        then_counted = bool(old.get("engine_counters", {}).get(policy, False))
+        if then_counted != bool(new.get("engine_counters", {}).get(policy, False)):
+            learned = "the engine's counters" if then_counted else "call timings"
+            raise ReuseError(
+                f"{policy} learned its costs from {learned} when the file was written, "
+                "not now: rerun it"
             )
 
 
@@ -96,6 +117,18 @@ def recorded_order(config: dict[str, Any], policy: str) -> str | None:
         "queue_order",
         "migration",
         lambda params: "started_first" if params.get("started_first") else LEGACY_QUEUE_ORDER,
+    )
+
+
+def recorded_placement(config: dict[str, Any], policy: str) -> str | None:
+    """The resume placement `policy` ran with, as the file records it or, for a file written
+    before it did, as its pipeline said (else the placement of that time)."""
+    return _recorded(
+        config,
+        policy,
+        "resume_placement",
+        "migration",
+        lambda params: "tier_aware" if params.get("tier_aware") else LEGACY_RESUME_PLACEMENT,
     )
 
 

@@ -105,6 +105,19 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # POLICY_ENGINE_OPTIONS): what a user with that tier would deploy, the same hardware
     # as the `offload` baseline.
     "thunder-mw/host-tier": _thunder_mw(),
+    # The same, with placement that keeps a paused program on the engine whose tier holds
+    # its context unless a move pays after a full recompute (migration `tier_aware`), and
+    # costs learned from the engine's own counters, as live learns them
+    # (POLICY_ENGINE_OPTIONS' `engine_counters`): issue 42's opt-ins together.
+    "thunder-mw/tier-aware": _thunder_mw(migration={"tier_aware": True}),
+    # Each of the two alone, on the tiered engines: which part does what.
+    "thunder-mw/tier-placement": _thunder_mw(migration={"tier_aware": True}),
+    "thunder-mw/tier-counters": _thunder_mw(),
+    # tier-aware with one queue order for paused and new programs: with programs waiting for
+    # their home and the rest going on elsewhere, does the started-first order still pay?
+    "thunder-mw/tier-aware+arrival-order": _thunder_mw(
+        migration={"tier_aware": True, "started_first": False}
+    ),
     "thunder-mw/resident": _thunder_mw(admission={"resident_floor": 0.5}),
     "thunder-mw/hw-1.0+acting-0.5": _thunder_mw(
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
@@ -124,10 +137,17 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
 
 
 # Engine options a policy brings with it (merged over the scenario's): `host_tier` gives
-# every engine the host KV tier the scenario sizes (`host_kv_tokens`).
+# every engine the host KV tier the scenario sizes (`host_kv_tokens`); `engine_counters`
+# has the simulator's scrapes carry the engine's prefill and decode counters, as live
+# scrapes do (ClusterConfig.engine_counters; the scenario's `engine_counters` turns it on
+# for every policy).
 POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "offload": {"host_tier": True},
     "thunder-mw/host-tier": {"host_tier": True},
+    "thunder-mw/tier-aware": {"host_tier": True, "engine_counters": True},
+    "thunder-mw/tier-placement": {"host_tier": True},
+    "thunder-mw/tier-counters": {"host_tier": True, "engine_counters": True},
+    "thunder-mw/tier-aware+arrival-order": {"host_tier": True, "engine_counters": True},
     "continuum": {"program_fcfs": True},
 }
 
@@ -189,6 +209,9 @@ class Scenario:
     wave: bool = False
     host_kv_tokens: int | None = None  # host KV tier per engine (every policy; None: none)
     host_tier: bool = False  # every policy's engines have the host tier
+    # Every policy's scrapes carry the engine's cost counters (ClusterConfig.engine_counters;
+    # `thunder-mw bench --engine-counters`).
+    engine_counters: bool = False
     # Scale-down for wall time: KV tokens per engine = the profile's capacity x this, with
     # the programs per engine scaled alike (resident contexts / capacity unchanged).
     kv_scale: float = 1.0

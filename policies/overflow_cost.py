@@ -198,3 +198,22 @@ def budget(costs: EngineCosts, expected_tool_s: float) -> float:
     """min(H, T): the hold a program would wait, bounded by its cycle (tool + call)."""
     cycle = expected_tool_s + (costs.call_s or 0.0)
     return cycle if costs.hold_s is None else min(costs.hold_s, cycle)
+
+
+def move_pays(
+    context_tokens: int,
+    wait_s: float,
+    target_s_per_token: float,
+    target_batch: int,
+    reload_s_per_token: float,
+    home_batch: int,
+) -> bool:
+    """Resume a paused program on another engine rather than wait for the one whose host
+    tier holds its context? The same arithmetic as the rule above, in sequence-seconds:
+    waiting costs the program `wait_s` (one sequence idle), then a reload of its context
+    at home that stalls each step of home's batch (C x r x B_home); moving costs a full
+    recompute of the context on the target, stalling each step of its batch (C x p x B).
+    Move only if the wait and the reload exceed the recompute."""
+    stay = wait_s + context_tokens * reload_s_per_token * max(1, home_batch)
+    move = context_tokens * target_s_per_token * max(1, target_batch)
+    return stay > move

@@ -160,6 +160,15 @@ class MigrationParams(StageParams):
         "a host KV tier, where a paused program's resume is a reload, not a recompute; "
         "docs/scheduling.md).",
     )
+    tier_aware: bool = Field(
+        False,
+        description="Where a paused program's previous backend has a host KV tier (its "
+        "context waits there, a reload away), resume it there, waiting for room, unless "
+        "moving pays after a full recompute: the expected wait for that backend plus the "
+        "reload exceed the recompute of the context on the backend with the most room, "
+        "priced from the admission stage's learned costs (false: the previous backend only "
+        "when it has room now, else the most room; docs/scheduling.md).",
+    )
 
 
 class GcParams(StageParams):

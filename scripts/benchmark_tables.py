@@ -435,8 +435,15 @@ def _fixed_ratio(variants: Record | None) -> str:
 
 
 # Rows of a `*-variants.json` that change what runs, not a rule: `host-tier` is thunder-mw on
-# offload's engines (docs/benchmarks.md's host-tier table compares it there).
-NOT_A_RULE = ("thunder-mw/host-tier",)
+# offload's engines (docs/benchmarks.md's host-tier table compares it there), and the
+# `tier-*` rows run on those engines too (issue 42's opt-ins, compared with it and offload).
+NOT_A_RULE = (
+    "thunder-mw/host-tier",
+    "thunder-mw/tier-aware",
+    "thunder-mw/tier-placement",
+    "thunder-mw/tier-counters",
+    "thunder-mw/tier-aware+arrival-order",
+)
 
 
 def _trails_cell(variants: Record | None) -> str:
@@ -472,12 +479,20 @@ def _starvation_cell(point: Record) -> str:
 # `config.pause_victim`; schemas/stage_params.py's defaults, pinned by tests/unit/test_docs.py).
 # A file that names another rule, or none (written before it named it), ran an earlier default.
 DEFAULT_RULES = {"admission_overflow": "adaptive", "pause_victim": "auto"}
+# The default's resume placement (migration `tier_aware` off) and cost source (the DES's
+# scrapes without the engine's counters); files written before either was recorded ran these.
+DEFAULT_RESUME_PLACEMENT = "home_if_room"
+DEFAULT_ENGINE_COUNTERS = False
 
 
 def runs_default(report: Record) -> bool:
     """Whether the file's `thunder-mw` ran today's default rules."""
     config = report["config"]
     rules = all(config.get(key, {}).get("thunder-mw") == v for key, v in DEFAULT_RULES.items())
+    placement = config.get("resume_placement", {}).get("thunder-mw", "home_if_room")
+    counters = bool(config.get("engine_counters", {}).get("thunder-mw", False))
+    rules = rules and placement == DEFAULT_RESUME_PLACEMENT
+    rules = rules and counters == DEFAULT_ENGINE_COUNTERS
     return rules and _queue_order(config) == default_queue_order(config)
 
 

@@ -18,6 +18,7 @@ from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS
 from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, ProgramSpec, generate
 from thunder_mw.policies.core import Resumed
 from thunder_mw.policies.pipeline import build_pipeline
+from thunder_mw.policies.stages import Admission
 
 # swe-agent's shape with short answers, so a run past the knee takes a fraction of a second.
 TINY_SWE = dataclasses.replace(
@@ -101,6 +102,13 @@ def test_live_mode_refuses_a_multi_wave_scenario_without_a_program_count(
 
 def test_an_unknown_policy_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench("--scenario", "chat-control", "--policies", "nope", "--no-plots") == 2
+
+
+def test_a_policy_named_twice_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # It once ran twice and wrote each row twice (a variants file's policies plus the one
+    # being rerun, already among them).
+    assert bench("--scenario", "chat-control", "--policies", "sticky,sticky", "--no-plots") == 2
+    assert "more than once" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "sticky", "thunderagent", "thunder-mw"])
@@ -218,3 +226,40 @@ def test_the_fixed_rules_ablation_runs_no_controller() -> None:
 def test_every_benchmark_policy_is_a_pipeline_that_builds(policy: str) -> None:
     # A variant naming a param the stages no longer have fails here, not hours into a run.
     assert build_pipeline(POLICIES[policy])
+
+
+@pytest.mark.parametrize("counters", [False, True])
+def test_scrapes_carry_the_engine_cost_counters_when_asked_as_live_ones_do(
+    counters: bool,
+) -> None:
+    # engines/pool.py reads vLLM's prefill and decode sums; ClusterConfig.engine_counters
+    # has the simulator's scrapes carry the same four (off by default: the committed runs).
+    cluster = dataclasses.replace(SMALL, engine_counters=counters)
+    sim = Simulation(swe(6), POLICIES["thunder-mw"], cluster, Arrivals("batch"), "thunder-mw")
+    seen: list[tuple[str, Any]] = []
+    on_backend = sim.core.on_backend
+
+    def scraped(label: str, **kw: Any) -> Any:
+        if kw.get("metrics") is not None:
+            seen.append((label, kw["metrics"]))
+        return on_backend(label, **kw)
+
+    sim.core.on_backend = scraped  # type: ignore[method-assign]
+    sim.run()
+    label, last = seen[-1]
+    stats = sim.backends[label].engine.stats
+    fields = (
+        last.prefill_seconds_total,
+        last.prefill_tokens_total,
+        last.decode_seconds_total,
+        last.decode_tokens_total,
+    )
+    if not counters:
+        assert fields == (None, None, None, None)
+        return
+    assert stats.request_prefill_kv_computed_tokens > 0  # something was timed
+    assert last.prefill_tokens_total is not None and last.decode_tokens_total is not None
+    assert 0 < last.prefill_tokens_total <= stats.request_prefill_kv_computed_tokens
+    assert 0 < last.decode_tokens_total <= stats.generation_tokens
+    admission = next(s for s in sim.core.stages if isinstance(s, Admission))
+    assert admission.costs[label].from_engine  # the price came from them

@@ -122,9 +122,34 @@ def test_a_preset_that_now_names_the_old_queue_order_still_matches_its_old_runs(
     then = [{"migration": {"placement": "mru"}}]
     now = [{"migration": {"placement": "mru", "started_first": False}}]
     config = {"policies": {"p": then}, "host_tier": {}}
-    order = {"queue_order": {"p": "arrival"}}
+    order = {"queue_order": {"p": "arrival"}, "resume_placement": {"p": "home_if_room"}}
     check_config(config, {**config, **order, "policies": {"p": now}}, ["p"])
     assert recorded_order(config, "p") == "arrival"
     with pytest.raises(ReuseError, match="pipeline changed"):
         later = [{"migration": {"placement": "mru", "started_first": True}}]
         check_config(config, {**config, **order, "policies": {"p": later}}, ["p"])
+
+
+def test_runs_of_another_resume_placement_or_cost_source_are_refused(
+    full: dict[str, Any],
+) -> None:
+    # A file from before either was recorded ran `home_if_room` placement with no engine
+    # counters, and is reused (its cluster constants lack `engine_counters`: False then).
+    assert full["config"]["resume_placement"]["thunder-mw"] == "home_if_room"
+    assert full["config"]["engine_counters"] == {}
+    legacy = copy.deepcopy(full)
+    del legacy["config"]["resume_placement"], legacy["config"]["engine_counters"]
+    del legacy["config"]["cluster_defaults"]["engine_counters"]
+    run_scenario(TINY, POLICIES, sweep=False, reuse=legacy, rerun={"session_affinity"})
+    placed = copy.deepcopy(full)
+    placed["config"]["resume_placement"]["thunder-mw"] = "tier_aware"
+    with pytest.raises(ReuseError, match="thunder-mw's resume placement resolved to tier_aware"):
+        run_scenario(TINY, POLICIES, sweep=False, reuse=placed, rerun={"session_affinity"})
+    counted = copy.deepcopy(full)
+    counted["config"]["engine_counters"] = {"thunder-mw": True}
+    with pytest.raises(ReuseError, match="thunder-mw learned its costs from the engine's"):
+        run_scenario(TINY, POLICIES, sweep=False, reuse=counted, rerun={"session_affinity"})
+    # --engine-counters turns them on for every policy: no run of the file is reused.
+    every = dataclasses.replace(TINY, engine_counters=True)
+    with pytest.raises(ReuseError, match="session_affinity learned its costs from call timings"):
+        run_scenario(every, POLICIES, sweep=False, reuse=full, rerun={"thunder-mw"})

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from thunder_mw.benchmarks.des import ClusterConfig
 from thunder_mw.schemas.config_reference import config_reference
-from thunder_mw.schemas.stage_params import AdmissionParams, PauseParams
+from thunder_mw.schemas.stage_params import AdmissionParams, MigrationParams, PauseParams
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "configuration.md"
@@ -101,3 +102,6 @@ def test_the_tables_know_the_default_rules_the_result_files_record() -> None:
     resolved: dict[str, str] = {"admission_overflow": AdmissionParams().overflow}
     resolved["pause_victim"] = PauseParams().victim
     assert tables.DEFAULT_RULES == resolved
+    placement = "tier_aware" if MigrationParams().tier_aware else "home_if_room"
+    assert tables.DEFAULT_RESUME_PLACEMENT == placement
+    assert tables.DEFAULT_ENGINE_COUNTERS == ClusterConfig().engine_counters

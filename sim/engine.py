@@ -569,8 +569,11 @@ class Engine:
         admitted = 0
         max_seqs = self.config.max_num_seqs
         waiting = self._waiting
+        pool = self.pool
         while budget > 0 and waiting and len(self._running) < max_seqs:
             seq = waiting[0]
+            if seq._refused_epoch == pool.free_epoch and seq._refused_at == len(pool.new_hashes):
+                break  # refused, and nothing came back or got cached since (see `_admit`)
             num_new = self._admit(seq, budget)
             if num_new == 0:
                 break

@@ -483,8 +483,14 @@ class BlockPool:
         ref = self._ref
         out: list[int]
         refs = list(map(ref.__getitem__, blocks))
-        if refs.count(1) == len(refs):
+        ones = refs.count(1)
+        if ones == len(refs):
             out = blocks  # the usual case: no other request holds any of them
+        elif refs[:ones].count(1) == ones:
+            # Others hold only the last ones: a shared prefix (a system prompt), freed last.
+            out = blocks[:ones]
+            for b, r in zip(blocks[ones:], refs[ones:], strict=True):
+                ref[b] = r - 1
         else:
             # Some others hold too (a shared system prompt): split them off in C.
             shared = list(map(_NOT_ONE, refs))

@@ -38,7 +38,15 @@ from thunder_mw.policies.program_table import Usage
 from thunder_mw.policies.stats import percentile
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
-from thunder_mw.sim.engine import Engine, EngineConfig, EngineStats, SamplingParams, Sequence
+from thunder_mw.sim.engine import (
+    PROGRAMS_REMEMBERED,
+    Engine,
+    EngineConfig,
+    EngineStats,
+    SamplingParams,
+    Sequence,
+)
+from thunder_mw.sim.program_chains import ProgramChains
 from thunder_mw.sim.tokenizer import RuleTokenizer
 
 # What the live gateway's RequestInfo.prompt_chars would be: the JSON body's length. Text
@@ -244,8 +252,10 @@ class Simulation:
         self.policy = policy
         self.on_action = on_action
         filler = RuleTokenizer().filler_ids
+        # One registry of hash chains: a program moved to another engine is not hashed again.
+        chains = ProgramChains(cluster.block_size, filler, PROGRAMS_REMEMBERED * cluster.engines)
         self.backends = {
-            f"e{i}": _Backend(f"e{i}", Engine(cluster.engine_config(i), filler))
+            f"e{i}": _Backend(f"e{i}", Engine(cluster.engine_config(i), filler, chains=chains))
             for i in range(cluster.engines)
         }
         self.core = SchedulerCore(

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 from thunder_mw.sim.cost_model import StepCost, get_profile, prefill_positions
 from thunder_mw.sim.kv_cache import ROOT_HASH, BlockHash, BlockPool, KvTier
+from thunder_mw.sim.program_chains import ProgramChains
 
 # Programs whose latest request an engine remembers (Engine._reuse_hashes), oldest dropped.
 PROGRAMS_REMEMBERED = 4096
@@ -259,7 +260,10 @@ class Engine:
         config: EngineConfig,
         filler_ids: list[int],
         cost: StepCost | None = None,
+        chains: ProgramChains | None = None,
     ) -> None:
+        """`chains`: shared with the other engines of a fleet, where a program's next request
+        finds its previous one's hash chain wherever that ran (None: this engine's only)."""
         self.config = config
         self.cost = cost or get_profile(config.profile)
         self.host_tier = self._build_tiers(config, self.cost)
@@ -290,8 +294,16 @@ class Engine:
         self._n_decoding = 0
         self._sum_k0 = 0  # Σ _k0 over decoding sequences
         self._by_id: dict[str, Sequence] = {}
-        # Each program's latest request, whose block hashes its next one can start from.
+        # Each program's latest request here: the blocks it held are its next one's
+        # likeliest hit.
         self._last_of_program: dict[str, Sequence] = {}
+        if chains is not None and (
+            chains.block_size != bs or chains.filler_ids != list(self._filler)
+        ):
+            raise ValueError("engines sharing hash chains must share block size and filler")
+        # Each program's latest request (on any engine sharing `chains`), whose block hashes
+        # its next one can start from.
+        self._chains = chains
 
     # -- public API ------------------------------------------------------------------------
     @property
@@ -557,8 +569,11 @@ class Engine:
         admitted = 0
         max_seqs = self.config.max_num_seqs
         waiting = self._waiting
+        pool = self.pool
         while budget > 0 and waiting and len(self._running) < max_seqs:
             seq = waiting[0]
+            if seq._refused_epoch == pool.free_epoch and seq._refused_at == len(pool.new_hashes):
+                break  # refused, and nothing came back or got cached since (see `_admit`)
             num_new = self._admit(seq, budget)
             if num_new == 0:
                 break
@@ -810,10 +825,11 @@ class Engine:
         Prompts are read lazily, so a caller must not change one in place while the engine
         holds it (appending is fine: only positions below `prompt_len` are read)."""
         last = self._last_of_program
-        prev = last.pop(program_id, None)
+        here = last.pop(program_id, None)
         last[program_id] = seq
         if len(last) > PROGRAMS_REMEMBERED:
             del last[next(iter(last))]
+        prev = here if self._chains is None else self._chains.swap(program_id, seq)
         if prev is None or not prev.block_hashes:
             return
         n = prev.prompt_len
@@ -832,7 +848,9 @@ class Engine:
             del seq.block_hashes[keep:]
         else:
             seq.block_hashes = prev.block_hashes[:keep]
-        seq._likely = prev._likely
+        # Only a hint (BlockPool.longest_hit checks each block): the blocks of this engine.
+        if here is not None:
+            seq._likely = here._likely
 
     def output_ids(self, seq: Sequence, start: int = 0) -> list[int]:
         """Token ids the request has generated, from output position `start`."""

@@ -403,10 +403,7 @@ class BlockPool:
             i = run.pos
             if run.live == len(blocks) - i:
                 # No stale entry left in this run: the next `take` are all live.
-                got = blocks[i : i + take]
-                for b in got:
-                    ref[b] = 1
-                out += got
+                out += blocks[i : i + take]
                 i += take
             else:
                 tag = -run.stamp
@@ -415,7 +412,6 @@ class BlockPool:
                     b = blocks[i]
                     i += 1
                     if ref[b] == tag:
-                        ref[b] = 1
                         out.append(b)
                         left -= 1
             run.pos = i
@@ -423,9 +419,25 @@ class BlockPool:
             need -= take
         self._num_free -= n
         hashes = self._hash
-        evicted = [b for b in out if hashes[b] is not None]
-        if evicted:
-            self._evict(evicted)
+        if self._dups:
+            for b in out:
+                ref[b] = 1
+            evicted = [b for b in out if hashes[b] is not None]
+            if evicted:
+                self._evict(evicted)
+            return out
+        # `_evict` in the same pass (no hash has two blocks: each is its hash's entry).
+        by_hash = self._by_hash
+        gone: list[BlockHash] = []
+        for b in out:
+            ref[b] = 1
+            h = hashes[b]
+            if h is not None:
+                del by_hash[h]
+                hashes[b] = None
+                gone.append(h)
+        if gone and self.tier is not None:
+            self.tier.store_many(gone)
         return out
 
     def allocate_one(self) -> int:
@@ -433,8 +445,16 @@ class BlockPool:
             raise ValueError("cannot allocate 1 block, 0 free")
         b = self._pop_free()
         self._num_free -= 1
-        if self._hash[b] is not None:
-            self._evict((b,))
+        h = self._hash[b]
+        if h is not None:
+            if self._dups:
+                self._evict((b,))
+            else:
+                # `_evict` of one block, without its lists.
+                del self._by_hash[h]
+                self._hash[b] = None
+                if self.tier is not None:
+                    self.tier.store(h)
         return b
 
     def free(self, ordered: Iterable[int]) -> None:
@@ -483,8 +503,14 @@ class BlockPool:
         ref = self._ref
         out: list[int]
         refs = list(map(ref.__getitem__, blocks))
-        if refs.count(1) == len(refs):
+        ones = refs.count(1)
+        if ones == len(refs):
             out = blocks  # the usual case: no other request holds any of them
+        elif refs[:ones].count(1) == ones:
+            # Others hold only the last ones: a shared prefix (a system prompt), freed last.
+            out = blocks[:ones]
+            for b, r in zip(blocks[ones:], refs[ones:], strict=True):
+                ref[b] = r - 1
         else:
             # Some others hold too (a shared system prompt): split them off in C.
             shared = list(map(_NOT_ONE, refs))

@@ -35,11 +35,6 @@ _IS_FREE = (1).__gt__
 _NOT_ONE = (1).__ne__
 
 
-def chain_hash(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
-    """The hash of one full block given its parent's hash (None for the first block)."""
-    return hash((ROOT_HASH if parent is None else parent, tuple(token_ids)))
-
-
 def block_hashes(
     token_ids: Sequence[int],
     block_size: int,
@@ -311,9 +306,6 @@ class BlockPool:
     def num_evictable(self, blocks: Iterable[int]) -> int:
         """How many of `blocks` sit in the free queue (touching them uses free capacity)."""
         return sum(map(_IS_FREE, map(self._ref.__getitem__, blocks)))
-
-    def ref_count(self, block: int) -> int:
-        return max(self._ref[block], 0) if block else 0
 
     def hash_of(self, block: int) -> BlockHash | None:
         return self._hash[block]

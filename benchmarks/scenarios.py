@@ -118,6 +118,11 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "thunder-mw/tier-aware+arrival-order": _thunder_mw(
         migration={"tier_aware": True, "started_first": False}
     ),
+    # tier-aware with admission that prices an overflow the host tier holds at its reload
+    # alone (admission `tier_reload`): no GPU cap on what is admitted while the tier has room.
+    "thunder-mw/tier-admit": _thunder_mw(
+        admission={"tier_reload": True}, migration={"tier_aware": True}
+    ),
     "thunder-mw/resident": _thunder_mw(admission={"resident_floor": 0.5}),
     "thunder-mw/hw-1.0+acting-0.5": _thunder_mw(
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
@@ -148,6 +153,7 @@ POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "thunder-mw/tier-placement": {"host_tier": True},
     "thunder-mw/tier-counters": {"host_tier": True, "engine_counters": True},
     "thunder-mw/tier-aware+arrival-order": {"host_tier": True, "engine_counters": True},
+    "thunder-mw/tier-admit": {"host_tier": True, "engine_counters": True},
     "continuum": {"program_fcfs": True},
 }
 

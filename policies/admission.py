@@ -116,6 +116,7 @@ class Admission(Stage):
             host_tokens=int(tier * view.acting_weight) if self.params.host_tier else 0,
             max_overflow=self.params.max_overflow,
             duty=duty(self._costs(view, backend), view.tool_time.expected(None, None)),
+            tier_reload=self.params.tier_reload and self.params.host_tier,
         )
 
     def _typical(self, view: StageView, backend: BackendView) -> int:

@@ -24,7 +24,9 @@ where p_eff = p_host while the overflow fits the host tier and p otherwise, and 
 overflow stays within the host tier plus `max_overflow` x capacity (beyond the idle programs'
 evictable KV the engine would preempt running sequences, which recompute whole contexts),
 and the programs with a call in the engine still fit its GPU cache by themselves, now and on
-average (reserved x duty <= capacity, duty = mean call time / (call + tool time)).
+average (reserved x duty <= capacity, duty = mean call time / (call + tool time)). With
+AdmissionParams `tier_reload` (off by default), an overflow the host tier holds drops those
+two caps and pays its reload alone (`tier_pays`).
 Why: holding costs the batch one sequence for H seconds. Admitting costs, per cycle while the
 overflow lasts (about H), the recompute of about F tokens (an LRU cache smaller than a cyclic
 working set misses whole contexts, not just the excess), each stalling all B sequences:
@@ -138,6 +140,8 @@ class OverflowView:
     # Share of its cycle a program spends in a call (mean call time / (call + tool time)):
     # that share of what is admitted runs at once on average, and must fit the GPU.
     duty: float = 1.0
+    # AdmissionParams.tier_reload: an overflow the host tier covers costs its reload only.
+    tier_reload: bool = False
 
 
 def allowance(costs: EngineCosts, view: OverflowView, footprint: int, budget_s: float) -> int:
@@ -146,6 +150,10 @@ def allowance(costs: EngineCosts, view: OverflowView, footprint: int, budget_s: 
     x capacity while recomputing does (0 until a per-token cost is known: hold, as before).
     The pause stage relieves a backend only above its limit plus this."""
     weight = max(1, footprint) * max(1, view.batch)
+    if _tier_covers(costs, view, view.host_tokens):
+        assert costs.host_s_per_token is not None
+        if weight * costs.host_s_per_token < budget_s:
+            return view.host_tokens  # reloads, not recompute: no duty cap (tier_pays)
     tokens = 0.0
     if view.host_tokens > 0 and costs.host_s_per_token is not None:
         if weight * costs.host_s_per_token < budget_s:
@@ -167,6 +175,8 @@ def admit_past_capacity(
     overflow = view.reserved + footprint - view.capacity
     if overflow <= 0:
         return True
+    if _tier_covers(costs, view, overflow):
+        return tier_pays(costs, view, footprint, budget_s)
     if view.running + footprint > view.capacity:
         # Running sequences' KV cannot spill: past this the engine preempts them, and a
         # preempted sequence recomputes its whole context (only idle programs' KV may go).
@@ -184,6 +194,34 @@ def admit_past_capacity(
             return False
         per_token = costs.prefill_s_per_token
     return footprint * per_token * max(1, view.batch) < budget_s
+
+
+def _tier_covers(costs: EngineCosts, view: OverflowView, overflow: float) -> bool:
+    """tier_reload: the host tier is priced and holds `overflow` tokens past the limit."""
+    return (
+        view.tier_reload
+        and costs.host_s_per_token is not None
+        and 0 < view.host_tokens
+        and overflow <= view.host_tokens
+    )
+
+
+def tier_pays(costs: EngineCosts, view: OverflowView, footprint: int, budget_s: float) -> bool:
+    """Admit past the GPU onto a host tier that covers the overflow (AdmissionParams
+    `tier_reload`)? InferCept's min-waste rule for a program of context C on an engine running
+    B sequences, with its KV's three fates: keep it on the GPU (C x expected tool time, cache
+    token-seconds), swap it to the tier (C x r of reload, r = 1 / host load speed, stalling
+    each of the B sequences' steps) or drop it (C x p, recompute). Where the tier has room,
+    swapping is never worse than dropping (r < p) and costs no capacity, so the GPU need not
+    hold what idle programs reserve, nor even every call in flight: a call the GPU has no
+    room for waits in the engine's own queue with its KV on the tier, where it would wait in
+    the gateway's queue had it been held, and the engine packs its batch by the blocks
+    sequences really hold rather than by reservations. What admitting adds is one reload per
+    cycle, F x r x B sequence-seconds, against the hold it spares the program, min(H, T) of
+    one sequence: admit iff F x r x B < min(H, T) (the module's rule with p_eff = r, and no
+    cap on what runs: the engine preempts to the tier, a reload, not a recompute)."""
+    assert costs.host_s_per_token is not None
+    return footprint * costs.host_s_per_token * max(1, view.batch) < budget_s
 
 
 def duty(costs: EngineCosts, expected_tool_s: float) -> float:

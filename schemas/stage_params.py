@@ -60,6 +60,13 @@ class AdmissionParams(StageParams):
         description="cost_aware: count a backend's host (and disk) KV tier in its pool, at "
         "its reload cost (false: plan with the GPU cache alone).",
     )
+    tier_reload: bool = Field(
+        False,
+        description="cost_aware: where the host KV tier holds the overflow, price it at its "
+        "reload alone: admit past the GPU while a reload of the program's context, stalling "
+        "the batch, costs less than the hold it spares, with no cap on the calls in flight "
+        "(the engine queues and preempts to the tier; docs/scheduling.md).",
+    )
     shared_prefix: bool = Field(
         False,
         description="Count a prefix (system prompt) that programs on one backend share once, "

@@ -443,6 +443,7 @@ NOT_A_RULE = (
     "thunder-mw/tier-placement",
     "thunder-mw/tier-counters",
     "thunder-mw/tier-aware+arrival-order",
+    "thunder-mw/tier-admit",
 )
 
 

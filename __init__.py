@@ -8,13 +8,10 @@ call's tokens back. They are imported on first use, so `import thunder_mw` stays
 
 from __future__ import annotations
 
-from importlib import import_module, metadata
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = metadata.version("thunder-mw")
-except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
+from thunder_mw._version import __version__
 
 _EXPORTS = {
     "ThunderMiddleware": "thunder_mw.middleware.app",

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from thunder_mw import __version__
+from thunder_mw._version import __version__
 from thunder_mw.cli.config_loader import ConfigError, load_config
 
 log = logging.getLogger("thunder_mw")

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from thunder_mw import __version__
+from thunder_mw._version import __version__
 from thunder_mw.middleware.admin import is_admin_path
 from thunder_mw.middleware.call_state import STATE_KEY, CallState
 from thunder_mw.middleware.compose import Components, compose

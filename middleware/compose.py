@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from thunder_mw import __version__
+from thunder_mw._version import __version__
 from thunder_mw.engines.pool import Backend, BackendPool
 from thunder_mw.middleware.admin import (
     AdminAccess,

@@ -58,6 +58,19 @@ def test_a_folder_imports_only_the_layers_below_it(folder: str) -> None:
     assert not wrong, sorted(wrong)
 
 
+def test_no_layer_imports_the_package_root() -> None:
+    # The root's `__init__` re-exports gateway mode's names from the layers; a layer that
+    # imported the root would import upward (the version lives in `_version.py`).
+    wrong = sorted(
+        str(path.relative_to(ROOT))
+        for folder in (*ALLOWED, "benchmarks")
+        for path in (ROOT / folder).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module == "thunder_mw" and node.level == 0
+    )
+    assert not wrong
+
+
 def test_the_shipped_harness_never_imports_the_lab() -> None:
     # benchmarks/ ships in the wheel (`thunder-mw bench`, `replay`); lab/ does not.
     wrong = sorted(

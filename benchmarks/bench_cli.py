@@ -310,7 +310,7 @@ def _run_des(scenario: Scenario, policies: list[str], args: argparse.Namespace) 
     except ReuseError as e:
         print(f"--rerun: {e} ({output})", file=sys.stderr)
         return 2
-    _write_report(report, output)
+    write_result(output, report, indent=1)
     print(format_table(report))
     reproduction = format_reproduction(report)
     if reproduction:
@@ -324,10 +324,6 @@ def _run_des(scenario: Scenario, policies: list[str], args: argparse.Namespace) 
         for path in written:
             print(f"plot: {path}")
     return 0
-
-
-def _write_report(report: dict[str, Any], output: Path) -> None:
-    write_result(output, report, indent=1)
 
 
 def _run_live(scenario: Scenario, policies: list[str], args: argparse.Namespace) -> int:
@@ -344,7 +340,7 @@ def _run_live(scenario: Scenario, policies: list[str], args: argparse.Namespace)
         repeats=args.repeats,
         stream=args.live_stream,
     )
-    _write_report(report, output)
+    write_result(output, report, indent=1)
     print(format_table(report))
     for row in report["live_vs_des"]:
         print(
@@ -391,7 +387,7 @@ def _run_real(scenario: Scenario, systems: list[str], args: argparse.Namespace) 
         programs=args.programs,
         engine_url=args.engine_url,
         engine_log=args.engine_log,
-        checkpoint=lambda partial: _write_report(partial, output),
+        checkpoint=lambda partial: write_result(output, partial, indent=1),
     )
     print(vllm_real.format_report(report))
     print(f"\nwall {report['wall_s']} s; written to {output}")
@@ -408,7 +404,7 @@ def _resimulate_real(path: Path, args: argparse.Namespace) -> int:
         print(f"--resimulate reads a result file: {path} does not exist", file=sys.stderr)
         return 2
     report = vllm_real.resimulate(json.loads(path.read_text()))
-    _write_report(report, path)
+    write_result(path, report, indent=1)
     print(vllm_real.format_report(report))
     print(f"\nsimulated and agreement rewritten in {path}")
     if not args.no_plots:

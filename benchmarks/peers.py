@@ -50,7 +50,7 @@ from thunder_mw.benchmarks.des import ClusterConfig
 from thunder_mw.benchmarks.engine_counters import delta, read_counters
 from thunder_mw.benchmarks.live import Gateway, engines_gateway_config, live_metrics
 from thunder_mw.benchmarks.replay import Identity, Replayer, thunder_identity
-from thunder_mw.benchmarks.result_files import RESULTS_DIR
+from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.benchmarks.scenarios import PUBLISHED_SCENARIOS, Scenario
 from thunder_mw.benchmarks.workloads import ProgramSpec, generate
 from thunder_mw.sim.cost_model import StepCost, get_profile, prefill_positions
@@ -1172,7 +1172,7 @@ def run_bench(args: Any) -> int:
     if getattr(args, "resimulate", False):
         path = args.output or results / f"{scenario.name}.json"
         report = resimulate(json.loads(path.read_text()))
-        bench_cli._write_report(report, path)
+        write_result(path, report, indent=1)
         print(format_report(report))
         print(f"\nDES half redone; written to {path}")
         return 0
@@ -1188,7 +1188,7 @@ def run_bench(args: Any) -> int:
         report = bench_cli.run_scenario(
             scenario, policies, seed=args.seed, sweep=False, jobs=args.jobs
         )
-        bench_cli._write_report(report, output)
+        write_result(output, report, indent=1)
         print(bench_cli.format_table(report))
         print(f"\nwall {report['wall_s']} s; written to {output}")
         if not args.no_plots:
@@ -1215,7 +1215,7 @@ def run_bench(args: Any) -> int:
         print(f"live-peers: {exc}", file=sys.stderr)
         return 2
     output = args.output or results / f"{scenario.name}.json"
-    bench_cli._write_report(report, output)
+    write_result(output, report, indent=1)
     print(format_report(report))
     print(f"\nwall {report['wall_s']} s; written to {output}")
     if not args.no_plots:

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
 COLUMNS = [
     ("steps_per_min", "steps/min"),
     ("output_tokens_per_s", "tok/s"),
@@ -67,6 +68,9 @@ PUBLISHED = [
     "hicache-batch192",
 ]
 LEAD = ("thunder-mw", "thunderagent")
+# Scenarios whose main point is another scenario's runs (the same fleet, workload and seeds):
+# a sweep over fleet sizes, reported as that sweep, never as a second verdict.
+SWEEP_OF = {"cluster-scaling": "paper-rollout-2node"}
 # One JSON object of a committed result file, read as it was written.
 Record = dict[str, Any]
 
@@ -264,8 +268,8 @@ def targets(names: list[str]) -> str:
 # over it [ci95] with the verdict. Scenarios whose file predates them are skipped.
 TUNING = [*PUBLISHED, "swe-agent-knee", "tool-orchestra-knee", "chat-control"]
 TEST = ["test-mixed-fleet", "test-swe-orchestra-mix", "test-bursty-swe-glm46"]
-DOCS = RESULTS.parents[1] / "docs" / "benchmarks.md"
-README = RESULTS.parents[1] / "README.md"
+DOCS = ROOT / "docs" / "benchmarks.md"
+README = ROOT / "README.md"
 FIGURE_COLUMNS = (  # (metric, label, what thunder-mw's ratio over the policy is)
     ("makespan_s", "fixed batch: makespan s", "its makespan / thunder-mw's"),
     ("steps_per_min_steady", "long window: steps/min", "thunder-mw / it"),
@@ -363,6 +367,13 @@ def summary_table(names: list[str]) -> str:
     for name, report in _reports(names):
         split = report["config"].get("split", "tuning")
         link = f"[`{name}`](results/{name}.json)"
+        if name in SWEEP_OF:
+            lines.append(
+                f"| {link} | {split} | the fleet-size sweep (2, 4, 8 engines) of "
+                f"`{SWEEP_OF[name]}`, whose runs are its 2-engine point: no verdict of its own "
+                "([per size](docs/benchmarks.md)) | | | |"
+            )
+            continue
         point = _main_point(report)
         if point is None or not runs_default(report):
             lines.append(f"| {link} | {split} | not yet rerun with the default scheduler | | | |")

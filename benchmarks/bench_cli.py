@@ -37,10 +37,10 @@ from thunder_mw.benchmarks.reproduction import (
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.benchmarks.reuse import ReuseError, check_config, reused_output
 from thunder_mw.benchmarks.scenarios import (
+    CAPPED,
     POLICIES,
     POLICY_ENGINE_OPTIONS,
     SCENARIOS,
-    VLLM_CAPPED,
     Scenario,
 )
 from thunder_mw.benchmarks.workloads import (
@@ -568,11 +568,16 @@ def engine_kv_tokens(scenario: Scenario) -> tuple[int, ...]:
 
 def engine_options(scenario: Scenario, policy: str) -> tuple[tuple[str, Any], ...]:
     """EngineConfig fields for `policy`'s engines in `scenario`: the host KV tier (sized to
-    the node's host RAM, reproduction.host_tier_tokens), Continuum's program-level FCFS."""
+    the node's host-to-GPU KV ratio, reproduction.host_tier_tokens), Continuum's
+    program-level FCFS."""
     own = POLICY_ENGINE_OPTIONS.get(policy, {})
     options: tuple[tuple[str, Any], ...] = ()
     if scenario.host_tier or own.get("host_tier", False):
-        tokens = scenario.host_kv_tokens or host_tier_tokens(scenario.profile)
+        # The tier in proportion to the GPU cache where the scenario cuts that below the
+        # profile's own (reproduction.host_tier_tokens: one rule for every scenario).
+        cut = scenario.kv_tokens is not None or scenario.kv_scale != 1
+        gpu = kv_tokens_of(scenario) if cut else None
+        tokens = scenario.host_kv_tokens or host_tier_tokens(scenario.profile, gpu)
         options += host_tier_options(int(tokens))
     if own.get("program_fcfs", False):
         options += (("program_fcfs", True),)
@@ -644,10 +649,10 @@ def plan_jobs(
 ) -> list[Job]:
     """Every run a scenario needs: the main point per policy and seed, the sweep points
     (every seed when `sweep_seeds`), the fixed batch per policy and seed when `wave`, and
-    vllm_capped's cap sweep (both figures at each cap, every seed)."""
+    the capped policies' cap sweeps (both figures at each cap, every seed)."""
     n_seeds = seeds or scenario.seeds
-    capped = VLLM_CAPPED in policies
-    policies = [p for p in policies if p != VLLM_CAPPED]
+    capped = [p for p in policies if p in CAPPED]
+    policies = [p for p in policies if p not in CAPPED]
 
     def programs_for(engines: int, per_engine: int, factor: float) -> int:
         return max(1, round(engines * per_engine * factor))
@@ -675,13 +680,13 @@ def plan_jobs(
             for k in range(n_seeds)
             for p in policies
         ]
-    if capped:
+    for name in capped:
         for cap in cap_values(scenario):
             for k in range(n_seeds):
                 point = (scenario.engines, scenario.programs_per_engine)
-                work.append(Job(VLLM_CAPPED, *point, main_n, True, seed + k, cap=cap))
+                work.append(Job(name, *point, main_n, True, seed + k, cap=cap))
                 if scenario.wave:
-                    work.append(Job(VLLM_CAPPED, *point, wave_n, True, seed + k, True, cap))
+                    work.append(Job(name, *point, wave_n, True, seed + k, True, cap))
     # Largest first, so the pool's last straggler is a small run.
     work.sort(key=lambda j: -j.programs * j.engines)
     return work
@@ -830,25 +835,32 @@ def run_scenario(
             r["cap"] or 0,
         )
     )
-    # vllm_capped: the cap that was best per figure stands for it (the sweep is kept).
-    caps = choose_caps(scenario, policies, all_rows)
-    sweep_rows = [r for r in all_rows if r["policy"] != VLLM_CAPPED]
-    if caps is not None:
-        sweep_rows += capped_rows(scenario, caps, all_rows)
+    # A capped policy: the cap that was best per figure stands for it (the sweep is kept).
+    all_caps = {
+        name: caps
+        for name in CAPPED
+        if (caps := choose_caps(scenario, policies, all_rows, name)) is not None
+    }
+    sweep_rows = [r for r in all_rows if r["policy"] not in CAPPED]
+    for name, caps in all_caps.items():
+        sweep_rows += capped_rows(scenario, caps, all_rows, name)
     main: dict[str, dict[str, Any]] = {}
     for job, out in done:
         if not job.main or job.seed != seed or job.wave:
             continue
-        if job.policy == VLLM_CAPPED:
-            if caps is None or job.cap != caps["window_cap"]:
+        if job.policy in CAPPED:
+            chosen = all_caps.get(job.policy)
+            if chosen is None or job.cap != chosen["window_cap"]:
                 continue
         main[job.policy] = out
-    if caps is not None and VLLM_CAPPED not in main and caps["uncapped"] in main:
-        main[VLLM_CAPPED] = main[caps["uncapped"]]  # no cap was best: the uncapped engine
+    for name, caps in all_caps.items():
+        if name not in main and caps["uncapped"] in main:
+            main[name] = main[caps["uncapped"]]  # no cap was best: the uncapped engine
     policies = [p for p in policies if p in main]
     results = [{"policy": p, **main[p]["metrics"]} for p in policies]
-    if caps is not None and VLLM_CAPPED in policies:
-        results[policies.index(VLLM_CAPPED)]["cap"] = caps["window_cap"]
+    for name, caps in all_caps.items():
+        if name in policies:
+            results[policies.index(name)]["cap"] = caps["window_cap"]
     by_policy = {r["policy"]: r for r in results}
     targets = [
         dict(zip(("value", "met"), t.check(by_policy), strict=True), target=t.name, goal=t.goal)
@@ -870,10 +882,10 @@ def run_scenario(
     }
     report.update(summarise_runs(scenario, policies, sweep_rows))
     report["figures"] = figures(scenario, policies, sweep_rows)
-    if caps is not None:
-        keys = ("cap", "seed", "wave", "makespan_s", "steps_per_min_steady", "steady_programs_done")
-        caps["runs"] = [{k: r.get(k) for k in keys} for r in all_rows if r["policy"] == VLLM_CAPPED]
-        report["vllm_capped"] = caps
+    keys = ("cap", "seed", "wave", "makespan_s", "steps_per_min_steady", "steady_programs_done")
+    for name, caps in all_caps.items():
+        caps["runs"] = [{k: r.get(k) for k in keys} for r in all_rows if r["policy"] == name]
+        report[name] = caps
     if reuse is not None:
         # Their runs are the old file's: its wall time is theirs, this one the reruns'.
         report["reused"] = {"policies": reused, "wall_s": reuse.get("wall_s")}

@@ -18,7 +18,7 @@ from collections import defaultdict
 from typing import Any
 
 from thunder_mw.benchmarks.bootstrap import compare, mean, summary
-from thunder_mw.benchmarks.scenarios import VLLM_CAPPED, WINDOW_COMPLETIONS, Scenario
+from thunder_mw.benchmarks.scenarios import CAPPED, VLLM_CAPPED, WINDOW_COMPLETIONS, Scenario
 
 OURS = "thunder-mw"
 # (metric, higher is better, the runs it comes from: the fixed batch or the long window)
@@ -45,8 +45,11 @@ def is_baseline(policy: str) -> bool:
     return policy not in NOT_BASELINES and not policy.startswith("thunder-mw/")
 
 
-def _uncapped(scenario: Scenario, policies: list[str]) -> str | None:
-    """The run that is vllm_capped without a cap: the same engines, the same placement."""
+def _uncapped(scenario: Scenario, policies: list[str], capped: str = VLLM_CAPPED) -> str | None:
+    """The run that is `capped` without a cap: the same engines, the same placement."""
+    own = CAPPED.get(capped)
+    if own is not None:
+        return own if own in policies else None
     name = "vllm" if scenario.engines == 1 else "session_affinity"
     if scenario.engines == 1 and name not in policies and "offload" in policies:
         name = "offload"  # a scenario whose every engine has the tier: affinity over it
@@ -54,15 +57,19 @@ def _uncapped(scenario: Scenario, policies: list[str]) -> str | None:
 
 
 def choose_caps(
-    scenario: Scenario, policies: list[str], rows: list[dict[str, Any]]
+    scenario: Scenario,
+    policies: list[str],
+    rows: list[dict[str, Any]],
+    policy: str = VLLM_CAPPED,
 ) -> dict[str, Any] | None:
-    """vllm_capped's sweep: each cap's mean over seeds of both figures, and per figure the
-    cap that was best (the uncapped engine competes as the cap equal to the concurrency)."""
-    capped = [r for r in rows if r["policy"] == VLLM_CAPPED]
+    """A capped policy's sweep (vllm_capped, offload_capped): each cap's mean over seeds of
+    both figures, and per figure the cap that was best (the uncapped engine competes as the
+    cap equal to the concurrency)."""
+    capped = [r for r in rows if r["policy"] == policy]
     if not capped:
         return None
     main = (scenario.engines, scenario.programs_per_engine)
-    uncapped = _uncapped(scenario, policies)
+    uncapped = _uncapped(scenario, policies, policy)
     candidates: dict[int, dict[str, list[dict[str, Any]]]] = defaultdict(
         lambda: {"batch": [], "window": []}
     )
@@ -97,10 +104,13 @@ def choose_caps(
 
 
 def capped_rows(
-    scenario: Scenario, caps: dict[str, Any], rows: list[dict[str, Any]]
+    scenario: Scenario,
+    caps: dict[str, Any],
+    rows: list[dict[str, Any]],
+    policy: str = VLLM_CAPPED,
 ) -> list[dict[str, Any]]:
-    """vllm_capped's rows at the chosen caps (the uncapped engine's, relabelled, where no cap
-    was best), each with its `cap`."""
+    """A capped policy's rows at the chosen caps (the uncapped engine's, relabelled, where no
+    cap was best), each with its `cap`."""
     out = []
     main = (scenario.engines, scenario.programs_per_engine)
     for wave, cap in ((True, caps["batch_cap"]), (False, caps["window_cap"])):
@@ -109,10 +119,10 @@ def capped_rows(
         for r in rows:
             if r["wave"] != wave or (r["engines"], r["programs_per_engine"]) != main:
                 continue
-            if r["policy"] == VLLM_CAPPED and r["cap"] == cap:
+            if r["policy"] == policy and r["cap"] == cap:
                 out.append(r)
             elif cap == scenario.concurrency and r["policy"] == caps["uncapped"]:
-                out.append({**r, "policy": VLLM_CAPPED, "cap": cap})
+                out.append({**r, "policy": policy, "cap": cap})
     return out
 
 

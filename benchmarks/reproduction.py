@@ -16,9 +16,6 @@ from typing import Any
 from thunder_mw.benchmarks.scenarios import Scenario
 
 REPRODUCED_WITHIN = 0.30
-# A host KV tier holds this many times the GPU KV tokens unless the scenario says: SGLang
-# HiCache's default --hicache-ratio (host pool = 2x the device pool).
-HOST_TIER_RATIO = 2.0
 SPREAD_METRICS = (
     "steps_per_min_steady",
     "output_tokens_per_s_steady",
@@ -47,14 +44,23 @@ HOST_KV_BYTES = {
 }
 
 
-def host_tier_tokens(profile: str) -> int:
-    """KV tokens a host tier of `profile`'s node holds (HOST_KV_BYTES)."""
+def host_tier_tokens(profile: str, gpu_kv_tokens: int | None = None) -> int:
+    """KV tokens a host tier of `profile`'s node holds (HOST_KV_BYTES), in proportion to
+    the engine's GPU KV: a scenario that cuts the GPU cache below the profile's own capacity
+    (to put a small fleet under pressure) cuts the tier by the same factor. One rule for
+    every scenario: the node's host-to-GPU KV ratio is kept (8B on an H100: 2.04x, beside
+    SGLang HiCache's default --hicache-ratio of 2), never a full node's RAM behind a
+    fraction of a GPU (that made the 8B fleets' tier 7.3x their GPU cache, where nothing
+    the gateway decides matters: everything fits)."""
     from thunder_mw.sim.cost_model import get_profile
 
     cost = get_profile(profile)
     if profile not in HOST_KV_BYTES or not cost.kv_bytes_per_token:
         raise ValueError(f"no host RAM size known for profile {profile!r}")
-    return int(HOST_KV_BYTES[profile] // cost.kv_bytes_per_token)
+    tokens = HOST_KV_BYTES[profile] // cost.kv_bytes_per_token
+    if gpu_kv_tokens is not None and cost.capacity_tokens:
+        tokens = tokens * gpu_kv_tokens / cost.capacity_tokens
+    return int(tokens)
 
 
 def host_tier_options(host_tokens: int) -> tuple[tuple[str, Any], ...]:

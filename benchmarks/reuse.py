@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from thunder_mw.benchmarks.scenarios import VLLM_CAPPED
+from thunder_mw.benchmarks.scenarios import CAPPED
 
 # A row's identity in a result file's `sweep` (the rest are the run's metrics).
 ROW_KEYS: tuple[str, ...] = ("policy", "engines", "programs_per_engine", "concurrency")
@@ -183,8 +183,8 @@ def reused_output(old: dict[str, Any], job: Any, base_seed: int) -> dict[str, An
     row = next((r for r in old["sweep"] if _matches(r, key)), None)
     if row is not None:
         metrics = {k: v for k, v in row.items() if k not in ROW_KEYS}
-    elif job.policy == VLLM_CAPPED:
-        runs = old.get("vllm_capped", {}).get("runs", [])
+    elif job.policy in CAPPED:
+        runs = old.get(job.policy, {}).get("runs", [])
         run = next(
             (
                 r
@@ -195,7 +195,7 @@ def reused_output(old: dict[str, Any], job: Any, base_seed: int) -> dict[str, An
         )
         if run is None:
             raise ReuseError(
-                f"the result file has no {VLLM_CAPPED} run at cap {job.cap}, seed {job.seed}: "
+                f"the result file has no {job.policy} run at cap {job.cap}, seed {job.seed}: "
                 "rerun it too"
             )
         metrics = {k: v for k, v in run.items() if k not in ("cap", "seed", "wave")}

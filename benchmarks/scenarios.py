@@ -24,6 +24,13 @@ from thunder_mw.schemas.pipeline_presets import PRESETS as PIPELINE_PRESETS
 
 DEFAULT_POLICIES = ("round_robin", "sticky", "thunderagent", "thunder-mw")
 VLLM_CAPPED = "vllm_capped"
+# The same client-side cap over engines with the host KV tier (the `offload` baseline's):
+# what a user with that tier who also caps would run, the strongest tiered baseline.
+OFFLOAD_CAPPED = "offload_capped"
+# The policies run as a sweep of client-side caps, each the best cap per figure; the value
+# is the uncapped run the sweep includes as its cap 1.0 (None: `vllm` on one engine, else
+# `session_affinity`; figures._uncapped).
+CAPPED: dict[str, str | None] = {VLLM_CAPPED: None, OFFLOAD_CAPPED: "offload"}
 # The caps vllm_capped is swept over, as fractions of the scenario's concurrency; the
 # uncapped engine (the scenario's `vllm` or `session_affinity` run) is the sweep's 1.0.
 CAP_FRACTIONS = (0.25, 0.5, 0.75)
@@ -62,6 +69,7 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # engines see at most `cap` programs at once, the cap the best of a sweep per scenario
     # (bench_cli.py); consistent hashing places programs when there are several engines.
     VLLM_CAPPED: [{"session_affinity": {}}],
+    OFFLOAD_CAPPED: [{"session_affinity": {}}],
     # Diagnostic variants of the default pipeline: one rule changed each.
     "thunder-mw/acting-0.5": _thunder_mw(**{"state-aware-pause": {"acting_token_weight": 0.5}}),
     "thunder-mw/acting-0": _thunder_mw(**{"state-aware-pause": {"acting_token_weight": 0.0}}),
@@ -123,6 +131,15 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "thunder-mw/tier-admit": _thunder_mw(
         admission={"tier_reload": True}, migration={"tier_aware": True}
     ),
+    # An ACTING program's reservation by InferCept's min-waste rule (pausing `idle_fate`):
+    # its whole context while keeping it costs less than letting it go, else none; costs
+    # from the engine's counters. With the tier-aware opt-ins on the tiered engines too.
+    "thunder-mw/min-waste": _thunder_mw(**{"state-aware-pause": {"idle_fate": "min_waste"}}),
+    "thunder-mw/tier-min-waste": _thunder_mw(
+        admission={"tier_reload": True},
+        migration={"tier_aware": True},
+        **{"state-aware-pause": {"idle_fate": "min_waste"}},
+    ),
     "thunder-mw/resident": _thunder_mw(admission={"resident_floor": 0.5}),
     "thunder-mw/hw-1.0+acting-0.5": _thunder_mw(
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
@@ -148,12 +165,15 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
 # for every policy).
 POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "offload": {"host_tier": True},
+    OFFLOAD_CAPPED: {"host_tier": True},
     "thunder-mw/host-tier": {"host_tier": True},
     "thunder-mw/tier-aware": {"host_tier": True, "engine_counters": True},
     "thunder-mw/tier-placement": {"host_tier": True},
     "thunder-mw/tier-counters": {"host_tier": True, "engine_counters": True},
     "thunder-mw/tier-aware+arrival-order": {"host_tier": True, "engine_counters": True},
     "thunder-mw/tier-admit": {"host_tier": True, "engine_counters": True},
+    "thunder-mw/min-waste": {"engine_counters": True},
+    "thunder-mw/tier-min-waste": {"host_tier": True, "engine_counters": True},
     "continuum": {"program_fcfs": True},
 }
 
@@ -257,6 +277,9 @@ SINGLE_ENGINE_POLICIES = (
 )
 # A fleet routes: plain vLLM's place is taken by the two routers users put in front of it.
 FLEET_POLICIES = ("session_affinity", "kv_aware", *SINGLE_ENGINE_POLICIES[1:])
+# The 8B fleets, with the client-side cap over the tiered engines too (offload_capped).
+_AT = FLEET_POLICIES.index("offload") + 1
+TIERED_FLEET_POLICIES = (*FLEET_POLICIES[:_AT], OFFLOAD_CAPPED, *FLEET_POLICIES[_AT:])
 
 
 # The two headline figures: the fixed batch (`wave`) and the long window, over SEEDS seeds.
@@ -278,7 +301,7 @@ def _fleet_8b(name: str, description: str, workload: str, per_engine: int, **kw:
         workload=workload,
         engines=4,
         programs_per_engine=per_engine,
-        policies=FLEET_POLICIES,
+        policies=TIERED_FLEET_POLICIES,
         **MEASURED,
         **kw,
     )
@@ -608,7 +631,7 @@ TEST_SCENARIOS: dict[str, Scenario] = {
         kv_tokens=131_072,
         profile="h100-8b",
         max_model_len=65_536,
-        policies=FLEET_POLICIES,
+        policies=TIERED_FLEET_POLICIES,
         seeds=SEEDS,
         wave=True,
         stop_at_window_end=True,

@@ -149,6 +149,8 @@ class SchedulerCore(FleetEvents):
             decisions = on_finished(self, program, usage, ok, now)
             if decisions or self._consumed:  # most hooks decide nothing: ()
                 self._run(decisions, now)
+        if program.in_flight == 0 and self._share_hooks:
+            program.idle_share = self._idle_share(program, now)
         if program.in_flight == 0 and (program.ephemeral or program.final_requested):
             self._release(program, "ephemeral" if program.ephemeral else "final", now)
         else:

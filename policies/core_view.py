@@ -59,6 +59,7 @@ class CoreView:
         self._victim_hooks = hooks["victim_key"]
         self._queue_hooks = hooks["queue_key"]
         self._ttl_hooks = hooks["kv_ttl"]
+        self._share_hooks = hooks["idle_share"]
         self._admit_hooks = hooks["admits"]
         self._request_hooks = hooks["on_request"]
         self._finished_hooks = hooks["on_finished"]

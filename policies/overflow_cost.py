@@ -255,3 +255,22 @@ def move_pays(
     stay = wait_s + context_tokens * reload_s_per_token * max(1, home_batch)
     move = context_tokens * target_s_per_token * max(1, target_batch)
     return stay > move
+
+
+def keeps_idle_context(
+    remaining_s: float,
+    batch_tokens: int,
+    prefill_s_per_token: float,
+    reload_s_per_token: float | None,
+) -> bool:
+    """Keep a program's KV resident while its tool runs, or let it go? InferCept's min-waste
+    rule (scheduling-anchors.md), in cache token-seconds, for a context of C tokens:
+    keeping it wastes C x the tool's expected remaining time; dropping it wastes its
+    recompute, C x p seconds, times the KV of the batch that recompute stalls (M tokens, its
+    own included); swapping it to a host tier wastes two transfers, 2 x C x r, times M.
+    C divides out: keep iff remaining < min(p, 2r) x M. The batch's KV, not the engine's
+    capacity, because what a stall wastes is the memory of the sequences it stalls."""
+    per_token = prefill_s_per_token
+    if reload_s_per_token is not None:
+        per_token = min(per_token, 2.0 * reload_s_per_token)
+    return remaining_s <= per_token * max(0, batch_tokens)

@@ -293,6 +293,13 @@ class Placement(CoreView):
                 return target
         return None
 
+    def _idle_share(self, program: Program, now: float) -> float | None:
+        for idle_share in self._share_hooks:
+            share: float | None = idle_share(self, program, now)
+            if share is not None:
+                return share
+        return None
+
     def _kv_ttl(self, program: Program, now: float) -> float | None:
         for kv_ttl in self._ttl_hooks:
             ttl: float | None = kv_ttl(self, program, now)

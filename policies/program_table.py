@@ -75,6 +75,9 @@ class Program(msgspec.Struct, kw_only=True):
     last_prompt_chars: int = 0
     prefix_key: str | None = None  # its requests' shared leading part (RequestInfo.prefix_key)
     prefix_tokens: int = 0  # that part's estimated length
+    # Share of its context its reservation counts while ACTING, as the idle-fate rule
+    # decided when its last call ended (a stage's `idle_share`; None: the ledger's weight).
+    idle_share: float | None = None
     # `nvext.agent_hints.speculative_prefill` as it last sent it (None: never sent).
     speculative_prefill: bool | None = None
     docker_ids: list[str] = msgspec.field(default_factory=list)

@@ -38,7 +38,9 @@ class Ledger:
     def footprint(self, program: Program, for_resume: bool = False) -> int:
         if program.in_flight > 0 or (for_resume and program.waiting > 0):
             return max(program.request_tokens, program.context_tokens + self.buffer_tokens)
-        return int(self.acting_weight * program.context_tokens) + self.buffer_tokens
+        share = program.idle_share
+        weight = self.acting_weight if share is None else share
+        return int(weight * program.context_tokens) + self.buffer_tokens
 
     def admit_tokens(self, program: Program, backend: BackendState) -> int:
         """What placing `program` on `backend` would add there."""

@@ -21,6 +21,8 @@ Hooks, called at fixed points (first stage with an answer wins; None: no opinion
   ("": nowhere now); `route(view, program, now)`: per request of an ACTIVE program;
 - `victim_key` / `queue_key`: sort keys of the pause order and of the global queue;
 - `kv_ttl(view, program, now)`: seconds an engine should keep the request's KV;
+- `idle_share(view, program, now)`: when a program's call ends, the share of its context
+  its reservation counts while its tool runs;
 - `admits(view, program, backend, tokens, now)`: a veto; every stage must agree;
 - reactions, each returning decisions: `on_request`, `on_finished`, `on_backend_change`,
   `on_tick`, `on_queue_blocked` (the queue's head fits nowhere: return the decisions that
@@ -118,6 +120,12 @@ class Stage:
         TTL pinning); None = no opinion, 0 = no pin."""
         return None
 
+    def idle_share(self, view: StageView, program: ProgramView, now: float) -> float | None:
+        """`program`'s last call ended and it runs a tool: the share of its context its
+        reservation counts until its next call (1: kept resident; 0: let go, to be reloaded
+        or recomputed); None = no opinion (the pipeline's `Footprint` acting weight)."""
+        return None
+
     # -- vetoes (every stage must agree)
     def admits(
         self, view: StageView, program: ProgramView, backend: BackendView, tokens: int, now: float
@@ -169,6 +177,7 @@ HOOKS = (
     "victim_key",
     "queue_key",
     "kv_ttl",
+    "idle_share",
     "admits",
     "on_request",
     "on_finished",

@@ -26,7 +26,7 @@ from thunder_mw.policies.decisions import (
 )
 from thunder_mw.policies.failed_expiry import FailedExpiry
 from thunder_mw.policies.lazy_heap import LazyHeap
-from thunder_mw.policies.overflow_cost import move_pays
+from thunder_mw.policies.overflow_cost import keeps_idle_context, move_pays
 from thunder_mw.policies.program_table import ProgramState, Usage
 from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
 from thunder_mw.policies.views import BackendView, ProgramView
@@ -73,11 +73,30 @@ class StateAwarePause(Stage):
         if self._high is None:
             admission = next((s for s in view.stages if isinstance(s, Admission)), None)
             self._high = admission.params.high_watermark if admission else 1.0
+        # min_waste prices a kept context with what the admission stage learned per engine.
+        self._admission = next((s for s in view.stages if isinstance(s, Admission)), None)
         return (Footprint(acting_weight=self.params.acting_token_weight),)
 
     def unused_hooks(self) -> frozenset[str]:
         # Arrivals and ends only feed `auto`'s switch.
-        return frozenset() if self.params.victim == "auto" else _STREAM_HOOKS
+        unused = frozenset() if self.params.victim == "auto" else _STREAM_HOOKS
+        return unused if self.params.idle_fate == "min_waste" else unused | {"idle_share"}
+
+    def idle_share(self, view: StageView, program: ProgramView, now: float) -> float | None:
+        """min_waste: the whole context while keeping it wastes less than letting it go
+        (policies/overflow_cost.py `keeps_idle_context`), else none of it; no opinion until
+        the engine's prefill price is learned."""
+        label = program.backend
+        costs = self._admission.costs.get(label) if self._admission and label else None
+        if costs is None or costs.prefill_s_per_token is None:
+            return None
+        backend = view.backends[label]  # type: ignore[index]
+        speed = backend.host_load_tokens_per_s
+        reload = 1.0 / speed if speed and host_tier_tokens(backend) > 0 else None
+        batch = backend.running_reserved - backend.running_unused
+        remaining = view.expected_tool_time(program)
+        keep = keeps_idle_context(remaining, batch, costs.prefill_s_per_token, reload)
+        return 1.0 if keep else 0.0
 
     def rule(self) -> str:
         """The victim rule in force: `auto` resolves to one of the other two."""

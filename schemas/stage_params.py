@@ -111,7 +111,16 @@ class PauseParams(StageParams):
         ge=0,
         le=1,
         description="Share of an ACTING program's context counted as resident (its KV is "
-        "evictable cache while its tool runs).",
+        "evictable cache while its tool runs); with `idle_fate: min_waste`, only until the "
+        "engine's prefill price is learned.",
+    )
+    idle_fate: Literal["weight", "min_waste"] = Field(
+        "weight",
+        description="What an ACTING program's reservation counts: `weight`: "
+        "acting_token_weight x its context; `min_waste`: all of it or none, by InferCept's "
+        "smallest waste when its call ends: keep its KV for the expected tool time, or let "
+        "it go to be recomputed (or reloaded from the engine's host KV tier), stalling the "
+        "batch (docs/scheduling.md).",
     )
     high_watermark: float | None = Field(
         None, description="Overflow threshold (default: the admission stage's high watermark)."

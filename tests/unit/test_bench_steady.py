@@ -310,6 +310,45 @@ def test_vllm_capped_takes_the_best_cap_per_figure_and_records_it() -> None:
     assert len(chosen) == 10
 
 
+def test_offload_capped_sweeps_its_caps_over_offload_and_plans_its_own_runs() -> None:
+    from thunder_mw.benchmarks.bench_cli import plan_jobs
+    from thunder_mw.benchmarks.figures import capped_rows, choose_caps
+
+    scenario = dataclasses.replace(SCENARIOS["paper-swe-glm46"], programs_per_engine=8)
+    rows = []
+    for seed in range(5):
+        rows += [
+            _fig_row("vllm", seed, False, 10.0),
+            _fig_row("offload", seed, False, 20.0), _fig_row("offload", seed, True, 400.0),
+            _fig_row("vllm_capped", seed, False, 15.0, cap=4),
+            _fig_row("offload_capped", seed, False, 19.0, cap=4),
+            _fig_row("offload_capped", seed, True, 380.0, cap=4),
+        ]  # fmt: skip
+    policies = ["vllm", "offload", "vllm_capped", "offload_capped"]
+    caps = choose_caps(scenario, policies, rows, "offload_capped")
+    assert caps is not None
+    # Its uncapped point is offload's run, which wins the window here; cap 4 the batch.
+    assert (caps["uncapped"], caps["window_cap"], caps["batch_cap"]) == ("offload", 8, 4)
+    chosen = capped_rows(scenario, caps, rows, "offload_capped")
+    assert {r["policy"] for r in chosen} == {"offload_capped"}
+    assert {(r["wave"], r["cap"]) for r in chosen} == {(False, 8), (True, 4)}
+    # vllm_capped's sweep is its own: offload's runs are not its uncapped point.
+    vllm = choose_caps(scenario, policies, rows)
+    assert vllm is not None and vllm["uncapped"] == "vllm"
+    jobs = plan_jobs(SCENARIOS["swe-agent-knee"], ["offload", "offload_capped"], seeds=1)
+    assert sorted({j.cap for j in jobs if j.policy == "offload_capped"}) == [48, 96, 144]
+    assert dict(engine_options(scenario, "offload_capped")) == dict(
+        engine_options(scenario, "offload")
+    )
+
+
+def test_a_tier_is_cut_with_the_gpu_cache_it_sits_behind() -> None:
+    # swe-agent-knee cuts the 8B engine's 467,280 GPU tokens to 131,072: the node's
+    # 953,674-token share of host RAM shrinks by the same factor, 2.04x the GPU cache.
+    tier = dict(engine_options(SCENARIOS["swe-agent-knee"], "offload"))["host_kv_tokens"]
+    assert tier == 267_505
+
+
 def test_the_figures_carry_intervals_verdicts_and_the_seeds() -> None:
     from thunder_mw.benchmarks.figures import figures
 

@@ -1,0 +1,97 @@
+"""What an ACTING program's reservation counts under pausing's `idle_fate: min_waste`
+(InferCept's min-waste rule, policies/overflow_cost.py `keeps_idle_context`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from thunder_mw.policies.core import Forward, RequestInfo, SchedulerCore
+from thunder_mw.policies.overflow_cost import EngineCosts, keeps_idle_context
+from thunder_mw.policies.pipeline import build_pipeline
+from thunder_mw.policies.program_table import Usage
+from thunder_mw.schemas.agent_context import AgentContext
+from thunder_mw.schemas.config import Convention
+from thunder_mw.schemas.stage_params import PauseParams
+
+CHARS_PER_TOKEN = 4
+
+
+def test_keep_while_the_tool_ends_before_a_recompute_would_have_paid_off() -> None:
+    # p x M = 1e-4 s/token x 50,000 tokens of batch = 5 s.
+    assert keeps_idle_context(4.9, 50_000, 1e-4, None)
+    assert not keeps_idle_context(5.1, 50_000, 1e-4, None)
+    # A cheaper recompute, or a smaller batch it stalls, lets the context go sooner.
+    assert not keeps_idle_context(4.9, 50_000, 5e-5, None)
+    assert not keeps_idle_context(4.9, 20_000, 1e-4, None)
+    # A host tier: two transfers at 1e-5 s/token instead of the recompute (1 s at M).
+    assert not keeps_idle_context(1.1, 50_000, 1e-4, 1e-5)
+    assert keeps_idle_context(0.9, 50_000, 1e-4, 1e-5)
+    # A tier slower than recomputing never makes keeping dearer than dropping.
+    assert keeps_idle_context(4.9, 50_000, 1e-4, 1e-3)
+
+
+def test_off_by_default() -> None:
+    assert PauseParams().idle_fate == "weight"
+
+
+def ctx(pid: str) -> AgentContext:
+    return AgentContext(program_id=pid, source=Convention.THUNDERAGENT)
+
+
+def info(tokens: int) -> RequestInfo:
+    return RequestInfo(prompt_chars=(tokens - 1) * CHARS_PER_TOKEN, max_tokens=10)
+
+
+def make(fate: str, prefill_s_per_token: float | None) -> SchedulerCore:
+    stages = build_pipeline(
+        [
+            {"admission": {"buffer_tokens_per_program": 0, "overflow": "cost_aware"}},
+            {
+                "state_aware_pause": {
+                    "acting_token_weight": 0.5,
+                    "idle_fate": fate,
+                    "yield_idle_after_s": None,
+                }
+            },
+            {"migration": {}},
+        ]
+    )
+    core = SchedulerCore([("b0", 100_000)], stages, chars_per_token=CHARS_PER_TOKEN)
+    costs = core.stages[0].costs.setdefault("b0", EngineCosts())  # type: ignore[attr-defined]
+    costs.prefill_s_per_token = prefill_s_per_token
+    return core
+
+
+def run_call(core: SchedulerCore, pid: str, tokens: int, start: float, end: float) -> None:
+    decision, _ = core.on_request(ctx(pid), info(tokens), start)
+    assert isinstance(decision, Forward)
+    core.on_finished(pid, Usage(tokens, 10, 0), True, end)
+
+
+def reserved(core: SchedulerCore, pid: str) -> int:
+    program = core.program(pid)
+    assert program is not None
+    return program.reserved_tokens
+
+
+@pytest.mark.parametrize(
+    ("fate", "price", "expected"),
+    [
+        # 1 s/token x ~20 k tokens of batch: any tool ends first, the context is kept whole.
+        ("min_waste", 1.0, 10_010),
+        # 1e-9 s/token: recomputing is all but free, the context is let go (none counted).
+        ("min_waste", 1e-9, 0),
+        # No price learned yet: the configured weight, as `weight` always.
+        ("min_waste", None, 5_005),
+        ("weight", 1e-9, 5_005),
+    ],
+)
+def test_an_acting_programs_reservation_follows_the_rule(
+    fate: str, price: float | None, expected: int
+) -> None:
+    core = make(fate, price)
+    decision, _ = core.on_request(ctx("other"), info(10_000), 0.0)  # still reasoning: batch
+    assert isinstance(decision, Forward)
+    for step in range(3):  # tool gaps of 10 s: the expected tool time
+        run_call(core, "p", 10_000, 20.0 * step, 20.0 * step + 10.0)
+    assert reserved(core, "p") == expected

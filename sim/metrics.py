@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -13,8 +13,26 @@ from prometheus_client.core import (
     Metric,
 )
 
-if TYPE_CHECKING:
-    from thunder_mw.sim.server import SimService
+from thunder_mw.sim.engine import Engine
+
+
+class SimService(Protocol):
+    """What the exposition reads of the simulated engine's service (sim/server.py's
+    `SimService` is one); declared here so that the server imports this module, not the
+    other way round."""
+
+    @property
+    def flavor(self) -> str: ...
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def time_scale(self) -> float: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def engine(self) -> Engine: ...
+    def recent_generation_throughput(self) -> float: ...
+
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

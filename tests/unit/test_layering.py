@@ -170,3 +170,110 @@ def test_no_import_cycle_among_the_policies_modules() -> None:
 def test_the_cycle_checker_sees_a_cycle() -> None:
     assert _cycle({"core": {"stages"}, "stages": {"core"}}) == ["core", "stages", "core"]
     assert _cycle({"core": {"stages"}, "stages": set()}) is None
+
+
+def _module_name(path: Path) -> str:
+    parts = ["thunder_mw", *path.relative_to(ROOT).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_statements(body: list[ast.stmt]) -> list[ast.stmt]:
+    """A module's statements that run on import: not in functions or classes' methods, not
+    under `if TYPE_CHECKING:` (try/if/with blocks at module level count)."""
+    found: list[ast.stmt] = []
+    for node in body:
+        if isinstance(node, ast.If):
+            test = node.test
+            if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+            ):
+                found += _top_level_statements(node.orelse)
+                continue
+            found += _top_level_statements(node.body) + _top_level_statements(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody):
+                found += _top_level_statements(block)
+            for handler in node.handlers:
+                found += _top_level_statements(handler.body)
+        elif isinstance(node, ast.With):
+            found += _top_level_statements(node.body)
+        else:
+            found.append(node)
+    return found
+
+
+def _module_imports(path: Path, modules: frozenset[str]) -> set[str]:
+    """The thunder_mw modules a module imports when it is imported (module level only)."""
+    here = _module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: set[str] = set()
+    for node in _top_level_statements(ast.parse(path.read_text()).body):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        # `from a.b import c` needs a.b (and c, where c is a module). The parent packages
+        # an import also runs are left out: a package's `__init__` importing its own
+        # modules is the ordinary shape, not a cycle.
+        found |= {target for target in targets if target in modules}
+    return found - {here}
+
+
+def _package_import_graph() -> dict[str, set[str]]:
+    paths = [
+        p
+        for p in ROOT.rglob("*.py")
+        if not ({"tests", ".venv", "build", "node_modules"} & set(p.relative_to(ROOT).parts))
+    ]
+    modules = frozenset(_module_name(p) for p in paths)
+    return {_module_name(p): _module_imports(p, modules) for p in paths}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected group of modules that import each other (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(groups)
+
+
+def test_no_module_level_import_cycle_in_the_package() -> None:
+    assert _cycles(_package_import_graph()) == []
+
+
+def test_the_module_cycle_finder_sees_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

@@ -32,6 +32,7 @@ from thunder_mw.middleware.call_state import CallState
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import ClientGone, Rejected, until_disconnect
 from thunder_mw.middleware.types import Receive
+from thunder_mw.policies import core_events as ev
 from thunder_mw.policies.core import Action, ReclaimTools, Released
 from thunder_mw.policies.decisions import Count
 from thunder_mw.policies.events import ProgramHistory
@@ -162,11 +163,10 @@ class Replication:
             # It is admitted and placed: take its reservation over as it is (moving it from
             # the others' share to this replica's), no new admission. Placed first, then
             # taken out of the others' share: the room never looks free in between.
-            self._apply(
-                self.core.on_taken_over(
-                    program.program_id, home.label, record.reserved_tokens, self.clock()
-                )
+            taken = ev.TakenOver(
+                program.program_id, home.label, record.reserved_tokens, self.clock()
             )
+            self._apply(self.core.handle(taken).actions)
         self._spawn(self._publish("claim", ctx.program_id, self.replica_id))
 
     async def gate(self, call: CallState, program_id: str, backend: str) -> None:
@@ -197,7 +197,8 @@ class Replication:
                     return
                 if waited_from is None:
                     waited_from = self.clock()
-                    self._apply(self.core.apply([Count("gate_waits")], waited_from))
+                    counted = ev.DecisionsApplied([Count("gate_waits")], waited_from)
+                    self._apply(self.core.handle(counted).actions)
                 await self._wait_for_room(call.receive)
         finally:
             if waited_from is not None:
@@ -363,7 +364,7 @@ class Replication:
         program = self.core.table.get(program_id)
         if program is None or program.in_flight or program.waiting:
             return
-        _, actions = self.core.on_release(program_id, "moved", self.clock())
+        actions = self.core.handle(ev.ReleaseRequested(program_id, "moved", self.clock())).actions
         kept = [
             a
             for a in actions
@@ -391,7 +392,7 @@ class Replication:
     # ------------------------------------------------------------------ the others
     def _foreign(self, label: str, tokens: int) -> None:
         """The other replicas' share of `label`, as the store last said: an event for the core."""
-        self._apply(self.core.on_foreign_reservations(label, tokens, self.clock()))
+        self._apply(self.core.handle(ev.ForeignReservations(label, tokens, self.clock())).actions)
 
     def _apply(self, actions: list[Action]) -> None:
         self.scheduler.apply(actions)

@@ -731,7 +731,7 @@ class Simulation:
             "held_requests": self.held_requests,
             "pauses": self.pauses,
             "speculative_prefills": self.speculative_prefills,
-            "migrations": self.core.counters.get("migrations", 0),
+            "migrations": self.core.counts().get("migrations", 0),
             "kv_imbalance": round(self._imbalance_sum / self._imbalance_n, 4)
             if self._imbalance_n
             else 0.0,
@@ -757,7 +757,7 @@ class Simulation:
             jct_s=[round(x, 3) for x in jct],
             ttft_s=ttft,
             timeseries=self._timeseries(),
-            counters=dict(self.core.counters),
+            counters=dict(self.core.counts()),
         )
 
     def _steady_window(self) -> dict[str, Any]:

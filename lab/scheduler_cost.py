@@ -91,8 +91,8 @@ def measure(programs: int, events: int, backends: int, load: float, seed: int) -
         "contexts_over_capacity": load,
         "events": len(timeline),
         "queued_at_end": core.queue_length(),
-        "pauses": core.counters.get("pauses", 0),
-        "resumes": core.counters.get("resumes", 0),
+        "pauses": core.counts().get("pauses", 0),
+        "resumes": core.counts().get("resumes", 0),
         "mean_us_per_event": round(statistics.fmean(timeline) / 1000, 2),
         # The mean's 95 % interval, as every result file names one (`ci95`).
         "ci95": [round(low, 2), round(high, 2)],

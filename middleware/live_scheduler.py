@@ -127,7 +127,7 @@ class LiveScheduler:
         # Key requests by their shared prefix only for stages that use it (it costs a hash):
         # KV-aware placement, and admission counting shared prefixes once.
         self._prefix_keys = self.core.dedupe_prefixes or any(
-            isinstance(stage, KvPlacement) for stage in self.core.stages
+            isinstance(stage, KvPlacement) for stage in self.core.pipeline()
         )
         self._waiters: dict[str, list[asyncio.Future[str]]] = {}
         # Calls handed to each engine and not yet ended (a drain or a weight update waits
@@ -372,7 +372,7 @@ class LiveScheduler:
         return self.core.programs()
 
     def program(self, program_id: str) -> Program | None:
-        return self.core.table.get(program_id)
+        return self.core.program(program_id)
 
     async def shared_program(self, program_id: str) -> tuple[Program, str] | None:
         """A program another replica holds, from its shared record, and that replica."""

@@ -33,6 +33,14 @@ from thunder_mw.policies.core import (
     Resumed,
     SchedulerCore,
 )
+from thunder_mw.policies.core_events import (
+    BackendChanged,
+    CallFinished,
+    HostTierDeclared,
+    ReleaseRequested,
+    RequestArrived,
+    Tick,
+)
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.policies.stats import percentile
@@ -267,9 +275,8 @@ class Simulation:
             if tier is not None:
                 # As a config's `host_kv_tokens` declares it (the host tier; a disk below it
                 # holds more but reloads slower: planning counts the host tier only).
-                self.core.declare_host_tier(
-                    b.label, tier.capacity_blocks * cluster.block_size, tier.load_tokens_per_s
-                )
+                tokens = tier.capacity_blocks * cluster.block_size
+                self.core.handle(HostTierDeclared(b.label, tokens, tier.load_tokens_per_s))
         self.top = list(programs)
         self.runs: dict[str, _Program] = {}
         self.now = 0.0
@@ -402,8 +409,9 @@ class Simulation:
         # by the request's system message).
         prefix = f"{spec.session_type}:{spec.system_tokens}"
         info = RequestInfo(chars, max_tokens, prefix, spec.system_tokens * CHARS_PER_TOKEN)
-        decision, actions = self.core.on_request(run.ctx, info, self.now)
-        self._apply(actions)
+        outcome = self.core.handle(RequestArrived(run.ctx, info, self.now))
+        self._apply(outcome.actions)
+        decision = outcome.decision
         if isinstance(decision, Forward):
             self._dispatch(run, decision.backend, decision.kv_ttl_s)
         elif isinstance(decision, Hold):
@@ -430,7 +438,9 @@ class Simulation:
         error = engine.validate(run.prompt, params)
         if error is not None:
             self.calls_failed += 1
-            self._apply(self.core.on_finished(spec.program_id, None, False, self.now))
+            self._apply(
+                self.core.handle(CallFinished(spec.program_id, None, False, self.now)).actions
+            )
             self._fail(run, release=True)
             return
         # Tokens no cache could have held: the new growth, the previous answer's last token
@@ -465,8 +475,8 @@ class Simulation:
         run.failed = True
         run.held = False
         if release:
-            _, actions = self.core.on_release(run.spec.program_id, "release", self.now)
-            self._apply(actions)
+            released = ReleaseRequested(run.spec.program_id, "release", self.now)
+            self._apply(self.core.handle(released).actions)
         self._finish_program(run)
 
     def _finish_program(self, run: _Program) -> None:
@@ -512,8 +522,8 @@ class Simulation:
             self._maybe_continue(run)
             return
         run = payload
-        _, actions = self.core.on_release(run.spec.program_id, "release", self.now)
-        self._apply(actions)
+        released = ReleaseRequested(run.spec.program_id, "release", self.now)
+        self._apply(self.core.handle(released).actions)
         self._finish_program(run)
 
     # ------------------------------------------------------------------ the core's actions
@@ -614,7 +624,7 @@ class Simulation:
             ttft_s=run.first_token_at - run.forwarded_at,
             duration_s=self.now - run.forwarded_at,
         )
-        self._apply(self.core.on_finished(spec.program_id, usage, True, self.now))
+        self._apply(self.core.handle(CallFinished(spec.program_id, usage, True, self.now)).actions)
         self.ttft.append(run.first_token_at - run.sent_at)
         back = self.now + self.cluster.call_overhead_s  # when the client has the answer
         if run.call + 1 >= len(spec.calls):
@@ -633,7 +643,7 @@ class Simulation:
 
     # ------------------------------------------------------------------ timers
     def _on_tick(self, _: Any) -> None:
-        self._apply(self.core.on_tick(self.now))
+        self._apply(self.core.handle(Tick(self.now)).actions)
         self._at(self.now + self.cluster.tick_s, _TICK)
 
     def _on_scrape(self, _: Any) -> None:
@@ -649,7 +659,8 @@ class Simulation:
                 prefix_queries_total=float(stats.prefix_cache_queries),
                 **(_counters(stats) if self.cluster.engine_counters else {}),
             )
-            self._apply(self.core.on_backend(backend.label, metrics=metrics, now=self.now))
+            changed = BackendChanged(backend.label, self.now, metrics=metrics)
+            self._apply(self.core.handle(changed).actions)
         self._at(self.now + self.cluster.scrape_s, _SCRAPE)
 
     def _on_sample(self, _: Any) -> None:
@@ -720,7 +731,7 @@ class Simulation:
             "held_requests": self.held_requests,
             "pauses": self.pauses,
             "speculative_prefills": self.speculative_prefills,
-            "migrations": self.core.counters.get("migrations", 0),
+            "migrations": self.core.counts().get("migrations", 0),
             "kv_imbalance": round(self._imbalance_sum / self._imbalance_n, 4)
             if self._imbalance_n
             else 0.0,
@@ -746,7 +757,7 @@ class Simulation:
             jct_s=[round(x, 3) for x in jct],
             ttft_s=ttft,
             timeseries=self._timeseries(),
-            counters=dict(self.core.counters),
+            counters=dict(self.core.counts()),
         )
 
     def _steady_window(self) -> dict[str, Any]:

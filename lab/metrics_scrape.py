@@ -27,6 +27,7 @@ from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.observability.metrics import GatewayMetrics
 from thunder_mw.observability.service import Observability
 from thunder_mw.policies.core import BackendMetrics, RequestInfo, SchedulerCore
+from thunder_mw.policies.core_events import BackendChanged, CallFinished, RequestArrived
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.policies.stats import percentile
@@ -64,17 +65,17 @@ def fleet(programs: int, seed: int) -> tuple[GatewayMetrics, Observability, Live
     now = 0.0
     for label in core.backends:
         metrics_seen = BackendMetrics(0.8, 40, 3, 12.0, 9e6, 1.2e7)
-        scheduler._apply(core.on_backend(label, metrics=metrics_seen, now=now))
+        scheduler.apply(core.handle(BackendChanged(label, now, metrics=metrics_seen)).actions)
     for i, context in enumerate(contexts):
         now += 0.001
         ctx = AgentContext(
             program_id=f"p{i}", source=Convention.THUNDERAGENT, session_type="swe-agent"
         )
-        _, actions = core.on_request(ctx, RequestInfo(prompt_chars=context * 4), now)
-        scheduler._apply(actions)
+        arrived = RequestArrived(ctx, RequestInfo(prompt_chars=context * 4), now)
+        scheduler.apply(core.handle(arrived).actions)
         if rng.random() < 0.7:  # most programs have answered and are running a tool
             usage = Usage(context, 300, context // 2)
-            scheduler._apply(core.on_finished(ctx.program_id, usage, True, now))
+            scheduler.apply(core.handle(CallFinished(ctx.program_id, usage, True, now)).actions)
     return metrics, observability, scheduler
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from thunder_mw.benchmarks.bootstrap import mean_ci
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.policies.core import Forward, RequestInfo, SchedulerCore
+from thunder_mw.policies.core_events import CallFinished, RequestArrived, Tick
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.policies.stats import percentile
@@ -48,9 +49,9 @@ def measure(programs: int, events: int, backends: int, load: float, seed: int) -
     # Populate: every program made one call and is ACTING (or queued, when overloaded).
     for i in range(programs):
         now += 0.001
-        decision, _ = core.on_request(ctxs[i], RequestInfo(context[i] * 4, 256), now)
-        if isinstance(decision, Forward):
-            core.on_finished(f"p{i}", Usage(context[i], 256), True, now)
+        arrived = RequestArrived(ctxs[i], RequestInfo(context[i] * 4, 256), now)
+        if isinstance(core.handle(arrived).decision, Forward):
+            core.handle(CallFinished(f"p{i}", Usage(context[i], 256), True, now))
     costs: dict[str, list[float]] = {"on_request": [], "on_finished": [], "on_tick": []}
     timeline: list[float] = []  # every event's cost in the order they ran
     clock = time.perf_counter_ns
@@ -59,21 +60,24 @@ def measure(programs: int, events: int, backends: int, load: float, seed: int) -
         i = rng.randrange(programs)
         if i in in_flight:
             context[i] += rng.randint(50, 800)
+            finished = CallFinished(f"p{i}", Usage(context[i], 256), True, now)
             t = clock()
-            core.on_finished(f"p{i}", Usage(context[i], 256), True, now)
+            core.handle(finished)
             costs["on_finished"].append(cost := clock() - t)
             timeline.append(cost)
             in_flight.discard(i)
         else:
+            arrived = RequestArrived(ctxs[i], RequestInfo(context[i] * 4, 256), now)
             t = clock()
-            decision, _ = core.on_request(ctxs[i], RequestInfo(context[i] * 4, 256), now)
+            decision = core.handle(arrived).decision
             costs["on_request"].append(cost := clock() - t)
             timeline.append(cost)
             if isinstance(decision, Forward):
                 in_flight.add(i)
         if int(now) != int(now - 0.002):
+            tick = Tick(now)
             t = clock()
-            core.on_tick(now)
+            core.handle(tick)
             costs["on_tick"].append(cost := clock() - t)
             timeline.append(cost)
     # The mean's interval over BLOCKS contiguous stretches of the run (batch means: costs
@@ -87,8 +91,8 @@ def measure(programs: int, events: int, backends: int, load: float, seed: int) -
         "contexts_over_capacity": load,
         "events": len(timeline),
         "queued_at_end": core.queue_length(),
-        "pauses": core.counters.get("pauses", 0),
-        "resumes": core.counters.get("resumes", 0),
+        "pauses": core.counts().get("pauses", 0),
+        "resumes": core.counts().get("resumes", 0),
         "mean_us_per_event": round(statistics.fmean(timeline) / 1000, 2),
         # The mean's 95 % interval, as every result file names one (`ci95`).
         "ci95": [round(low, 2), round(high, 2)],

@@ -177,7 +177,7 @@ def _docker_tools(
         return None
     tools = DockerTools(
         settings,
-        lambda program_id: core.table.get(program_id) is not None,
+        lambda program_id: core.program(program_id) is not None,
         clock,
         on_reclaimed=lambda reason: metrics.containers_reclaimed.labels(reason).inc(),
         on_failure=metrics.reclaim_failures.inc,

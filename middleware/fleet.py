@@ -205,7 +205,7 @@ class Fleet:
             in_flight_calls=sum(scheduler.calls.values()),
             released_calls=released,
             num_paused_requests=held,
-            cache_flushes=scheduler.core.counters["cache_flushes"],
+            cache_flushes=scheduler.core.counts().get("cache_flushes", 0),
             engines=answers,
         )
 

@@ -30,6 +30,7 @@ from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.replication import Replication
 from thunder_mw.middleware.scheduling import ClientGone, Rejected, until_disconnect
 from thunder_mw.middleware.types import Receive
+from thunder_mw.policies import core_events as ev
 from thunder_mw.policies.core import (
     Action,
     BackendMetrics,
@@ -126,7 +127,7 @@ class LiveScheduler:
         # Key requests by their shared prefix only for stages that use it (it costs a hash):
         # KV-aware placement, and admission counting shared prefixes once.
         self._prefix_keys = self.core.dedupe_prefixes or any(
-            isinstance(stage, KvPlacement) for stage in self.core.stages
+            isinstance(stage, KvPlacement) for stage in self.core.pipeline()
         )
         self._waiters: dict[str, list[asyncio.Future[str]]] = {}
         # Calls handed to each engine and not yet ended (a drain or a weight update waits
@@ -193,28 +194,27 @@ class LiveScheduler:
                     fut.set_exception(
                         Rejected(503, "the gateway is shutting down", "shutting_down")
                     )
-                    self._apply(self.core.on_abandoned(program_id, now))
+                    self._apply(self.core.handle(ev.ClientLeft(program_id, now)).actions)
         self._waiters.clear()
         self._open_gate(Rejected(503, "the gateway is shutting down", "shutting_down"))
 
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(self.tick_interval_s)
-            self._apply(self.core.on_tick(self.clock()))
+            self._apply(self.core.handle(ev.Tick(self.clock())).actions)
             for listener in self.tick_listeners:
                 listener()
 
     def on_probe(self, backend: Backend, metrics: BackendMetrics | None) -> None:
-        self._apply(
-            self.core.on_backend(
-                backend.label,
-                healthy=backend.healthy,
-                capacity=backend.capacity_tokens,
-                max_model_len=backend.max_model_len,
-                metrics=metrics,
-                now=self.clock(),
-            )
+        changed = ev.BackendChanged(
+            backend.label,
+            self.clock(),
+            healthy=backend.healthy,
+            capacity=backend.capacity_tokens,
+            max_model_len=backend.max_model_len,
+            metrics=metrics,
         )
+        self._apply(self.core.handle(changed).actions)
 
     # ------------------------------------------------------------------ the Scheduler protocol
     async def admit(self, call: CallState) -> str:
@@ -236,7 +236,8 @@ class LiveScheduler:
             if self.calls[backend] <= 0:
                 del self.calls[backend]
             if call.planned:
-                self._apply(self.core.on_finished(ctx.program_id, None, False, self.clock()))
+                failed = ev.CallFinished(ctx.program_id, None, False, self.clock())
+                self._apply(self.core.handle(failed).actions)
             raise
         return backend
 
@@ -246,8 +247,9 @@ class LiveScheduler:
         if self.paused_generation:
             await self._wait_at_gate(call)
         info = request_info(call.body, self._prefix_keys)
-        decision, actions = self.core.on_request(ctx, info, self.clock())
-        self._apply(actions)
+        answer = self.core.handle(ev.RequestArrived(ctx, info, self.clock()))
+        self._apply(answer.actions)
+        decision = answer.decision
         if isinstance(decision, Forward):
             call.planned = decision.planned
             return decision.backend
@@ -258,7 +260,7 @@ class LiveScheduler:
         refusal = self._hold_refusal(size)
         if refusal is not None:
             # Refused rather than held: the program keeps whatever it already had.
-            self._apply(self.core.on_abandoned(ctx.program_id, self.clock()))
+            self._apply(self.core.handle(ev.ClientLeft(ctx.program_id, self.clock())).actions)
             raise refusal
         held_at = self.clock()
         self.held_bytes += size
@@ -301,7 +303,8 @@ class LiveScheduler:
             await asyncio.wait(waiting, timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
             if not fut.done() and (gone is None or not gone.done()):
                 # Past the deadline: placed now (it could only run alone), else let go.
-                self._apply(self.core.on_hold_expired(program_id, self.clock(), place=alone))
+                expired = ev.HoldExpired(program_id, self.clock(), place=alone)
+                self._apply(self.core.handle(expired).actions)
                 if not fut.done():
                     self._drop_waiter(program_id, fut)
                     raise Rejected(
@@ -314,7 +317,7 @@ class LiveScheduler:
                 return fut.result()
             # The client left while held: it leaves the queue now, not when it would run.
             self._drop_waiter(program_id, fut)
-            self._apply(self.core.on_abandoned(program_id, self.clock()))
+            self._apply(self.core.handle(ev.ClientLeft(program_id, self.clock())).actions)
             raise ClientGone()
         finally:
             self.held -= 1
@@ -335,14 +338,16 @@ class LiveScheduler:
         # Sent unplanned (past every engine's limit), the call was never counted by the core.
         if call.planned:
             usage = _timed(call, call.usage)
-            self._apply(self.core.on_finished(program_id, usage, outcome == "ok", self.clock()))
+            ended = ev.CallFinished(program_id, usage, outcome == "ok", self.clock())
+            self._apply(self.core.handle(ended).actions)
         if self.replication is not None:
             self.replication.mark(program_id)
 
     def reroute(self, call: CallState, failed_backend: str) -> Backend | None:
         assert call.context is not None
         if call.planned:
-            target = self.core.reroute(call.context.program_id, failed_backend, self.clock())
+            refused = ev.ConnectionRefused(call.context.program_id, failed_backend, self.clock())
+            target = self.core.handle(refused).backend
             backend = self.pool.get(target) if target else None
         else:
             backend = self.pool.any_healthy(exclude=failed_backend)
@@ -356,8 +361,9 @@ class LiveScheduler:
 
     def release(self, program_id: str, announce: bool = True) -> bool:
         """An operator (or, `announce` False, another replica) released the program."""
-        released, actions = self.core.on_release(program_id, "release", self.clock())
-        self._apply(actions)
+        answer = self.core.handle(ev.ReleaseRequested(program_id, "release", self.clock()))
+        self._apply(answer.actions)
+        released = answer.found
         if announce and self.replication is not None:
             self.replication.announce_release(program_id)
         return released
@@ -366,7 +372,7 @@ class LiveScheduler:
         return self.core.programs()
 
     def program(self, program_id: str) -> Program | None:
-        return self.core.table.get(program_id)
+        return self.core.program(program_id)
 
     async def shared_program(self, program_id: str) -> tuple[Program, str] | None:
         """A program another replica holds, from its shared record, and that replica."""
@@ -377,26 +383,25 @@ class LiveScheduler:
     # ------------------------------------------------------------------ the fleet at run time
     def add_backend(self, backend: Backend) -> None:
         """A backend the pool has just opened and probed joins the scheduler."""
-        self._apply(
-            self.core.add_backend(
-                backend.label, backend.capacity_tokens, self.clock(), healthy=backend.healthy
-            )
+        added = ev.BackendAdded(
+            backend.label, backend.capacity_tokens, self.clock(), healthy=backend.healthy
         )
+        self._apply(self.core.handle(added).actions)
         self._declare_host_tier(backend)
 
     def _declare_host_tier(self, backend: Backend) -> None:
         tokens, speed = backend.host_tier
         if tokens and backend.label in self.core.backends:
-            self.core.declare_host_tier(backend.label, tokens, speed)
+            self.core.handle(ev.HostTierDeclared(backend.label, tokens, speed))
 
     def drain_backend(self, label: str) -> None:
-        self._apply(self.core.drain_backend(label, self.clock()))
+        self._apply(self.core.handle(ev.BackendDrained(label, self.clock())).actions)
 
     def remove_backend(self, label: str) -> None:
-        self._apply(self.core.remove_backend(label, self.clock()))
+        self._apply(self.core.handle(ev.BackendRemoved(label, self.clock())).actions)
 
     def mark_cache_cold(self) -> None:
-        self._apply(self.core.mark_cache_cold(self.clock()))
+        self._apply(self.core.handle(ev.CachesFlushed(self.clock())).actions)
 
     def drained(self, label: str) -> bool:
         """No program placed on `label` and no call in flight there: it may leave."""

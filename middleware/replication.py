@@ -15,8 +15,9 @@ replicas), and the live scheduler (middleware/live_scheduler.py) calls this at i
   record and takes it over where it runs (placement, reservation, counters), and tells the
   previous holder to let go of it; a restarted replica loads every record.
 
-The core sees the other replicas only through events: `on_foreign_reservations` (their
-share of each engine), `on_adopted` (a program's shared record) and `on_taken_over`.
+The core sees the other replicas only through events, given to `core.handle`:
+`ForeignReservations` (their share of each engine), `ProgramAdopted` (a program's shared
+record) and `TakenOver`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from thunder_mw.middleware.call_state import CallState
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import ClientGone, Rejected, until_disconnect
 from thunder_mw.middleware.types import Receive
+from thunder_mw.policies import core_events as ev
 from thunder_mw.policies.core import Action, ReclaimTools, Released
 from thunder_mw.policies.decisions import Count
 from thunder_mw.policies.events import ProgramHistory
@@ -68,7 +70,7 @@ class Replication:
         self.replica_id = store.replica_id
         self.fail_closed = on_unavailable == "fail_closed"
         self._high: float | None = None
-        for stage in self.core.stages:
+        for stage in self.core.pipeline():
             params = getattr(stage, "params", None)
             if stage.name == "admission":
                 self._high = float(params.high_watermark)  # type: ignore[union-attr]
@@ -130,7 +132,7 @@ class Replication:
 
     async def _adopt(self, ctx: AgentContext) -> None:
         """A program this replica does not hold: carry on from its shared record."""
-        program = self.core.table.get(ctx.program_id)
+        program = self.core.program(ctx.program_id)
         if program is not None and program.state is ProgramState.ACTIVE:
             return
         record = await self.store.load(ctx.program_id)
@@ -162,11 +164,10 @@ class Replication:
             # It is admitted and placed: take its reservation over as it is (moving it from
             # the others' share to this replica's), no new admission. Placed first, then
             # taken out of the others' share: the room never looks free in between.
-            self._apply(
-                self.core.on_taken_over(
-                    program.program_id, home.label, record.reserved_tokens, self.clock()
-                )
+            taken = ev.TakenOver(
+                program.program_id, home.label, record.reserved_tokens, self.clock()
             )
+            self._apply(self.core.handle(taken).actions)
         self._spawn(self._publish("claim", ctx.program_id, self.replica_id))
 
     async def gate(self, call: CallState, program_id: str, backend: str) -> None:
@@ -175,7 +176,7 @@ class Replication:
         waited_from: float | None = None
         try:
             while True:
-                program = self.core.table.get(program_id)
+                program = self.core.program(program_id)
                 if (
                     program is None
                     or program.state is not ProgramState.ACTIVE
@@ -191,13 +192,14 @@ class Replication:
                     return  # fail open: this replica's own decision stands
                 self._foreign(backend, result.foreign)
                 if result.status == 1:
-                    current = self.core.table.get(program_id)
+                    current = self.core.program(program_id)
                     if current is program and self._item(program, "claim") == item:
                         self._dirty.discard(program_id)  # just written as it is, record and all
                     return
                 if waited_from is None:
                     waited_from = self.clock()
-                    self._apply(self.core.apply([Count("gate_waits")], waited_from))
+                    counted = ev.DecisionsApplied([Count("gate_waits")], waited_from)
+                    self._apply(self.core.handle(counted).actions)
                 await self._wait_for_room(call.receive)
         finally:
             if waited_from is not None:
@@ -338,7 +340,7 @@ class Replication:
         dirty, self._dirty = self._dirty, set()
         items = []
         for program_id in dirty:
-            program = self.core.table.get(program_id)
+            program = self.core.program(program_id)
             items.append(
                 SyncItem(program_id, "drop") if program is None else self._item(program, "update")
             )
@@ -360,10 +362,10 @@ class Replication:
     def _let_go(self, program_id: str) -> None:
         """Another replica took the program over: forget it here without ending it (no
         release of its tools, no record deleted), unless a call of it is still here."""
-        program = self.core.table.get(program_id)
+        program = self.core.program(program_id)
         if program is None or program.in_flight or program.waiting:
             return
-        _, actions = self.core.on_release(program_id, "moved", self.clock())
+        actions = self.core.handle(ev.ReleaseRequested(program_id, "moved", self.clock())).actions
         kept = [
             a
             for a in actions
@@ -383,7 +385,9 @@ class Replication:
             session_id=record.session_id,
             session_type=record.session_type,
         )
-        program = self.core.on_adopted(ctx, _history_of(record), self.clock())
+        self.core.handle(ev.ProgramAdopted(ctx, _history_of(record), self.clock()))
+        program = self.core.program(ctx.program_id)
+        assert program is not None  # adopted: in the table now
         if self.ownership is not None and record.owner is not None:
             self.ownership.owners.bind(record.program_id, bytes.fromhex(record.owner))
         return program
@@ -391,7 +395,7 @@ class Replication:
     # ------------------------------------------------------------------ the others
     def _foreign(self, label: str, tokens: int) -> None:
         """The other replicas' share of `label`, as the store last said: an event for the core."""
-        self._apply(self.core.on_foreign_reservations(label, tokens, self.clock()))
+        self._apply(self.core.handle(ev.ForeignReservations(label, tokens, self.clock())).actions)
 
     def _apply(self, actions: list[Action]) -> None:
         self.scheduler.apply(actions)
@@ -438,7 +442,7 @@ class Replication:
         elif kind == "claim" and len(args) == 2 and args[1] != self.replica_id:
             self._let_go(args[0])
         elif kind == "release" and len(args) == 2 and args[1] != self.replica_id:
-            if self.core.table.get(args[0]) is not None:
+            if self.core.program(args[0]) is not None:
                 self.scheduler.release(args[0], announce=False)
 
     async def _publish(self, *words: str) -> None:

@@ -260,7 +260,7 @@ class SpeculativePrefiller:
         metrics: PrefillMetrics,
     ) -> SpeculativePrefiller | None:
         """One for a pipeline with a `speculative_prefill` stage (else None: nothing to do)."""
-        stage = next((s for s in core.stages if isinstance(s, SpeculativePrefill)), None)
+        stage = next((s for s in core.pipeline() if isinstance(s, SpeculativePrefill)), None)
         if stage is None:
             return None
 
@@ -268,7 +268,7 @@ class SpeculativePrefiller:
             # The request's hint, else the one its program sent before, else the default.
             hint = ctx.speculative_prefill
             if hint is None:
-                program = core.table.get(ctx.program_id)
+                program = core.program(ctx.program_id)
                 hint = program.speculative_prefill if program is not None else None
             return stage.params.default if hint is None else hint
 

@@ -118,7 +118,7 @@ class Dashboard:
                     if b.capacity is None
                     else int(b.capacity * b.scale),
                     reserved_tokens=b.reserved,
-                    programs=core.table.programs_on(b.label),
+                    programs=core.programs_on(b.label),
                     engine_kv_usage=m.kv_usage,
                     engine_running=m.running,
                     engine_waiting=m.waiting,
@@ -140,7 +140,7 @@ class Dashboard:
             now=self.wall(),
             backends=backends,
             counts={**_counts(programs), "total": len(programs)},
-            counters=dict(core.counters),
+            counters=dict(core.counts()),
             history=list(self.history),
             queue=[
                 QueuedProgram(

@@ -77,7 +77,7 @@ class _BackendGauges(Collector):
         for b in core.backends.values():
             label = [b.label]
             reserved.add_metric(label, b.reserved)
-            programs.add_metric(label, core.table.programs_on(b.label))
+            programs.add_metric(label, core.programs_on(b.label))
             if b.capacity is not None:
                 effective.add_metric(label, int(b.capacity * b.scale))
                 if b.healthy and b.capacity:

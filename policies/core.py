@@ -12,9 +12,11 @@ costs O(log n) in the number of programs; nothing rescans the table per event.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from thunder_mw.policies import context_limit
+from thunder_mw.policies import core_events as ev
 from thunder_mw.policies.backend_state import BackendState as BackendState
 from thunder_mw.policies.decisions import Action as Action
 from thunder_mw.policies.decisions import Decision as Decision
@@ -50,6 +52,65 @@ class SchedulerCore(FleetEvents):
         super().__init__(backends, stages, default_output_tokens, chars_per_token)
         for stage in self.stages:
             self._run(stage.bind(self), 0.0)
+        # One dict lookup per event: cheaper than a `match` over seventeen types.
+        self._handlers: dict[type[ev.Event], Callable[[Any], ev.Outcome]] = {
+            ev.RequestArrived: self._handle_request,
+            ev.CallFinished: lambda e: ev.Outcome(
+                self.on_finished(e.program_id, e.usage, e.ok, e.now)
+            ),
+            ev.ClientLeft: lambda e: ev.Outcome(self.on_abandoned(e.program_id, e.now)),
+            ev.HoldExpired: lambda e: ev.Outcome(
+                self.on_hold_expired(e.program_id, e.now, place=e.place)
+            ),
+            ev.ReleaseRequested: self._handle_release,
+            ev.Tick: lambda e: ev.Outcome(self.on_tick(e.now)),
+            ev.ProgramAdopted: lambda e: ev.Outcome(
+                [], program=self.on_adopted(e.ctx, e.history, e.now)
+            ),
+            ev.TakenOver: lambda e: ev.Outcome(
+                self.on_taken_over(e.program_id, e.backend, e.reserved_tokens, e.now)
+            ),
+            ev.BackendChanged: lambda e: ev.Outcome(
+                self.on_backend(
+                    e.label,
+                    healthy=e.healthy,
+                    capacity=e.capacity,
+                    max_model_len=e.max_model_len,
+                    metrics=e.metrics,
+                    now=e.now,
+                )
+            ),
+            ev.ForeignReservations: lambda e: ev.Outcome(
+                self.on_foreign_reservations(e.label, e.tokens, e.now)
+            ),
+            ev.BackendAdded: lambda e: ev.Outcome(
+                self.add_backend(e.label, e.capacity, e.now, healthy=e.healthy)
+            ),
+            ev.BackendDrained: lambda e: ev.Outcome(self.drain_backend(e.label, e.now)),
+            ev.BackendRemoved: lambda e: ev.Outcome(self.remove_backend(e.label, e.now)),
+            ev.CachesFlushed: lambda e: ev.Outcome(self.mark_cache_cold(e.now, e.labels)),
+            ev.ConnectionRefused: lambda e: ev.Outcome(
+                [], backend=self.reroute(e.program_id, e.failed_backend, e.now)
+            ),
+            ev.HostTierDeclared: self._handle_host_tier,
+            ev.DecisionsApplied: lambda e: ev.Outcome(self.apply(e.decisions, e.now)),
+        }
+
+    def handle(self, event: ev.Event) -> ev.Outcome:
+        """The one entry point: apply `event`, return what was decided (one shape for all)."""
+        return self._handlers[type(event)](event)
+
+    def _handle_request(self, event: ev.RequestArrived) -> ev.Outcome:
+        decision, actions = self.on_request(event.ctx, event.info, event.now)
+        return ev.Outcome(actions, decision=decision)
+
+    def _handle_release(self, event: ev.ReleaseRequested) -> ev.Outcome:
+        found, actions = self.on_release(event.program_id, event.reason, event.now)
+        return ev.Outcome(actions, found=found)
+
+    def _handle_host_tier(self, event: ev.HostTierDeclared) -> ev.Outcome:
+        self.declare_host_tier(event.label, event.tokens, event.load_tokens_per_s)
+        return ev.Outcome([])
 
     # ================================================================ program events
     def on_request(

@@ -7,7 +7,8 @@ state declared here, stages read it through these queries only.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from thunder_mw.policies.backend_state import BackendState, is_live
@@ -86,6 +87,14 @@ class CoreView:
     # ================================================================ queries
     def program(self, program_id: str) -> Program | None:
         return self.table.get(program_id)
+
+    def counts(self) -> Mapping[str, int]:
+        """The core's event counters, read-only (the live Counter stays the core's own)."""
+        return MappingProxyType(self.counters)
+
+    def pipeline(self) -> tuple[Stage, ...]:
+        """The stages, in pipeline order (for the I/O layers that pair with one)."""
+        return tuple(self.stages)
 
     def program_count(self) -> int:
         return len(self.table)

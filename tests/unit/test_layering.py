@@ -277,3 +277,73 @@ def test_the_module_cycle_finder_sees_a_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# The core's state and its event methods, which nothing outside policies/ may reach: the
+# middleware, the harnesses and the lab speak to the core through `handle(event)` and read it
+# through its queries (`program`, `programs_on`, `counts`, `pipeline`...). A receiver is the
+# core when its last name is `core` (`core`, `self.core`, `scheduler.core`): every holder of
+# one names it so, and other objects may keep fields of these names (a DES result's
+# `counters`).
+_CORE_INTERNALS = frozenset(
+    {
+        "table",
+        "counters",
+        "stages",
+        "_apply",
+        "_run",
+        "apply",
+        "on_request",
+        "on_finished",
+        "on_abandoned",
+        "on_hold_expired",
+        "on_release",
+        "on_tick",
+        "on_adopted",
+        "on_taken_over",
+        "on_backend",
+        "on_foreign_reservations",
+        "add_backend",
+        "drain_backend",
+        "remove_backend",
+        "declare_host_tier",
+        "mark_cache_cold",
+        "reroute",
+    }
+)
+_OUTSIDE_POLICIES = sorted(set(TOP_LEVEL) - {"policies"})
+
+
+def _reaches_into_the_core(source: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute) or node.attr not in _CORE_INTERNALS:
+            continue
+        receiver = node.value
+        name = receiver.id if isinstance(receiver, ast.Name) else None
+        if isinstance(receiver, ast.Attribute):
+            name = receiver.attr
+        if name == "core":
+            found.append(f"line {node.lineno}: core.{node.attr}")
+        elif node.attr == "_apply" and name != "self":
+            found.append(f"line {node.lineno}: another object's private _apply")
+    return found
+
+
+def test_nothing_outside_policies_reaches_into_the_core() -> None:
+    wrong = [
+        f"{path.relative_to(ROOT)} {hit}"
+        for folder in _OUTSIDE_POLICIES
+        for path in (ROOT / folder).rglob("*.py")
+        for hit in _reaches_into_the_core(path.read_text())
+    ]
+    assert not wrong, wrong
+
+
+def test_the_core_boundary_checker_sees_a_reach_past_it() -> None:
+    assert _reaches_into_the_core("program = self.core.table.get(pid)\n")
+    assert _reaches_into_the_core("n = scheduler.core.counters['x']\n")
+    assert _reaches_into_the_core("decision, _ = core.on_request(ctx, info, now)\n")
+    assert _reaches_into_the_core("scheduler._apply(actions)\n")
+    assert not _reaches_into_the_core("out = self.core.handle(event)\nself._apply(out.actions)\n")
+    assert not _reaches_into_the_core("out['counters'] = result.counters\n")

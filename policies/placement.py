@@ -4,7 +4,7 @@ that keep each of those O(log n), and the one place where stages' decisions are 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from thunder_mw.policies.backend_state import BackendState
@@ -287,25 +287,16 @@ class Placement(CoreView):
         return (program.queued_at,)
 
     def _route(self, program: Program, now: float) -> str | None:
-        for route in self._route_hooks:
-            target: str | None = route(self, program, now)
-            if target is not None:
-                return target
-        return None
+        target: str | None = _first_answer(self._route_hooks, self, program, now)
+        return target
 
     def _idle_share(self, program: Program, now: float) -> float | None:
-        for idle_share in self._share_hooks:
-            share: float | None = idle_share(self, program, now)
-            if share is not None:
-                return share
-        return None
+        share: float | None = _first_answer(self._share_hooks, self, program, now)
+        return share
 
     def _kv_ttl(self, program: Program, now: float) -> float | None:
-        for kv_ttl in self._ttl_hooks:
-            ttl: float | None = kv_ttl(self, program, now)
-            if ttl is not None:
-                return ttl
-        return None
+        ttl: float | None = _first_answer(self._ttl_hooks, self, program, now)
+        return ttl
 
     def _changed(self, backend: str, now: float) -> None:
         state = self.backends.get(backend)
@@ -315,3 +306,12 @@ class Placement(CoreView):
             decisions = changed(self, state, now)
             if decisions or self._consumed:  # most hooks decide nothing: ()
                 self._run(decisions, now)
+
+
+def _first_answer(hooks: list[Callable[..., Any]], core: Any, program: Program, now: float) -> Any:
+    """A question hook's answer: the first stage's that is not None (None: no opinion)."""
+    for hook in hooks:
+        answer = hook(core, program, now)
+        if answer is not None:
+            return answer
+    return None

@@ -225,11 +225,9 @@ def _module_imports(path: Path, modules: frozenset[str]) -> set[str]:
 
 
 def _package_import_graph() -> dict[str, set[str]]:
-    paths = [
-        p
-        for p in ROOT.rglob("*.py")
-        if not ({"tests", ".venv", "build", "node_modules"} & set(p.relative_to(ROOT).parts))
-    ]
+    # The package's own folders and root modules only: a checkout also holds caches and
+    # virtual environments (.cache/vllm-venv in CI) whose files are not the package's.
+    paths = [*ROOT.glob("*.py"), *(p for f in sorted(TOP_LEVEL) for p in (ROOT / f).rglob("*.py"))]
     modules = frozenset(_module_name(p) for p in paths)
     return {_module_name(p): _module_imports(p, modules) for p in paths}
 

@@ -117,6 +117,8 @@ class Admission(Stage):
             max_overflow=self.params.max_overflow,
             duty=duty(self._costs(view, backend), view.tool_time.expected(None, None)),
             tier_reload=self.params.tier_reload and self.params.host_tier,
+            contexts=backend.contexts,
+            tier_tokens=tier if self.params.host_tier else 0,
         )
 
     def _typical(self, view: StageView, backend: BackendView) -> int:

@@ -17,6 +17,7 @@ class BackendState:
         "acting",
         "capacity",
         "cold_since",
+        "contexts",
         "draining",
         "foreign_reserved",
         "healthy",
@@ -53,6 +54,9 @@ class BackendState:
         # bounded correction, policies/resident.py; 1.0: trust the reservations).
         self.resident_ratio = 1.0
         self.pending_release = 0  # of which held by programs marked to pause after their call
+        # The whole contexts of its ACTIVE programs, whatever their reservations count: what
+        # the engine keeps between its GPU cache and its host tier without recomputing any.
+        self.contexts = 0
         self.scale = 1.0  # shrinks when the engine preempts: our model of it was too generous
         # Tokens past the watermark the cost-aware rule currently accepts (admission and
         # pausing both plan with limit + this; 0: hold whenever it does not fit).

@@ -142,6 +142,12 @@ class OverflowView:
     duty: float = 1.0
     # AdmissionParams.tier_reload: an overflow the host tier covers costs its reload only.
     tier_reload: bool = False
+    # The whole contexts of the programs placed there (BackendView.contexts) and the host
+    # tier in raw tokens: the tier covers what is admitted while those contexts, the new
+    # one's too, fit the GPU and the tier together. Reservations cannot tell: an idle
+    # program whose context fell to the tier reserves nothing, yet fills the tier.
+    contexts: int = 0
+    tier_tokens: int = 0
 
 
 def allowance(costs: EngineCosts, view: OverflowView, footprint: int, budget_s: float) -> int:
@@ -150,7 +156,7 @@ def allowance(costs: EngineCosts, view: OverflowView, footprint: int, budget_s: 
     x capacity while recomputing does (0 until a per-token cost is known: hold, as before).
     The pause stage relieves a backend only above its limit plus this."""
     weight = max(1, footprint) * max(1, view.batch)
-    if _tier_covers(costs, view, view.host_tokens):
+    if _tier_covers(costs, view, 0):
         assert costs.host_s_per_token is not None
         if weight * costs.host_s_per_token < budget_s:
             return view.host_tokens  # reloads, not recompute: no duty cap (tier_pays)
@@ -175,7 +181,7 @@ def admit_past_capacity(
     overflow = view.reserved + footprint - view.capacity
     if overflow <= 0:
         return True
-    if _tier_covers(costs, view, overflow):
+    if _tier_covers(costs, view, footprint):
         return tier_pays(costs, view, footprint, budget_s)
     if view.running + footprint > view.capacity:
         # Running sequences' KV cannot spill: past this the engine preempts them, and a
@@ -196,13 +202,16 @@ def admit_past_capacity(
     return footprint * per_token * max(1, view.batch) < budget_s
 
 
-def _tier_covers(costs: EngineCosts, view: OverflowView, overflow: float) -> bool:
-    """tier_reload: the host tier is priced and holds `overflow` tokens past the limit."""
+def _tier_covers(costs: EngineCosts, view: OverflowView, added: int) -> bool:
+    """tier_reload: the host tier is priced, and the placed programs' whole contexts, with
+    `added` more, fit the GPU and the tier together (past that, what falls to the tier
+    pushes another context out of it: a recompute, not a reload)."""
     return (
         view.tier_reload
         and costs.host_s_per_token is not None
         and 0 < view.host_tokens
-        and overflow <= view.host_tokens
+        and 0 < view.tier_tokens
+        and view.contexts + added <= view.capacity + view.tier_tokens
     )
 
 

@@ -53,6 +53,9 @@ class Program(msgspec.Struct, kw_only=True):
     request_tokens: int = 0  # estimated footprint of its latest request (context + output)
     pending_tokens: int = 0  # of `reserved_tokens`, counted as about to be released
     running_tokens: int = 0  # of `reserved_tokens`, counted as held by a call in the engine
+    # Its whole context as counted in its backend's `contexts` while ACTIVE (GPU and host
+    # tier together: what the engine must keep of it to recompute nothing).
+    held_context: int = 0
     steps: int = 0
     in_flight: int = 0
     waiting: int = 0  # requests held until it is admitted or resumed

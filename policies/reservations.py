@@ -58,6 +58,9 @@ class Ledger:
         if tokens < program.reserved_tokens:
             self.room_epoch += 1
         backend.reserved += tokens - program.reserved_tokens
+        context = max(tokens, program.context_tokens)
+        backend.contexts += context - program.held_context
+        program.held_context = context
         running = tokens if program.in_flight > 0 else 0
         backend.running_reserved += running - program.running_tokens
         program.running_tokens = running
@@ -74,12 +77,14 @@ class Ledger:
         if program.backend is not None and program.state is ProgramState.ACTIVE:
             backend = self.backends[program.backend]
             backend.reserved -= program.reserved_tokens
+            backend.contexts -= program.held_context
             backend.running_reserved -= program.running_tokens
             if program.pause_pending:
                 backend.pending_release -= program.pending_tokens
                 program.pending_tokens = 0
         program.reserved_tokens = 0
         program.running_tokens = 0
+        program.held_context = 0
         program.pause_pending = False
         slot = self.prefix_slots.pop(program.program_id, None)
         if slot is not None:

@@ -92,7 +92,11 @@ class StateAwarePause(Stage):
             return None
         backend = view.backends[label]  # type: ignore[index]
         speed = backend.host_load_tokens_per_s
-        reload = 1.0 / speed if speed and host_tier_tokens(backend) > 0 else None
+        tier = host_tier_tokens(backend)
+        # Swapping is a fate only while the tier has room: past GPU + tier, what falls to it
+        # pushes another program's context out, to be recomputed.
+        room = (backend.capacity or 0) + tier - backend.contexts
+        reload = 1.0 / speed if speed and tier > 0 and room >= 0 else None
         batch = backend.running_reserved - backend.running_unused
         remaining = view.expected_tool_time(program)
         keep = keeps_idle_context(remaining, batch, costs.prefill_s_per_token, reload)

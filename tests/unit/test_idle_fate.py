@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from thunder_mw.policies.core import Forward, RequestInfo, SchedulerCore
+from thunder_mw.policies.core_events import ReleaseRequested
 from thunder_mw.policies.overflow_cost import EngineCosts, keeps_idle_context
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
@@ -95,3 +96,17 @@ def test_an_acting_programs_reservation_follows_the_rule(
     for step in range(3):  # tool gaps of 10 s: the expected tool time
         run_call(core, "p", 10_000, 20.0 * step, 20.0 * step + 10.0)
     assert reserved(core, "p") == expected
+
+
+def test_a_context_let_go_is_still_counted_among_the_engines_contexts() -> None:
+    # Its reservation counts none of it (min-waste let it go), yet the engine keeps it, on
+    # the GPU or in its host tier, until something pushes it out: the backend's `contexts`
+    # (what the tier's rule checks for room) still holds it whole, and loses it on release.
+    core = make("min_waste", 1e-9)
+    for step in range(3):
+        run_call(core, "p", 10_000, 20.0 * step, 20.0 * step + 10.0)
+    backend = core.backends["b0"]
+    assert reserved(core, "p") == 0
+    assert backend.contexts == 10_010
+    core.handle(ReleaseRequested("p", "final", 70.0))
+    assert backend.contexts == 0 and backend.reserved == 0

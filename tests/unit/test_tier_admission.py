@@ -39,8 +39,13 @@ def test_off_by_default_the_gpu_caps_what_runs() -> None:
     assert allowance(CHEAP_RELOAD, BUSY, 400, budget_s=10.0) == 0  # duty 1: no room
 
 
+# The same engine with the tier's rule on: its programs' whole contexts, 1,000 tokens, fit
+# the GPU (1,000) and the tier (5,000) together with room for 5,000 more.
+TIERED = replace(BUSY, tier_reload=True, contexts=1000, tier_tokens=5000)
+
+
 def test_a_tier_that_holds_the_overflow_costs_only_its_reload() -> None:
-    tiered = replace(BUSY, tier_reload=True)
+    tiered = TIERED
     # 400 tokens reloaded, stalling 10 sequences: 0.04 s against a 10 s hold.
     assert tier_pays(CHEAP_RELOAD, tiered, 400, budget_s=10.0)
     assert admit_past_capacity(CHEAP_RELOAD, tiered, 400, budget_s=10.0)
@@ -52,13 +57,26 @@ def test_a_tier_that_holds_the_overflow_costs_only_its_reload() -> None:
 
 
 def test_past_the_tier_or_without_its_price_the_gpu_rules_again() -> None:
-    tiered = replace(BUSY, tier_reload=True)
-    full = replace(tiered, reserved=5900)  # 5,900 + 200 - 1,000 > 5,000 in the tier
+    tiered = TIERED
+    full = replace(tiered, contexts=5900)  # 5,900 + 200 > 1,000 on the GPU + 5,000 in the tier
     assert not admit_past_capacity(CHEAP_RELOAD, full, 200, budget_s=10.0)
     unpriced = EngineCosts(prefill_s_per_token=1e-2)  # no load speed known
     assert not admit_past_capacity(unpriced, tiered, 400, budget_s=10.0)
-    untiered = replace(tiered, host_tokens=0)
+    untiered = replace(tiered, host_tokens=0, tier_tokens=0)
     assert not admit_past_capacity(CHEAP_RELOAD, untiered, 400, budget_s=10.0)
+
+
+def test_contexts_that_fell_to_the_tier_fill_it_though_they_reserve_nothing() -> None:
+    # Idle programs whose reservations count none of their contexts (min-waste let them
+    # fall to the tier): reservations say 1,000 of 1,000, but 5,900 tokens of context are
+    # placed, so the tier has no room for 200 more and what falls to it pushes out another
+    # context, a recompute: the GPU rules decide (every call in the engine: no room).
+    filled = replace(TIERED, contexts=5900)
+    assert not admit_past_capacity(CHEAP_RELOAD, filled, 200, budget_s=10.0)
+    assert admit_past_capacity(CHEAP_RELOAD, replace(filled, contexts=5800), 200, budget_s=10.0)
+    # Pausing waits past the limit by the whole tier only while what is placed fits it.
+    assert allowance(CHEAP_RELOAD, filled, 200, budget_s=10.0) == 5000
+    assert allowance(CHEAP_RELOAD, replace(filled, contexts=6100), 200, budget_s=10.0) == 0
 
 
 def ctx(pid: str) -> AgentContext:

@@ -290,7 +290,8 @@ class RedisStore:
             except (TimeoutError, RedisError, OSError):
                 await asyncio.sleep(RETRY_AFTER_DOWN_S)  # Redis away: subscribe again
             finally:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                # redis-py before 8.2 leaves aclose untyped, 8.2 types it: either passes.
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
 
     async def close(self) -> None:
         if self._listener is not None:

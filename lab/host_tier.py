@@ -1,7 +1,10 @@
-"""thunder-mw on the host-tier engines `offload` runs on, over `offload`: the same hardware.
+"""thunder-mw on the host-tier engines `offload` runs on, over `offload` and over the best
+client-side cap on those engines (`offload_capped`): the same hardware.
 
-`thunder-mw/host-tier` runs in a scenario's `<name>-variants.json`, `offload` in `<name>.json`;
-both hold the same seeds' workloads and engines, so their runs pair by seed. This writes the
+The tiered thunder-mw rows (`TIERED`: the default pipeline on offload's engines, and issue
+42's tier-aware rules) run in a scenario's `<name>-variants.json`, `offload` and
+`offload_capped` (its runs at the cap that was best on each figure) in `<name>.json`; both
+files hold the same seeds' workloads and engines, so their runs pair by seed. This writes the
 paired ratios (fixed batch and long window, 95 % bootstrap interval, verdict) to
 results/host-tier.json, which docs/benchmarks.md's table is printed from:
 
@@ -18,7 +21,10 @@ from typing import Any
 from thunder_mw.benchmarks.bootstrap import compare
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 
-OURS, THEIRS = "thunder-mw/host-tier", "offload"
+# The tiered thunder-mw rows, in the order the table lists them.
+TIERED = ("thunder-mw/host-tier", "thunder-mw/tier-admit", "thunder-mw/tier-min-waste")
+# What a user with the tier runs instead: offload alone, and offload behind its best cap.
+THEIRS = ("offload", "offload_capped")
 FIGURES = (("makespan_s", True, False), ("steps_per_min_steady", False, True))
 
 
@@ -36,16 +42,35 @@ def per_seed(report: dict[str, Any], policy: str, wave: bool, metric: str) -> di
     }
 
 
-def pair(main: dict[str, Any], variants: dict[str, Any]) -> dict[str, Any]:
+def pair(
+    main: dict[str, Any],
+    variants: dict[str, Any],
+    ours: str = TIERED[0],
+    theirs: str = THEIRS[0],
+) -> dict[str, Any]:
     """Each figure's paired ratio (ours over theirs as a speed-up) on the seeds both ran."""
     out: dict[str, Any] = {}
     for metric, wave, higher in FIGURES:
-        ours = per_seed(variants, OURS, wave, metric)
-        theirs = per_seed(main, THEIRS, wave, metric)
-        common = sorted(set(ours) & set(theirs))
+        mine = per_seed(variants, ours, wave, metric)
+        other = per_seed(main, theirs, wave, metric)
+        common = sorted(set(mine) & set(other))
         if len(common) >= 2:
-            ratio = compare([ours[k] for k in common], [theirs[k] for k in common], higher)
+            ratio = compare([mine[k] for k in common], [other[k] for k in common], higher)
             out[metric] = {**ratio, "seeds": common}
+    return out
+
+
+def caps(main: dict[str, Any]) -> dict[str, Any]:
+    """The cap `offload_capped` ran at on each figure (the best on the tuning of that file)."""
+    out: dict[str, Any] = {}
+    for metric, wave, _ in FIGURES:
+        seen = {
+            r.get("cap")
+            for r in main["sweep"]
+            if r["policy"] == THEIRS[1] and r["main"] and bool(r["wave"]) == wave
+        }
+        if seen:
+            out[metric] = sorted(c for c in seen if c is not None)
     return out
 
 
@@ -55,13 +80,22 @@ def main(results: Path = RESULTS_DIR) -> int:
         name = vpath.name.removesuffix("-variants.json")
         path = results / f"{name}.json"
         variants = json.loads(vpath.read_text())
-        if not path.is_file() or OURS not in variants["config"]["policies"]:
+        if not path.is_file():
             continue
-        paired = pair(json.loads(path.read_text()), variants)
-        if paired:
-            scenarios[name] = paired
+        report = json.loads(path.read_text())
+        rows: dict[str, Any] = {}
+        for ours in TIERED:
+            if ours not in variants["config"]["policies"]:
+                continue
+            against = {theirs: pair(report, variants, ours, theirs) for theirs in THEIRS}
+            against = {theirs: figures for theirs, figures in against.items() if figures}
+            if against:
+                rows[ours] = against
+        if rows:
+            scenarios[name] = {"rows": rows, "caps": caps(report)}
     write_result(
-        results / "host-tier.json", {"ours": OURS, "theirs": THEIRS, "scenarios": scenarios}
+        results / "host-tier.json",
+        {"ours": list(TIERED), "theirs": list(THEIRS), "scenarios": scenarios},
     )
     print(json.dumps(scenarios, indent=1))
     return 0

@@ -361,8 +361,9 @@ def summary_table(names: list[str]) -> str:
         "| scenario | set | fixed batch: strongest, its makespan / thunder-mw's | "
         "long window: strongest, thunder-mw / it | goals: / best not program-aware (>= 1.15); "
         "/ vLLM router (>= 1.1); sweep: worst point / best at or below it (>= 0.98); "
-        "max / median JCT (<= 3) | ablations: / its fixed rules; the variant it trails most |",
-        "|---|---|---|---|---|---|",
+        "max / median JCT (<= 3) | ablations: / its fixed rules; the variant it trails most "
+        "| on offload's hardware (a host KV tier): thunder-mw on it / offload, / its best cap |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, report in _reports(names):
         split = report["config"].get("split", "tuning")
@@ -371,12 +372,12 @@ def summary_table(names: list[str]) -> str:
             lines.append(
                 f"| {link} | {split} | the fleet-size sweep (2, 4, 8 engines) of "
                 f"`{SWEEP_OF[name]}`, whose runs are its 2-engine point: no verdict of its own "
-                "([per size](docs/benchmarks.md)) | | | |"
+                "([per size](docs/benchmarks.md)) | | | | |"
             )
             continue
         point = _main_point(report)
         if point is None or not runs_default(report):
-            lines.append(f"| {link} | {split} | not yet rerun with the default scheduler | | | |")
+            lines.append(f"| {link} | {split} | not yet rerun with the default scheduler | | | | |")
             continue
         cells = []
         for figure, _, _ in FIGURE_COLUMNS:
@@ -399,9 +400,43 @@ def summary_table(names: list[str]) -> str:
             if variants is None
             else f"{_fixed_ratio(variants)}; {_trails_cell(variants)}"
         )
-        cells += [goals, ablations]
+        cells += [goals, ablations, _tier_cell(name)]
         lines.append(f"| {link} | {split} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+# The tiered thunder-mw row the README names, first found (lab/host_tier.py TIERED): the
+# min-waste idle rule with tier-aware placement and admission, else the default pipeline.
+TIER_HEADLINE = ("thunder-mw/tier-min-waste", "thunder-mw/host-tier")
+
+
+def _tier_cell(name: str) -> str:
+    """Like with like where the baseline has a host KV tier: the tiered thunder-mw row over
+    offload and over offload behind its best cap, per figure (host-tier.json)."""
+    path = RESULTS / "host-tier.json"
+    rows = json.loads(path.read_text())["scenarios"].get(name, {}) if path.is_file() else {}
+    ours = next((r for r in TIER_HEADLINE if r in rows.get("rows", {})), None)
+    if ours is None:
+        return "not run"
+    against = rows["rows"][ours]
+    parts = []
+    for theirs in ("offload", "offload_capped"):
+        figures = against.get(theirs)
+        if not figures:
+            continue
+        cells = [
+            f"{label} {_short_ratio(figures[metric])}"
+            for metric, label in (("makespan_s", "batch"), ("steps_per_min_steady", "window"))
+            if metric in figures
+        ]
+        parts.append(f"/ {theirs}: " + ", ".join(cells))
+    seeds = {k for by in against.values() for r in by.values() for k in r["seeds"]}
+    return f"`{ours.removeprefix('thunder-mw/')}` ({len(seeds)} seeds) " + "; ".join(parts)
+
+
+def _short_ratio(r: Record) -> str:
+    low, high = r["ci95"]
+    return f"{r['ratio']:.2f} [{low:.2f}, {high:.2f}] **{r['verdict']}**"
 
 
 def _goal_cell(r: Record | None, rival: str, goal: float) -> str:
@@ -455,6 +490,7 @@ NOT_A_RULE = (
     "thunder-mw/tier-counters",
     "thunder-mw/tier-aware+arrival-order",
     "thunder-mw/tier-admit",
+    "thunder-mw/tier-min-waste",
 )
 
 
@@ -588,23 +624,34 @@ def controller_table(names: list[str]) -> str:
 
 
 def host_tier_table(names: list[str]) -> str:
-    """thunder-mw on the host-tier engines `offload` runs on (`thunder-mw/host-tier`, in
-    `<name>-variants.json`) over `offload` (in `<name>.json`), paired by seed, as
-    the host-tier pairing command (lab/host_tier.py) wrote them to `host-tier.json`."""
+    """thunder-mw on the host-tier engines `offload` runs on (its tiered rows, in
+    `<name>-variants.json`) over `offload` and over `offload_capped` at its best cap (in
+    `<name>.json`), paired by seed, as the host-tier pairing command (lab/host_tier.py)
+    wrote them to `host-tier.json`."""
     lines = [
-        "| scenario | seeds | fixed batch: offload's makespan / thunder-mw's | "
-        "long window: thunder-mw / offload |",
-        "|---|---|---|---|",
+        "| scenario | thunder-mw on the tier | seeds | fixed batch: offload's makespan / ours "
+        "| long window: ours / offload | fixed batch: offload_capped's / ours "
+        "| long window: ours / offload_capped |",
+        "|---|---|---|---|---|---|---|",
     ]
     path = RESULTS / "host-tier.json"
     paired = json.loads(path.read_text())["scenarios"] if path.is_file() else {}
     for name in names:
         if name not in paired:
             continue
-        figures = paired[name]
-        seeds = {k for r in figures.values() for k in r["seeds"]}
-        cells = [_ratio_cell(figures.get(m)) for m in ("makespan_s", "steps_per_min_steady")]
-        lines.append(f"| `{name}` | {len(seeds)} | " + " | ".join(cells) + " |")
+        caps = paired[name].get("caps", {})
+        for ours, against in paired[name]["rows"].items():
+            seeds = {k for by in against.values() for r in by.values() for k in r["seeds"]}
+            cells = []
+            for theirs in ("offload", "offload_capped"):
+                for metric in ("makespan_s", "steps_per_min_steady"):
+                    ratio = against.get(theirs, {}).get(metric)
+                    cell = _ratio_cell(ratio) if ratio else "-"
+                    if ratio and theirs == "offload_capped" and caps.get(metric):
+                        cell += f" (cap {'/'.join(map(str, caps[metric]))})"
+                    cells.append(cell)
+            row = ours.removeprefix("thunder-mw/")
+            lines.append(f"| `{name}` | {row} | {len(seeds)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from thunder_mw.lab.host_tier import pair
+from thunder_mw.lab.host_tier import caps, pair
 
 
 def _report(policy: str, seeds: dict[int, tuple[float, float]]) -> dict[str, Any]:
@@ -34,3 +34,16 @@ def test_the_two_files_pair_on_the_seeds_both_ran() -> None:
 def test_fewer_than_two_common_seeds_give_no_ratio() -> None:
     offload = _report("offload", {0: (100.0, 1000.0)})
     assert pair(offload, _report("thunder-mw/host-tier", {0: (120.0, 800.0)})) == {}
+
+
+def test_each_tiered_row_pairs_with_offload_behind_its_best_cap() -> None:
+    main = _report("offload", {0: (100.0, 1000.0), 1: (110.0, 1100.0)})
+    capped = _report("offload_capped", {0: (125.0, 900.0), 1: (121.0, 1000.0)})
+    for r in capped["sweep"]:
+        r["cap"] = 96 if r["wave"] else 72
+    main["sweep"] += capped["sweep"]
+    ours = _report("thunder-mw/tier-min-waste", {0: (125.0, 900.0), 1: (132.0, 880.0)})
+    paired = pair(main, ours, "thunder-mw/tier-min-waste", "offload_capped")
+    assert paired["steps_per_min_steady"]["ratio"] == 1.045  # 128.5 / 123: mean over mean
+    assert paired["makespan_s"]["seeds"] == [0, 1]
+    assert caps(main) == {"makespan_s": [96], "steps_per_min_steady": [72]}

@@ -290,7 +290,8 @@ class RedisStore:
             except (TimeoutError, RedisError, OSError):
                 await asyncio.sleep(RETRY_AFTER_DOWN_S)  # Redis away: subscribe again
             finally:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                # Untyped in some redis releases (the ignore), typed in newer ones.
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
 
     async def close(self) -> None:
         if self._listener is not None:

@@ -2,15 +2,17 @@
 collaborators and its settings passed to its constructor, in the one order their
 dependencies allow.
 
-    pool ─► core ─► metrics, tools, observability, prefiller, owners
+    pool ─► core ─► tools ─► metrics ─► observability, prefiller, owners
          ─► [store ─► replication] ─► scheduler
          ─► forwarder | the user's app ─► the request layers ─► fleet ─► admin routes
 
 Nothing is wired afterwards: listeners are constructor arguments, in the order they hear an
-action. Two edges point back to a component built later, each closed by a function that
+action. Three edges point back to a component built later, each closed by a function that
 names it and runs only once the gateway has started: the pool reports probes to the
-scheduler, and a replica hands the core's answers to the other replicas' news to the
-scheduler it serves.
+scheduler, the tools count reclaims on the metrics (which read the tools' gauges), and a
+replica hands the core's answers to the other replicas' news to the scheduler it serves.
+The one registration after construction is prometheus_client's own: each component built
+on the metrics' registry (observability, speculative prefill) registers its series there.
 """
 
 from __future__ import annotations
@@ -84,9 +86,15 @@ def compose(
 
     pool = BackendPool(config.backends, config.server, listeners=(probed,))
     core = SchedulerCore(pool.configured(), build_pipeline(config.policies))
-    metrics = GatewayMetrics()
-    metrics.watch(core.programs, pool)
-    tools = _docker_tools(config, core, metrics, clock)
+    # Reclaims are counted on the metrics built next, which read the tools' gauges.
+    tools = _docker_tools(
+        config,
+        core,
+        clock,
+        on_reclaimed=lambda reason: metrics.containers_reclaimed.labels(reason).inc(),
+        on_failure=lambda: metrics.reclaim_failures.inc(),
+    )
+    metrics = GatewayMetrics(core.programs, pool, tools)
     observability = Observability(config.observability, core, pool, metrics, clock)
     prefiller = SpeculativePrefiller.for_core(
         core, pool, config.speculative_prefill, PrefillMetrics(metrics.registry)
@@ -206,18 +214,17 @@ def _replication(
 def _docker_tools(
     config: ThunderConfig,
     core: SchedulerCore,
-    metrics: GatewayMetrics,
     clock: Callable[[], float],
+    on_reclaimed: Callable[[str], None],
+    on_failure: Callable[[], None],
 ) -> DockerTools | None:
     settings = config.tools.docker
     if settings.enabled is False:
         return None
-    tools = DockerTools(
+    return DockerTools(
         settings,
         lambda program_id: core.program(program_id) is not None,
         clock,
-        on_reclaimed=lambda reason: metrics.containers_reclaimed.labels(reason).inc(),
-        on_failure=metrics.reclaim_failures.inc,
+        on_reclaimed=on_reclaimed,
+        on_failure=on_failure,
     )
-    metrics.watch_tools(tools)
-    return tools

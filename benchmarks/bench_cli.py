@@ -42,6 +42,8 @@ from thunder_mw.benchmarks.scenarios import (
     POLICY_ENGINE_OPTIONS,
     SCENARIOS,
     Scenario,
+    engine_kv_tokens,
+    kv_tokens_of,
 )
 from thunder_mw.benchmarks.workloads import (
     MIX_PREFIX,
@@ -52,7 +54,6 @@ from thunder_mw.benchmarks.workloads import (
 )
 from thunder_mw.benchmarks.workloads import PRESETS as WORKLOADS
 from thunder_mw.schemas.stage_params import AdmissionParams, MigrationParams, PauseParams
-from thunder_mw.sim.cost_model import get_profile
 
 PROXY_OVERHEAD = "proxy-overhead"
 IDLE_GAPS = "idle-gaps"
@@ -252,9 +253,28 @@ def _run_proxy_overhead(args: argparse.Namespace) -> int:
 
 
 def _run_live_peers(args: argparse.Namespace) -> int:
+    """The real peer routers live (`--mode live`, or `--resimulate` of such a run: peers.py),
+    else their stand-ins in the DES, run here as any scenario's policies are."""
     from thunder_mw.benchmarks import peers
 
-    return peers.run_bench(args)
+    if args.mode == "live" or getattr(args, "resimulate", False):
+        return peers.run_bench(args)
+    results = args.results_dir if getattr(args, "results_dir", None) else RESULTS_DIR
+    scenario = peers.LIVE_REGIMES[getattr(args, "scenario", LIVE_PEERS)].scenario
+    policies = args.policies.split(",") if args.policies else list(scenario.policies)
+    absent = [p for p in policies if p not in POLICIES]
+    if absent:
+        print(f"no DES policy {absent}; known: {sorted(POLICIES)}", file=sys.stderr)
+        return 2
+    output = args.output or results / f"{scenario.name}-des.json"
+    report = run_scenario(scenario, policies, seed=args.seed, sweep=False, jobs=args.jobs)
+    write_result(output, report, indent=1)
+    print(format_table(report))
+    print(f"\nwall {report['wall_s']} s; written to {output}")
+    if not args.no_plots:
+        for path in write_plots(report, output.with_suffix("")):
+            print(f"plot: {path}")
+    return 0
 
 
 def _run_mini_swe_agent(args: argparse.Namespace) -> int:
@@ -542,28 +562,6 @@ def _workload(
     return generate(
         scenario.workload, programs, seed=seed, max_context_tokens=scenario.max_model_len
     )
-
-
-def _profile_kv(scenario: Scenario, profile: str) -> int:
-    capacity = get_profile(profile).capacity_tokens
-    if not capacity:
-        raise ValueError(f"{scenario.name}: profile {profile!r} has no KV capacity")
-    return int(capacity * scenario.kv_scale)
-
-
-def kv_tokens_of(scenario: Scenario) -> int:
-    """KV tokens per engine: the scenario's, else its cost profile's own capacity (a mixed
-    fleet: its first engine's; `engine_kv_tokens` has each)."""
-    if scenario.kv_tokens is not None:
-        return scenario.kv_tokens
-    return _profile_kv(scenario, (scenario.engine_profiles or (scenario.profile,))[0])
-
-
-def engine_kv_tokens(scenario: Scenario) -> tuple[int, ...]:
-    """A mixed fleet's KV tokens per engine (empty for a uniform fleet)."""
-    if not scenario.engine_profiles:
-        return ()
-    return tuple(scenario.kv_tokens or _profile_kv(scenario, p) for p in scenario.engine_profiles)
 
 
 def engine_options(scenario: Scenario, policy: str) -> tuple[tuple[str, Any], ...]:

@@ -261,7 +261,9 @@ class Simulation:
         self.on_action = on_action
         filler = RuleTokenizer().filler_ids
         # One registry of hash chains: a program moved to another engine is not hashed again.
-        chains = ProgramChains(cluster.block_size, filler, PROGRAMS_REMEMBERED * cluster.engines)
+        chains = ProgramChains[Sequence](
+            cluster.block_size, filler, PROGRAMS_REMEMBERED * cluster.engines
+        )
         self.backends = {
             f"e{i}": _Backend(f"e{i}", Engine(cluster.engine_config(i), filler, chains=chains))
             for i in range(cluster.engines)

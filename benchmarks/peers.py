@@ -51,7 +51,7 @@ from thunder_mw.benchmarks.engine_counters import delta, read_counters
 from thunder_mw.benchmarks.live import Gateway, engines_gateway_config, live_metrics
 from thunder_mw.benchmarks.replay import Identity, Replayer, thunder_identity
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
-from thunder_mw.benchmarks.scenarios import PUBLISHED_SCENARIOS, Scenario
+from thunder_mw.benchmarks.scenarios import PUBLISHED_SCENARIOS, Scenario, kv_tokens_of
 from thunder_mw.benchmarks.workloads import ProgramSpec, generate
 from thunder_mw.sim.cost_model import StepCost, get_profile, prefill_positions
 from thunder_mw.sim.ports import free_port
@@ -824,8 +824,6 @@ def peer_versions() -> dict[str, str | None]:
 
 
 def _cluster(scenario: Scenario, seed: int) -> ClusterConfig:
-    from thunder_mw.benchmarks.bench_cli import kv_tokens_of
-
     return ClusterConfig(
         engines=scenario.engines,
         kv_tokens=kv_tokens_of(scenario),
@@ -1162,10 +1160,9 @@ def write_plot(report: dict[str, Any], path: Path) -> Path | None:
 
 
 def run_bench(args: Any) -> int:
-    """`thunder-mw bench --scenario live-peers`: with `--mode live` the systems themselves
-    (`--policies` picks systems by name), else their stand-ins in the DES; the exit status."""
-    from thunder_mw.benchmarks import bench_cli
-
+    """`thunder-mw bench --scenario live-peers --mode live`: the systems themselves
+    (`--policies` picks systems by name), or `--resimulate` of such a run's DES half; the
+    exit status. (Their stand-ins alone in the DES run as any scenario does: bench_cli.py.)"""
     results = args.results_dir if getattr(args, "results_dir", None) else RESULTS_DIR
     regime = LIVE_REGIMES[getattr(args, "scenario", LIVE_PEERS.name)]
     scenario = regime.scenario
@@ -1175,25 +1172,6 @@ def run_bench(args: Any) -> int:
         write_result(path, report, indent=1)
         print(format_report(report))
         print(f"\nDES half redone; written to {path}")
-        return 0
-    if args.mode != "live":
-        from thunder_mw.benchmarks.scenarios import POLICIES
-
-        policies = args.policies.split(",") if args.policies else list(scenario.policies)
-        absent = [p for p in policies if p not in POLICIES]
-        if absent:
-            print(f"no DES policy {absent}; known: {sorted(POLICIES)}", file=sys.stderr)
-            return 2
-        output = args.output or results / f"{scenario.name}-des.json"
-        report = bench_cli.run_scenario(
-            scenario, policies, seed=args.seed, sweep=False, jobs=args.jobs
-        )
-        write_result(output, report, indent=1)
-        print(bench_cli.format_table(report))
-        print(f"\nwall {report['wall_s']} s; written to {output}")
-        if not args.no_plots:
-            for path in bench_cli.write_plots(report, output.with_suffix("")):
-                print(f"plot: {path}")
         return 0
     default = DEFAULT_SYSTEMS if regime.published is None else REGIME_SYSTEMS
     systems = args.policies.split(",") if args.policies else list(default)

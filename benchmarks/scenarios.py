@@ -21,6 +21,7 @@ from typing import Any
 
 from thunder_mw.schemas.pipeline_presets import DEFAULT_PIPELINE
 from thunder_mw.schemas.pipeline_presets import PRESETS as PIPELINE_PRESETS
+from thunder_mw.sim.cost_model import get_profile
 
 DEFAULT_POLICIES = ("round_robin", "sticky", "thunderagent", "thunder-mw")
 VLLM_CAPPED = "vllm_capped"
@@ -649,3 +650,26 @@ TEST_SCENARIOS: dict[str, Scenario] = {
     ),
 }
 SCENARIOS.update(TEST_SCENARIOS)
+
+
+# ------------------------------------------------------------------ KV tokens per engine
+def _profile_kv(scenario: Scenario, profile: str) -> int:
+    capacity = get_profile(profile).capacity_tokens
+    if not capacity:
+        raise ValueError(f"{scenario.name}: profile {profile!r} has no KV capacity")
+    return int(capacity * scenario.kv_scale)
+
+
+def kv_tokens_of(scenario: Scenario) -> int:
+    """KV tokens per engine: the scenario's, else its cost profile's own capacity (a mixed
+    fleet: its first engine's; `engine_kv_tokens` has each)."""
+    if scenario.kv_tokens is not None:
+        return scenario.kv_tokens
+    return _profile_kv(scenario, (scenario.engine_profiles or (scenario.profile,))[0])
+
+
+def engine_kv_tokens(scenario: Scenario) -> tuple[int, ...]:
+    """A mixed fleet's KV tokens per engine (empty for a uniform fleet)."""
+    if not scenario.engine_profiles:
+        return ()
+    return tuple(scenario.kv_tokens or _profile_kv(scenario, p) for p in scenario.engine_profiles)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from thunder_mw.conformance.registry import check
+from thunder_mw.conformance.catalogue import check
 from thunder_mw.conformance.session import Fail, NotApplicable, Session, clip
 
 T, DB, DH = "thunderagent", "dynamo-body", "dynamo-headers"

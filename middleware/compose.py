@@ -1,12 +1,18 @@
 """The composition root: builds every live component of a gateway once, each with its
-collaborators passed to its constructor, in the one order their dependencies allow.
+collaborators and its settings passed to its constructor, in the one order their
+dependencies allow.
 
-    pool ─► core ─► metrics, tools, observability, prefiller, owners ─► scheduler
+    pool ─► core ─► tools ─► metrics ─► observability, prefiller, owners
+         ─► [store ─► replication] ─► scheduler
          ─► forwarder | the user's app ─► the request layers ─► fleet ─► admin routes
 
 Nothing is wired afterwards: listeners are constructor arguments, in the order they hear an
-action. The one cycle (the pool reports probes to the scheduler built over it) is closed by
-a function that names the scheduler, which exists before the pool's first probe.
+action. Three edges point back to a component built later, each closed by a function that
+names it and runs only once the gateway has started: the pool reports probes to the
+scheduler, the tools count reclaims on the metrics (which read the tools' gauges), and a
+replica hands the core's answers to the other replicas' news to the scheduler it serves.
+The one registration after construction is prometheus_client's own: each component built
+on the metrics' registry (observability, speculative prefill) registers its series there.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from thunder_mw.middleware.fleet import Fleet
 from thunder_mw.middleware.forwarder import Forwarder
 from thunder_mw.middleware.live_scheduler import HoldLimits, LiveScheduler
 from thunder_mw.middleware.program_ownership import ProgramOwnership
+from thunder_mw.middleware.replication import ReplicaSettings, Replication
 from thunder_mw.middleware.rollout_routes import RolloutRoutes
 from thunder_mw.middleware.scheduling import SchedulingMiddleware
 from thunder_mw.middleware.speculative_prefill import SpeculativePrefiller
@@ -43,8 +50,8 @@ from thunder_mw.observability.prefill_metrics import PrefillMetrics
 from thunder_mw.observability.service import Observability
 from thunder_mw.policies.core import Action, BackendMetrics, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
+from thunder_mw.policies.stages import GcHooks
 from thunder_mw.schemas.config import ThunderConfig
-from thunder_mw.state.store import MemoryStore, SchedulerStore
 from thunder_mw.tools.docker_tools import DockerTools
 
 
@@ -79,9 +86,15 @@ def compose(
 
     pool = BackendPool(config.backends, config.server, listeners=(probed,))
     core = SchedulerCore(pool.configured(), build_pipeline(config.policies))
-    metrics = GatewayMetrics()
-    metrics.watch(core.programs, pool)
-    tools = _docker_tools(config, core, metrics, clock)
+    # Reclaims are counted on the metrics built next, which read the tools' gauges.
+    tools = _docker_tools(
+        config,
+        core,
+        clock,
+        on_reclaimed=lambda reason: metrics.containers_reclaimed.labels(reason).inc(),
+        on_failure=lambda: metrics.reclaim_failures.inc(),
+    )
+    metrics = GatewayMetrics(core.programs, pool, tools)
     observability = Observability(config.observability, core, pool, metrics, clock)
     prefiller = SpeculativePrefiller.for_core(
         core, pool, config.speculative_prefill, PrefillMetrics(metrics.registry)
@@ -143,15 +156,18 @@ def build_scheduler(
     tick_listeners: Sequence[Callable[[], None]],
     owners: ProgramOwnership | None,
 ) -> LiveScheduler:
-    """This process's scheduler; with `state.backend: redis`, one replica of several."""
+    """This process's scheduler; with `state.backend: redis`, one replica of several,
+    given the `Replication` built here over the shared store."""
     server = config.server
-    store: SchedulerStore = MemoryStore()
-    if config.state.backend == "redis":
-        from thunder_mw.state.redis_store import RedisStore
 
-        replica_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-        store = RedisStore(config.state, replica_id)
-    return LiveScheduler(
+    def carry_out(actions: list[Action]) -> None:
+        # The replica's background work starts with the scheduler, built just below.
+        scheduler.carry_out(actions)
+
+    replication = None
+    if config.state.backend == "redis":
+        replication = _replication(config, core, clock, carry_out, owners)
+    scheduler = LiveScheduler(
         pool,
         core,
         clock,
@@ -159,9 +175,38 @@ def build_scheduler(
         HoldLimits.of(server),
         listeners=listeners,
         tick_listeners=tick_listeners,
-        store=store,
-        on_unavailable=config.state.on_unavailable,
-        # With replicas, the owners' bindings are shared through the program records.
+        replication=replication,
+    )
+    return scheduler
+
+
+def _replication(
+    config: ThunderConfig,
+    core: SchedulerCore,
+    clock: Callable[[], float],
+    carry_out: Callable[[list[Action]], None],
+    owners: ProgramOwnership | None,
+) -> Replication:
+    """One replica's share of the fleet, over the Redis store (imported only here: a single
+    gateway needs no redis client)."""
+    from thunder_mw.state.redis_store import RedisStore
+
+    stages = core.pipeline()
+    # A program's record outlives its last change as long as the pipeline keeps an idle
+    # program (gc_hooks' idle expiry), else half an hour.
+    record_ttl_ms = 1_800_000
+    for stage in stages:
+        if isinstance(stage, GcHooks):
+            record_ttl_ms = int(stage.params.idle_ttl_s * 1000)
+    replica_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+    return Replication(
+        core,
+        RedisStore(config.state, replica_id, record_ttl_ms),
+        ReplicaSettings.of(config.state, stages),
+        clock=clock,
+        tick_interval_s=config.server.tick_interval_s,
+        carry_out=carry_out,
+        # The owners' bindings are shared through the program records.
         ownership=owners,
     )
 
@@ -169,18 +214,17 @@ def build_scheduler(
 def _docker_tools(
     config: ThunderConfig,
     core: SchedulerCore,
-    metrics: GatewayMetrics,
     clock: Callable[[], float],
+    on_reclaimed: Callable[[str], None],
+    on_failure: Callable[[], None],
 ) -> DockerTools | None:
     settings = config.tools.docker
     if settings.enabled is False:
         return None
-    tools = DockerTools(
+    return DockerTools(
         settings,
         lambda program_id: core.program(program_id) is not None,
         clock,
-        on_reclaimed=lambda reason: metrics.containers_reclaimed.labels(reason).inc(),
-        on_failure=metrics.reclaim_failures.inc,
+        on_reclaimed=on_reclaimed,
+        on_failure=on_failure,
     )
-    metrics.watch_tools(tools)
-    return tools

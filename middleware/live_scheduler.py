@@ -5,10 +5,10 @@ wakes them on `Resumed`, answers them on `Reject`, drops them when their client 
 the core's timers, and turns engine probes into backend events. All state lives in the core;
 this class owns only the futures and the timer task, all on one event loop (no locks).
 
-The state replicas share comes in as a store (state/store.py). With a store that is shared
-(Redis), a `Replication` (middleware/replication.py) writes through its admission gate and
-keeps the core told of the other replicas; with the default `MemoryStore` (one gateway)
-there is none, and the request path does no store work.
+One replica of several (`state.backend: redis`) is given a `Replication`
+(middleware/replication.py, built by the composition root over the shared store): it writes
+through the store's admission gate and keeps the core told of the other replicas. A single
+gateway has none, and the request path does no store work.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import msgspec
 
 from thunder_mw.engines.pool import Backend, BackendPool
 from thunder_mw.middleware.call_state import CallState, Outcome, RequestBody
-from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.replication import Replication
 from thunder_mw.middleware.scheduling import ClientGone, Rejected, until_disconnect
 from thunder_mw.middleware.types import Receive
@@ -44,7 +43,6 @@ from thunder_mw.policies.core import (
 from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.program_table import Program, Usage
 from thunder_mw.schemas.config import ServerSettings
-from thunder_mw.state.store import MemoryStore, SchedulerStore
 
 log = logging.getLogger("thunder_mw.scheduler")
 RETRY_AFTER_S = b"5"
@@ -109,18 +107,16 @@ class LiveScheduler:
         *,
         listeners: Sequence[Callable[[Action], None]] = (),
         tick_listeners: Sequence[Callable[[], None]] = (),
-        store: SchedulerStore | None = None,
-        on_unavailable: str = "fail_open",
-        ownership: ProgramOwnership | None = None,
+        replication: Replication | None = None,
     ) -> None:
         """`core` is the pure core over `pool`'s engines; `listeners` see each action it
-        returns, in order; the pool's probes reach `on_probe` (the composition root wires
-        both, middleware/compose.py)."""
+        returns, in order; the pool's probes reach `on_probe`; `replication` makes this one
+        replica of several (the composition root builds all of them, middleware/compose.py)."""
         self.pool = pool
         self.clock = clock
         self.tick_interval_s = tick_interval_s
         self.limits = limits or HoldLimits()
-        self.held = 0
+        self._held = 0  # held for capacity or at the generation gate (see `held`)
         self.held_bytes = 0  # body bytes of the held requests
         self.draining = False
         self.core = core
@@ -141,12 +137,16 @@ class LiveScheduler:
         # Timers of other components (profile retention) ride on the scheduler's tick, so a
         # gateway that goes quiet still lets go of what it only keeps for a while.
         self.tick_listeners = list(tick_listeners)
-        self.store = store if store is not None else MemoryStore()
         # One replica of several (a shared store): the gate, records and the others' share;
         # with `program_owner: header`, the owners' bindings travel in the shared records.
-        self.replication = (
-            Replication(self, self.store, on_unavailable, ownership) if self.store.shared else None
-        )
+        self.replication = replication
+
+    @property
+    def held(self) -> int:
+        """Requests waiting here: for capacity, at the generation gate, and (one replica of
+        several) at the shared admission gate; bounded by `max_held_requests` together."""
+        gated = self.replication.held if self.replication is not None else 0
+        return self._held + gated
 
     @property
     def replica_id(self) -> str | None:
@@ -297,7 +297,7 @@ class LiveScheduler:
         self._waiters.setdefault(program_id, []).append(fut)
         gone = asyncio.ensure_future(until_disconnect(receive)) if receive else None
         deadline = self.limits.alone_hold_s if alone else self.limits.max_hold_s
-        self.held += 1
+        self._held += 1
         try:
             waiting: set[asyncio.Future[Any]] = {fut} if gone is None else {fut, gone}
             await asyncio.wait(waiting, timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
@@ -320,7 +320,7 @@ class LiveScheduler:
             self._apply(self.core.handle(ev.ClientLeft(program_id, self.clock())).actions)
             raise ClientGone()
         finally:
-            self.held -= 1
+            self._held -= 1
             if gone is not None:
                 gone.cancel()
             if self.replication is not None:
@@ -447,7 +447,7 @@ class LiveScheduler:
         self._gated.append(fut)
         receive = call.receive
         gone = asyncio.ensure_future(until_disconnect(receive)) if receive else None
-        self.held += 1
+        self._held += 1
         held_at = self.clock()
         try:
             if gone is None:
@@ -461,7 +461,7 @@ class LiveScheduler:
                 self._gated.remove(fut)
             raise ClientGone()
         finally:
-            self.held -= 1
+            self._held -= 1
             call.held_s = (call.held_s or 0.0) + self.clock() - held_at
             if gone is not None:
                 gone.cancel()

@@ -26,23 +26,25 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+import msgspec
 
 from thunder_mw.middleware.call_state import CallState
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.scheduling import ClientGone, Rejected, until_disconnect
 from thunder_mw.middleware.types import Receive
+from thunder_mw.policies import Stage
 from thunder_mw.policies import core_events as ev
-from thunder_mw.policies.core import Action, ReclaimTools, Released
+from thunder_mw.policies.admission import Admission
+from thunder_mw.policies.core import Action, ReclaimTools, Released, SchedulerCore
 from thunder_mw.policies.decisions import Count
 from thunder_mw.policies.events import ProgramHistory
 from thunder_mw.policies.program_table import Phase, Program, ProgramState
 from thunder_mw.schemas.agent_context import AgentContext
+from thunder_mw.schemas.config import StateSettings
 from thunder_mw.state.store import ProgramRecord, SchedulerStore, StoreUnavailable, SyncItem
-
-if TYPE_CHECKING:
-    from thunder_mw.middleware.live_scheduler import LiveScheduler
 
 log = logging.getLogger("thunder_mw.scheduler")
 # Background writes wait this long first: a program's next call, arriving meanwhile, writes
@@ -52,30 +54,51 @@ FLUSH_DELAY_S = 0.005
 RETRY_AFTER_DOWN_S = 1.0
 
 
+class ReplicaSettings(msgspec.Struct, frozen=True):
+    """What a replica reads of the configuration, once, where it is built (compose.py)."""
+
+    # state.on_unavailable: whether a call the store cannot gate is refused (503) or the
+    # replica's own decision stands.
+    fail_closed: bool = False
+    # The shared gate refuses an engine's reservations past capacity x this: the admission
+    # stage's high watermark (None: no admission stage, no limit at the gate).
+    high_watermark: float | None = None
+
+    @classmethod
+    def of(cls, state: StateSettings, pipeline: Sequence[Stage]) -> ReplicaSettings:
+        high = None
+        for stage in pipeline:
+            if isinstance(stage, Admission):
+                high = float(stage.params.high_watermark)
+        return cls(state.on_unavailable == "fail_closed", high)
+
+
 class Replication:
-    """One replica's share of the fleet's state, for the live scheduler it is built by."""
+    """One replica's share of the fleet's state, for the live scheduler it is passed to."""
 
     def __init__(
         self,
-        scheduler: LiveScheduler,
+        core: SchedulerCore,
         store: SchedulerStore,
-        on_unavailable: str,
+        settings: ReplicaSettings,
+        *,
+        clock: Callable[[], float],
+        tick_interval_s: float,
+        carry_out: Callable[[list[Action]], None],
         ownership: ProgramOwnership | None = None,
     ) -> None:
-        self.scheduler = scheduler
-        self.core = scheduler.core
-        self.clock = scheduler.clock
-        self.tick_interval_s = scheduler.tick_interval_s
+        """`carry_out` is the live scheduler's: what the core answers to the other
+        replicas' news wakes or answers its held requests and reaches its listeners."""
+        self.core = core
+        self.clock = clock
+        self.tick_interval_s = tick_interval_s
+        self.carry_out = carry_out
         self.store = store
         self.replica_id = store.replica_id
-        self.fail_closed = on_unavailable == "fail_closed"
-        self._high: float | None = None
-        for stage in self.core.pipeline():
-            params = getattr(stage, "params", None)
-            if stage.name == "admission":
-                self._high = float(params.high_watermark)  # type: ignore[union-attr]
-            if stage.name == "gc_hooks":
-                store.record_ttl_ms = int(params.idle_ttl_s * 1000)  # type: ignore[union-attr]
+        self.fail_closed = settings.fail_closed
+        self._high = settings.high_watermark
+        # Calls waiting at the shared gate for room (the scheduler counts them as held).
+        self.held = 0
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._room: list[asyncio.Future[None]] = []
@@ -209,7 +232,7 @@ class Replication:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._room.append(fut)
         gone = asyncio.ensure_future(until_disconnect(receive)) if receive else None
-        self.scheduler.held += 1
+        self.held += 1
         try:
             waits: set[asyncio.Future[Any]] = {fut} if gone is None else {fut, gone}
             # Announcements can be lost (pub/sub has no backlog): the lease tick retries too.
@@ -217,7 +240,7 @@ class Replication:
             if gone is not None and gone.done():
                 raise ClientGone()
         finally:
-            self.scheduler.held -= 1
+            self.held -= 1
             if gone is not None:
                 gone.cancel()
             with contextlib.suppress(ValueError):
@@ -371,7 +394,7 @@ class Replication:
             for a in actions
             if not (isinstance(a, Released | ReclaimTools) and a.program_id == program_id)
         ]
-        self.scheduler.carry_out(kept)
+        self.carry_out(kept)
         for action in kept:
             if action.program_id != program_id:
                 self._mark(action.program_id)
@@ -398,7 +421,10 @@ class Replication:
         self._apply(self.core.handle(ev.ForeignReservations(label, tokens, self.clock())).actions)
 
     def _apply(self, actions: list[Action]) -> None:
-        self.scheduler.apply(actions)
+        """Carries the core's actions out and records what they changed (what the live
+        scheduler does with the actions of its own events)."""
+        self.carry_out(actions)
+        self.changed(actions)
 
     async def _refresh(self) -> None:
         """Renews the lease and re-reads the others' reservations (coalesced)."""
@@ -443,7 +469,9 @@ class Replication:
             self._let_go(args[0])
         elif kind == "release" and len(args) == 2 and args[1] != self.replica_id:
             if self.core.program(args[0]) is not None:
-                self.scheduler.release(args[0], announce=False)
+                # Released here too, as an operator's release is, but not announced again.
+                released = ev.ReleaseRequested(args[0], "release", self.clock())
+                self._apply(self.core.handle(released).actions)
 
     async def _publish(self, *words: str) -> None:
         with contextlib.suppress(StoreUnavailable):

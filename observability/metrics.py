@@ -96,7 +96,17 @@ class _ToolGauges(Collector):
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
+    """The gateway's series, on its own registry. The live gauges read `programs`, `pool`
+    and the tool manager (`tools`, where Docker tools are on) at scrape time; their
+    collectors are registered here, at construction, as every other component's series are
+    when it is built on this `registry` (prometheus_client's own registration)."""
+
+    def __init__(
+        self,
+        programs: Callable[[], Iterable[Program]],
+        pool: BackendPool,
+        tools: _ToolState | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "thunder_mw_requests",
@@ -127,12 +137,10 @@ class GatewayMetrics:
             "Reclaim attempts that failed (each is retried with backoff)",
             registry=self.registry,
         )
-
-    def watch_tools(self, tools: _ToolState) -> None:
-        self.registry.register(_ToolGauges(tools))
-
-    def watch(self, programs: Callable[[], Iterable[Program]], pool: BackendPool) -> None:
+        # After the counters, in this order: the order of the exposition page.
         self.registry.register(_LiveState(programs, pool))
+        if tools is not None:
+            self.registry.register(_ToolGauges(tools))
 
     def count_request(self, path: str, status: int) -> None:
         route = path if path in KNOWN_ROUTES else "other"

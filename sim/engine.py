@@ -260,7 +260,7 @@ class Engine:
         config: EngineConfig,
         filler_ids: list[int],
         cost: StepCost | None = None,
-        chains: ProgramChains | None = None,
+        chains: ProgramChains[Sequence] | None = None,
     ) -> None:
         """`chains`: shared with the other engines of a fleet, where a program's next request
         finds its previous one's hash chain wherever that ran (None: this engine's only)."""

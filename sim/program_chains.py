@@ -9,13 +9,14 @@ hashed already.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
-if TYPE_CHECKING:
-    from thunder_mw.sim.engine import Sequence
+# A request as the engine keeps it (sim/engine.py's `Sequence`): held here, never read, so
+# this module needs nothing of the engine that imports it.
+Request = TypeVar("Request")
 
 
-class ProgramChains:
+class ProgramChains(Generic[Request]):
     """Program id -> its latest request on any engine sharing this, oldest dropped past
     `limit`. The engines must hash alike: same block size, same output (filler) tokens."""
 
@@ -25,9 +26,9 @@ class ProgramChains:
         self.block_size = block_size
         self.filler_ids = list(filler_ids or [0])
         self.limit = limit
-        self._latest: dict[str, Sequence] = {}
+        self._latest: dict[str, Request] = {}
 
-    def swap(self, program_id: str, seq: Sequence) -> Sequence | None:
+    def swap(self, program_id: str, seq: Request) -> Request | None:
         """The program's latest request (None: none remembered); `seq` is it from now on."""
         latest = self._latest
         prev = latest.pop(program_id, None)

@@ -152,9 +152,14 @@ class RedisStore:
 
     shared = True  # other replicas on the same Redis hold programs
 
-    def __init__(self, settings: StateSettings, replica_id: str) -> None:
+    def __init__(
+        self, settings: StateSettings, replica_id: str, record_ttl_ms: int = 1_800_000
+    ) -> None:
+        """`record_ttl_ms`: how long a program's record outlives its last change (the
+        pipeline's idle expiry, gc_hooks' `idle_ttl_s`, where it has one)."""
         assert settings.url is not None
         self.replica_id = replica_id
+        self.record_ttl_ms = record_ttl_ms
         self.prefix = settings.key_prefix
         self.lease_ms = int(settings.lease_ttl_s * 1000)
         self.channel = f"{self.prefix}events"
@@ -231,8 +236,6 @@ class RedisStore:
             *engines,
         ]
 
-    record_ttl_ms = 1_800_000  # set by the scheduler from the pipeline's idle expiry
-
     async def snapshot(self, engines: Sequence[str]) -> dict[str, tuple[int, int]]:
         """Renews this replica's lease; per engine, (others' tokens, all live replicas')."""
         args: list[str | int] = [self.prefix, self.replica_id, self.lease_ms, *engines]
@@ -290,7 +293,7 @@ class RedisStore:
             except (TimeoutError, RedisError, OSError):
                 await asyncio.sleep(RETRY_AFTER_DOWN_S)  # Redis away: subscribe again
             finally:
-                # redis-py before 8.2 leaves aclose untyped, 8.2 types it: either passes.
+                # Untyped in some redis releases (the ignore), typed in newer ones.
                 await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
 
     async def close(self) -> None:

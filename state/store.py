@@ -83,7 +83,6 @@ class SchedulerStore(Protocol):
 
     replica_id: str
     lease_ms: int
-    record_ttl_ms: int
 
     @property
     def shared(self) -> bool:
@@ -125,7 +124,6 @@ class MemoryStore:
         self._shared = state is not None
         self.state = state if state is not None else MemoryState()
         self.lease_ms = 10_000
-        self.record_ttl_ms = 1_800_000  # kept for the interface: records here never expire
         self.state.leases.add(replica_id)
 
     @property

@@ -16,6 +16,7 @@ from support.asgi_servers import ServerThread, serving, serving_gateway
 from support.fake_engine import FakeEngine
 from support.held_requests import SMALL, start_hog
 
+from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.app import create_app
 from thunder_mw.observability.decisions import DecisionLog
 from thunder_mw.observability.log_format import JsonFormatter
@@ -30,7 +31,7 @@ from thunder_mw.policies.core import (
     Resumed,
     SchedulerCore,
 )
-from thunder_mw.schemas.config import ThunderConfig
+from thunder_mw.schemas.config import ServerSettings, ThunderConfig
 
 TIGHT_POLICIES = [  # whole-context accounting, no yielding: the pause these tests expect
     {"admission": {"buffer_tokens_per_program": 0, "overflow": "hold"}},
@@ -176,7 +177,8 @@ def test_a_held_request_is_counted_in_the_queue_histogram_and_as_a_pause(
 
 
 def _decision_samples(*actions: Action) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    metrics = GatewayMetrics()
+    # A gateway with no engines and no programs: only the decision counters have samples.
+    metrics = GatewayMetrics(lambda: (), BackendPool([], ServerSettings()))
     decisions = DecisionLog(metrics.registry, metrics.programs_released, log_decisions=False)
     for action in actions:
         decisions.on_action(action)

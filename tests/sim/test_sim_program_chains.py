@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams
+from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
 from thunder_mw.sim.kv_cache import block_hashes
 from thunder_mw.sim.program_chains import ProgramChains
 
@@ -12,13 +12,13 @@ BS = 4
 FILLER = [7, 8, 9]
 
 
-def _engine(chains: ProgramChains, seed: int = 0) -> Engine:
+def _engine(chains: ProgramChains[Sequence], seed: int = 0) -> Engine:
     config = EngineConfig(num_blocks=64, block_size=BS, profile="instant", seed=seed)
     return Engine(config, FILLER, chains=chains)
 
 
 def test_a_program_moved_to_another_engine_starts_from_the_chain_it_left() -> None:
-    chains = ProgramChains(BS, FILLER, limit=8)
+    chains = ProgramChains[Sequence](BS, FILLER, limit=8)
     first, second = _engine(chains), _engine(chains, seed=1)
     prompt = list(range(1, 31))
     params = SamplingParams(max_tokens=6, ignore_eos=True)
@@ -47,7 +47,7 @@ def test_engines_that_hash_differently_cannot_share_chains() -> None:
 
 
 def test_the_oldest_program_is_forgotten_past_the_limit() -> None:
-    chains = ProgramChains(BS, FILLER, limit=2)
+    chains = ProgramChains[Sequence](BS, FILLER, limit=2)
     engine = _engine(chains)
     for pid in ("a", "b", "c"):
         engine.add_request(

@@ -222,13 +222,14 @@ def test_the_app_and_gateway_mode_schedule_through_the_shared_store(tmp_path: Pa
 
     config = load_config(redis_config(tmp_path))
     app = create_app(config)
-    scheduler = app.core.scheduler
-    assert isinstance(scheduler.store, RedisStore) and scheduler.replication is not None
+    replication = app.core.scheduler.replication
+    assert replication is not None and isinstance(replication.store, RedisStore)
     # rediss:// is TLS all the way (nothing connects until the gateway starts).
-    assert scheduler.store.client.connection_pool.connection_class is SSLConnection
-    assert scheduler.store.prefix == "fleet-a:"
+    assert replication.store.client.connection_pool.connection_class is SSLConnection
+    assert replication.store.prefix == "fleet-a:"
 
     async def inner(scope: object, receive: object, send: object) -> None: ...
 
     middleware = ThunderMiddleware(inner, config)
-    assert isinstance(middleware.core.scheduler.store, RedisStore)
+    replication = middleware.core.scheduler.replication
+    assert replication is not None and isinstance(replication.store, RedisStore)

@@ -177,37 +177,13 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top_level_statements(body: list[ast.stmt]) -> list[ast.stmt]:
-    """A module's statements that run on import: not in functions or classes' methods, not
-    under `if TYPE_CHECKING:` (try/if/with blocks at module level count)."""
-    found: list[ast.stmt] = []
-    for node in body:
-        if isinstance(node, ast.If):
-            test = node.test
-            if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-            ):
-                found += _top_level_statements(node.orelse)
-                continue
-            found += _top_level_statements(node.body) + _top_level_statements(node.orelse)
-        elif isinstance(node, ast.Try):
-            for block in (node.body, node.orelse, node.finalbody):
-                found += _top_level_statements(block)
-            for handler in node.handlers:
-                found += _top_level_statements(handler.body)
-        elif isinstance(node, ast.With):
-            found += _top_level_statements(node.body)
-        else:
-            found.append(node)
-    return found
-
-
-def _module_imports(path: Path, modules: frozenset[str]) -> set[str]:
-    """The thunder_mw modules a module imports when it is imported (module level only)."""
-    here = _module_name(path)
-    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+def _source_imports(source: str, here: str, package: str, modules: frozenset[str]) -> set[str]:
+    """The modules of `modules` that module `here` (in `package`) imports anywhere: at
+    module level, under `if TYPE_CHECKING:` and in function bodies alike. A cycle hidden in
+    a function or behind TYPE_CHECKING is still two modules that need each other; counting
+    every import keeps each one a layer of its own."""
     found: set[str] = set()
-    for node in _top_level_statements(ast.parse(path.read_text()).body):
+    for node in ast.walk(ast.parse(source)):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
@@ -222,6 +198,13 @@ def _module_imports(path: Path, modules: frozenset[str]) -> set[str]:
         # modules is the ordinary shape, not a cycle.
         found |= {target for target in targets if target in modules}
     return found - {here}
+
+
+def _module_imports(path: Path, modules: frozenset[str]) -> set[str]:
+    """The thunder_mw modules a module of the package imports, anywhere in it."""
+    here = _module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    return _source_imports(path.read_text(), here, package, modules)
 
 
 def _package_import_graph() -> dict[str, set[str]]:
@@ -267,8 +250,21 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(groups)
 
 
-def test_no_module_level_import_cycle_in_the_package() -> None:
+def test_no_import_cycle_in_the_package() -> None:
     assert _cycles(_package_import_graph()) == []
+
+
+def test_the_import_graph_counts_type_checking_and_function_body_imports() -> None:
+    modules = frozenset({"pkg.a", "pkg.b", "pkg.c"})
+    hidden = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import B\n"
+    lazy = "def f():\n    from pkg import c\n    from . import a\n"
+    assert _source_imports(hidden, "pkg.a", "pkg", modules) == {"pkg.b"}
+    assert _source_imports(lazy, "pkg.b", "pkg", modules) == {"pkg.a", "pkg.c"}
+    graph = {
+        "pkg.a": _source_imports(hidden, "pkg.a", "pkg", modules),
+        "pkg.b": _source_imports(lazy, "pkg.b", "pkg", modules),
+    }
+    assert _cycles(graph) == [["pkg.a", "pkg.b"]]
 
 
 def test_the_module_cycle_finder_sees_a_cycle() -> None:

@@ -1,9 +1,10 @@
-"""thunder-mw on the host-tier engines `offload` runs on, over `offload` and over the best
-client-side cap on those engines (`offload_capped`): the same hardware.
+"""thunder-mw on the host-tier engines the tiered baselines run on, over each of them: the
+same hardware.
 
 The tiered thunder-mw rows (`TIERED`: the default pipeline on offload's engines, and issue
-42's tier-aware rules) run in a scenario's `<name>-variants.json`, `offload` and
-`offload_capped` (its runs at the cap that was best on each figure) in `<name>.json`; both
+42's tier-aware rules) run in a scenario's `<name>-variants.json`; the baselines that ran
+with the host tier (the file's `config.host_tier`: `offload`, `offload_capped` at the cap that
+was best on each figure, Continuum where its engines have the tier) in `<name>.json`; both
 files hold the same seeds' workloads and engines, so their runs pair by seed. This writes the
 paired ratios (fixed batch and long window, 95 % bootstrap interval, verdict) to
 results/host-tier.json, which docs/benchmarks.md's table is printed from:
@@ -19,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from thunder_mw.benchmarks.bootstrap import compare
+from thunder_mw.benchmarks.figures import is_baseline
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 
 # The tiered thunder-mw rows, in the order the table lists them.
 TIERED = ("thunder-mw/host-tier", "thunder-mw/tier-admit", "thunder-mw/tier-min-waste")
-# What a user with the tier runs instead: offload alone, and offload behind its best cap.
+# The tiered baselines `pair` takes where none is named: offload, and behind its best cap.
 THEIRS = ("offload", "offload_capped")
 FIGURES = (("makespan_s", True, False), ("steps_per_min_steady", False, True))
 
@@ -60,6 +62,13 @@ def pair(
     return out
 
 
+def tiered_baselines(main: dict[str, Any]) -> list[str]:
+    """The baselines of a scenario's file that ran on engines with the host tier (the
+    engine options it records per policy name the tier's `host_kv_tokens`)."""
+    options = main["config"].get("host_tier", {})
+    return [p for p, o in options.items() if is_baseline(p) and "host_kv_tokens" in o]
+
+
 def caps(main: dict[str, Any]) -> dict[str, Any]:
     """The cap `offload_capped` ran at on each figure (the best on the tuning of that file)."""
     out: dict[str, Any] = {}
@@ -87,7 +96,9 @@ def main(results: Path = RESULTS_DIR) -> int:
         for ours in TIERED:
             if ours not in variants["config"]["policies"]:
                 continue
-            against = {theirs: pair(report, variants, ours, theirs) for theirs in THEIRS}
+            against = {
+                theirs: pair(report, variants, ours, theirs) for theirs in tiered_baselines(report)
+            }
             against = {theirs: figures for theirs, figures in against.items() if figures}
             if against:
                 rows[ours] = against
@@ -95,7 +106,7 @@ def main(results: Path = RESULTS_DIR) -> int:
             scenarios[name] = {"rows": rows, "caps": caps(report)}
     write_result(
         results / "host-tier.json",
-        {"ours": list(TIERED), "theirs": list(THEIRS), "scenarios": scenarios},
+        {"ours": list(TIERED), "scenarios": scenarios},
     )
     print(json.dumps(scenarios, indent=1))
     return 0

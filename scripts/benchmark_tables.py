@@ -353,16 +353,19 @@ def figure_tables(names: list[str]) -> str:
 
 def summary_table(names: list[str]) -> str:
     """The README's one table, a row per scenario: thunder-mw against the strongest
-    baseline on each figure, the controller's two goals on the long window (the best
+    baseline on the same hardware on each figure (with a host KV tier only where thunder-mw's
+    own row has one), thunder-mw on the tier against the strongest tiered baseline, the
+    controller's two goals on the long window (the best
     baseline that is not program-aware, >= 1.15; the vLLM router's program scheduler,
     >= 1.1) and its fixed-rules ablation. A scenario whose file predates the long window
     or the controller says so."""
     lines = [
-        "| scenario | set | fixed batch: strongest, its makespan / thunder-mw's | "
-        "long window: strongest, thunder-mw / it | goals: / best not program-aware (>= 1.15); "
+        "| scenario | set | fixed batch: strongest on the same hardware, its makespan / "
+        "thunder-mw's | long window: strongest on the same hardware, thunder-mw / it | "
+        "goals: / best not program-aware (>= 1.15); "
         "/ vLLM router (>= 1.1); sweep: worst point / best at or below it (>= 0.98); "
         "max / median JCT (<= 3) | ablations: / its fixed rules; the variant it trails most "
-        "| on offload's hardware (a host KV tier): thunder-mw on it / offload, / its best cap |",
+        "| with a host KV tier: thunder-mw on it / the strongest tiered baseline, batch; window |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, report in _reports(names):
@@ -380,8 +383,10 @@ def summary_table(names: list[str]) -> str:
             lines.append(f"| {link} | {split} | not yet rerun with the default scheduler | | | | |")
             continue
         cells = []
+        tiered = _tiered(report)
+        same = {p for p in point["policies"] if (p in tiered) == ("thunder-mw" in tiered)}
         for figure, _, _ in FIGURE_COLUMNS:
-            rival = point["strongest"].get(figure)
+            rival = _strongest_among(point, figure, same)
             record = point["policies"].get(rival, {}) if rival else {}
             cap = (
                 f" (cap {record['cap']['batch' if figure == 'makespan_s' else 'window']})"
@@ -390,7 +395,7 @@ def summary_table(names: list[str]) -> str:
             )
             ratio = _ratio_cell(point["ratios"].get(rival, {}).get(figure))
             cells.append(f"{rival}{cap} {ratio}" if rival else "-")
-        first, second = _goal_cells(point)
+        first, second = _goal_cells(point, same)
         sweep = _sweep_cell(report, own_curve=False)
         sweep = "no sweep" if sweep == "-" else f"sweep {sweep}"
         goals = f"{first}; {second}; {sweep}; JCT {_starvation_cell(point)}"
@@ -400,7 +405,7 @@ def summary_table(names: list[str]) -> str:
             if variants is None
             else f"{_fixed_ratio(variants)}; {_trails_cell(variants)}"
         )
-        cells += [goals, ablations, _tier_cell(name)]
+        cells += [goals, ablations, _tier_cell(name, point, tiered)]
         lines.append(f"| {link} | {split} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -408,35 +413,54 @@ def summary_table(names: list[str]) -> str:
 # The tiered thunder-mw row the README names, first found (lab/host_tier.py TIERED): the
 # min-waste idle rule with tier-aware placement and admission, else the default pipeline.
 TIER_HEADLINE = ("thunder-mw/tier-min-waste", "thunder-mw/host-tier")
+HIGHER = {"makespan_s": False, "steps_per_min_steady": True}
 
 
-def _tier_cell(name: str) -> str:
-    """Like with like where the baseline has a host KV tier: the tiered thunder-mw row over
-    offload and over offload behind its best cap, per figure (host-tier.json)."""
+def _tiered(report: Record) -> set[str]:
+    """The policies of a result file whose engines had the host KV tier."""
+    options = report["config"].get("host_tier", {})
+    return {p for p, o in options.items() if "host_kv_tokens" in o}
+
+
+def _is_baseline(policy: str) -> bool:
+    return policy not in ("thunder-mw", "thunderagent") and not policy.startswith("thunder-mw/")
+
+
+def _strongest_among(point: Record, metric: str, among: Any) -> str | None:
+    """The baseline with the best mean on `metric` among the policies `among` holds."""
+    rivals = [
+        (record[metric]["mean"], p)
+        for p, record in point["policies"].items()
+        if _is_baseline(p) and p in among and metric in record
+    ]
+    if not rivals:
+        return None
+    return (max(rivals) if HIGHER[metric] else min(rivals))[1]
+
+
+def _tier_cell(name: str, point: Record, tiered: set[str]) -> str:
+    """Like with like on the host tier: the tiered thunder-mw row (host-tier.json, paired by
+    seed) over the strongest baseline that ran with the tier, per figure."""
+    if "thunder-mw" in tiered:
+        return "the row itself runs on the tier"
     path = RESULTS / "host-tier.json"
     rows = json.loads(path.read_text())["scenarios"].get(name, {}) if path.is_file() else {}
     ours = next((r for r in TIER_HEADLINE if r in rows.get("rows", {})), None)
     if ours is None:
-        return "not run"
+        return "no tiered baseline" if not tiered else "not run"
     against = rows["rows"][ours]
-    parts = []
-    for theirs in ("offload", "offload_capped"):
-        figures = against.get(theirs)
-        if not figures:
+    caps = rows.get("caps", {})
+    cells = []
+    for metric in ("makespan_s", "steps_per_min_steady"):
+        rival = _strongest_among(point, metric, against)
+        ratio = against.get(rival, {}).get(metric) if rival else None
+        if not ratio:
+            cells.append("-")
             continue
-        cells = [
-            f"{label} {_short_ratio(figures[metric])}"
-            for metric, label in (("makespan_s", "batch"), ("steps_per_min_steady", "window"))
-            if metric in figures
-        ]
-        parts.append(f"/ {theirs}: " + ", ".join(cells))
+        cap = f" (cap {'/'.join(map(str, caps[metric]))})" if rival == "offload_capped" else ""
+        cells.append(f"{rival}{cap} {_ratio_cell(ratio)}")
     seeds = {k for by in against.values() for r in by.values() for k in r["seeds"]}
-    return f"`{ours.removeprefix('thunder-mw/')}` ({len(seeds)} seeds) " + "; ".join(parts)
-
-
-def _short_ratio(r: Record) -> str:
-    low, high = r["ci95"]
-    return f"{r['ratio']:.2f} [{low:.2f}, {high:.2f}] **{r['verdict']}**"
+    return f"`{ours.removeprefix('thunder-mw/')}`, {len(seeds)} seeds: " + "; ".join(cells)
 
 
 def _goal_cell(r: Record | None, rival: str, goal: float) -> str:
@@ -450,13 +474,17 @@ def _goal_cell(r: Record | None, rival: str, goal: float) -> str:
     return f"{r['ratio']:.2f} vs {rival}: {status}"
 
 
-def _goal_cells(point: Record) -> tuple[str, str]:
+def _goal_cells(point: Record, among: Any = None) -> tuple[str, str]:
     """The controller's two goals on the long window: over the best baseline that is not
-    program-aware (the one thunder-mw is least ahead of), >= 1.15; over the vLLM router's
-    program scheduler, >= 1.1."""
+    program-aware (the one thunder-mw is least ahead of; of those `among` holds, where
+    given: the same hardware), >= 1.15; over the vLLM router's program scheduler, >= 1.1."""
     metric = "steps_per_min_steady"
     ratios = point["ratios"]
-    present = [p for p in NOT_PROGRAM_AWARE if metric in ratios.get(p, {})]
+    present = [
+        p
+        for p in NOT_PROGRAM_AWARE
+        if metric in ratios.get(p, {}) and (among is None or p in among)
+    ]
     best = min(present, key=lambda p: ratios[p][metric]["ratio"], default=None)
     first = _goal_cell(ratios[best][metric], best, 1.15) if best else "-"
     return first, _goal_cell(ratios.get("vllm_router_program", {}).get(metric), "router", 1.1)

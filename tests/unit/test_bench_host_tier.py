@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from thunder_mw.lab.host_tier import caps, pair
+from thunder_mw.lab.host_tier import caps, pair, tiered_baselines
 
 
 def _report(policy: str, seeds: dict[int, tuple[float, float]]) -> dict[str, Any]:
@@ -47,3 +47,17 @@ def test_each_tiered_row_pairs_with_offload_behind_its_best_cap() -> None:
     assert paired["steps_per_min_steady"]["ratio"] == 1.045  # 128.5 / 123: mean over mean
     assert paired["makespan_s"]["seeds"] == [0, 1]
     assert caps(main) == {"makespan_s": [96], "steps_per_min_steady": [72]}
+
+
+def test_only_baselines_whose_engines_had_the_tier_are_paired() -> None:
+    main = {
+        "config": {
+            "host_tier": {
+                "offload": {"host_kv_tokens": 1000},
+                "offload_capped": {"host_kv_tokens": 1000},
+                "continuum": {"program_fcfs": True},  # its own option, no tier
+                "thunder-mw/host-tier": {"host_kv_tokens": 1000},  # ours, not a baseline
+            }
+        }
+    }
+    assert tiered_baselines(main) == ["offload", "offload_capped"]

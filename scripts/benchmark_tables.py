@@ -441,8 +441,6 @@ def _strongest_among(point: Record, metric: str, among: Any) -> str | None:
 def _tier_cell(name: str, point: Record, tiered: set[str]) -> str:
     """Like with like on the host tier: the tiered thunder-mw row (host-tier.json, paired by
     seed) over the strongest baseline that ran with the tier, per figure."""
-    if "thunder-mw" in tiered:
-        return "the row itself runs on the tier"
     path = RESULTS / "host-tier.json"
     rows = json.loads(path.read_text())["scenarios"].get(name, {}) if path.is_file() else {}
     ours = next((r for r in TIER_HEADLINE if r in rows.get("rows", {})), None)

@@ -396,7 +396,7 @@ def summary_table(names: list[str]) -> str:
             ratio = _ratio_cell(point["ratios"].get(rival, {}).get(figure))
             cells.append(f"{rival}{cap} {ratio}" if rival else "-")
         first, second = _goal_cells(point, same)
-        sweep = _sweep_cell(report, own_curve=False)
+        sweep = _sweep_cell(report, own_curve=False, among=same)
         sweep = "no sweep" if sweep == "-" else f"sweep {sweep}"
         goals = f"{first}; {second}; {sweep}; JCT {_starvation_cell(point)}"
         variants = _variants(name)
@@ -588,10 +588,11 @@ def _queue_order(config: Record) -> str:
     return "started_first" if migration.get("started_first") else "arrival"
 
 
-def _sweep_cell(report: Record, own_curve: bool = True) -> str:
+def _sweep_cell(report: Record, own_curve: bool = True, among: Any = None) -> str:
     """The sweep goal: at every point thunder-mw >= 0.98x the best steady throughput any
-    policy reaches at that concurrency or below (seed medians); the worst point, its ratio
-    and the best it is measured against (and, with `own_curve`, against its own best)."""
+    policy (of those `among` holds, where given: the same hardware) reaches at that
+    concurrency or below (seed medians); the worst point, its ratio and the best it is
+    measured against (and, with `own_curve`, against its own best)."""
     engines = report["config"]["engines"]
     points = sorted(
         {r["programs_per_engine"] for r in report.get("steady", []) if r["engines"] == engines}
@@ -604,7 +605,8 @@ def _sweep_cell(report: Record, own_curve: bool = True) -> str:
     for n in points:
         here = _medians(report, (engines, n))
         for policy, record in here.items():
-            best = max(best, (record["steps_per_min_steady"]["median"], policy, n))
+            if among is None or policy in among or policy == "thunder-mw":
+                best = max(best, (record["steps_per_min_steady"]["median"], policy, n))
         if "thunder-mw" in here and best[0]:
             figure = here["thunder-mw"]["steps_per_min_steady"]["median"]
             own_best = max(own_best, figure)

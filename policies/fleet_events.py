@@ -13,13 +13,14 @@ from thunder_mw.policies.program_table import ProgramState
 
 
 class FleetEvents(Placement):
-    """Each `on_*`-style method is one event: it changes state and returns the actions."""
+    """Each `_on_*` method is one event `handle` dispatches: it changes state and returns
+    the actions."""
 
     def _take(self) -> list[Action]:
         actions, self._actions = self._actions, []
         return actions
 
-    def on_backend(
+    def _on_backend(
         self,
         label: str,
         *,
@@ -51,14 +52,14 @@ class FleetEvents(Placement):
         self._resume_pass(now)
         return self._take()
 
-    def on_foreign_reservations(self, label: str, tokens: int, now: float) -> list[Action]:
+    def _on_foreign_reservations(self, label: str, tokens: int, now: float) -> list[Action]:
         """Other gateway replicas' programs now hold `tokens` on `label` (their share of the
         engine, read from the shared store): admission counts them as reserved. When the
         share shrinks, room appeared: queued programs may be placed."""
         backend = self.backends.get(label)
         if backend is None or not self.ledger.set_foreign(backend, tokens):
             return []
-        return self.on_backend(label, now=now)
+        return self._on_backend(label, now=now)
 
     def foreign_reserved(self, label: str) -> int:
         backend = self.backends.get(label)

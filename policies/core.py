@@ -86,16 +86,18 @@ class SchedulerCore(FleetEvents):
                 self._on_foreign_reservations(e.label, e.tokens, e.now)
             ),
             ev.BackendAdded: lambda e: ev.Outcome(
-                self.add_backend(e.label, e.capacity, e.now, healthy=e.healthy)
+                self._on_backend_added(e.label, e.capacity, e.now, healthy=e.healthy)
             ),
-            ev.BackendDrained: lambda e: ev.Outcome(self.drain_backend(e.label, e.now)),
-            ev.BackendRemoved: lambda e: ev.Outcome(self.remove_backend(e.label, e.now)),
-            ev.CachesFlushed: lambda e: ev.Outcome(self.mark_cache_cold(e.now, e.labels)),
+            ev.BackendDrained: lambda e: ev.Outcome(self._on_backend_drained(e.label, e.now)),
+            ev.BackendRemoved: lambda e: ev.Outcome(self._on_backend_removed(e.label, e.now)),
+            ev.CachesFlushed: lambda e: ev.Outcome(self._on_caches_flushed(e.now, e.labels)),
             ev.ConnectionRefused: lambda e: ev.Outcome(
-                [], backend=self.reroute(e.program_id, e.failed_backend, e.now)
+                [], backend=self._on_connection_refused(e.program_id, e.failed_backend, e.now)
             ),
             ev.HostTierDeclared: self._handle_host_tier,
-            ev.DecisionsApplied: lambda e: ev.Outcome(self.apply(e.decisions, e.now)),
+            ev.DecisionsApplied: lambda e: ev.Outcome(
+                self._on_decisions_applied(e.decisions, e.now)
+            ),
         }
 
     def handle(self, event: ev.Event) -> ev.Outcome:
@@ -111,7 +113,7 @@ class SchedulerCore(FleetEvents):
         return ev.Outcome(actions, found=found)
 
     def _handle_host_tier(self, event: ev.HostTierDeclared) -> ev.Outcome:
-        self.declare_host_tier(event.label, event.tokens, event.load_tokens_per_s)
+        self._on_host_tier_declared(event.label, event.tokens, event.load_tokens_per_s)
         return ev.Outcome([])
 
     # ================================================================ program events
@@ -331,7 +333,7 @@ class SchedulerCore(FleetEvents):
         share = self.backends[backend].foreign_reserved - reserved_tokens
         return actions + self._on_foreign_reservations(backend, share, now)
 
-    def apply(self, decisions: Iterable[StageDecision], now: float) -> list[Action]:
+    def _on_decisions_applied(self, decisions: Iterable[StageDecision], now: float) -> list[Action]:
         """Decisions made outside the pipeline (an operator's, a test's), applied as a
         stage's would be."""
         self._actions = []

@@ -24,6 +24,8 @@ from thunder_mw.middleware.app import ThunderGateway, create_app
 from thunder_mw.policies import (
     BackendChanged,
     CallFinished,
+    ConnectionRefused,
+    DecisionsApplied,
     Pause,
     ReleaseRequested,
     RequestArrived,
@@ -305,7 +307,7 @@ def test_core_refused_connection_also_unplaces_the_engines_idle_programs() -> No
     assert len(on_a) == 2
     caller, idle = on_a
     _request(core, caller, 100, 1.0)
-    assert core.reroute(caller, "a", 1.1) == "b"
+    assert core.handle(ConnectionRefused(caller, "a", 1.1)).backend == "b"
     idle_program = core.table.get(idle)
     assert idle_program is not None and idle_program.state is ProgramState.PAUSED
     assert core.backends["a"].reserved == 0 and core.table.programs_on("a") == 0
@@ -315,7 +317,8 @@ def test_core_paused_and_held_programs_of_a_dead_engine_resume_on_the_other() ->
     core = _core()
     assert _request(core, "paused", 200, 0.0).backend == "a"
     core.handle(CallFinished("paused", Usage(150, 50), True, 1.0))
-    core.apply([Pause(_program(core, "paused"))], 1.5)  # as the pause stage would
+    # as the pause stage would
+    core.handle(DecisionsApplied([Pause(_program(core, "paused"))], 1.5))
     assert _request(core, "hog-a", 950, 2.0).backend == "a"
     assert _request(core, "hog-b", 950, 2.0).backend == "b"
     assert _request(core, "held", 500, 3.0).program_id == "held"  # Hold: nothing fits

@@ -8,6 +8,7 @@ from typing import Any
 
 from thunder_mw.policies import (
     CallFinished,
+    DecisionsApplied,
     ForeignReservations,
     Pause,
     ProgramAdopted,
@@ -157,7 +158,7 @@ def test_victims_a_stage_looks_at_but_does_not_pause_stay_in_the_pause_order() -
 def test_decisions_from_outside_the_pipeline_are_applied_as_a_stages_would_be() -> None:
     core = make()
     run_step(core, "a", 300, 0.0)
-    actions = core.apply([Pause(_program(core, "a"), "operator")], 2.0)
+    actions = core.handle(DecisionsApplied([Pause(_program(core, "a"), "operator")], 2.0)).actions
     assert [(a.program_id, a.reason) for a in actions if isinstance(a, Paused)] == [
         ("a", "operator")
     ]

@@ -118,3 +118,6 @@ def test_the_event_methods_behind_handle_are_private() -> None:
     core = make((1000,))
     public = {name for name in dir(core) if name.startswith("on_")}
     assert public == set()
+    commands = {"add_backend", "drain_backend", "remove_backend", "declare_host_tier"}
+    commands |= {"mark_cache_cold", "reroute", "apply"}
+    assert commands.isdisjoint(dir(core))

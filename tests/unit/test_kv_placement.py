@@ -7,7 +7,7 @@ from typing import Any
 
 from thunder_mw.middleware.call_state import RequestBody
 from thunder_mw.middleware.live_scheduler import request_info
-from thunder_mw.policies import CallFinished, RequestArrived
+from thunder_mw.policies import CachesFlushed, CallFinished, RequestArrived
 from thunder_mw.policies.core import Decision, Forward, Hold, RequestInfo, SchedulerCore
 from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.pipeline import build_pipeline
@@ -115,7 +115,7 @@ def test_an_engine_whose_cache_was_flushed_holds_no_prefix_any_more() -> None:
     placed(core, "y", 2300, "sys-y", 0.0)
     stage = next(s for s in core.stages if isinstance(s, KvPlacement))
     assert stage.index is not None and stage.index.overlap("b1", "sys-y") > 0
-    core.mark_cache_cold(1.0)
+    core.handle(CachesFlushed(1.0))
     assert placed(core, "new", 2100, "sys-y", 2.0) == "b0"  # the room alone decides now
     assert stage.index.overlap("b1", "sys-y") == 0
 

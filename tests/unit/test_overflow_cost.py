@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from thunder_mw.policies import BackendChanged, CallFinished, RequestArrived
+from thunder_mw.policies import BackendChanged, CallFinished, HostTierDeclared, RequestArrived
 from thunder_mw.policies.core import (
     BackendMetrics,
     Forward,
@@ -253,20 +253,20 @@ def test_running_programs_are_never_admitted_past_the_gpu() -> None:
 def test_declared_host_tier_lets_programs_spill_instead_of_waiting() -> None:
     core = make(max_overflow=0.0)
     teach(core, 1.0, 60.0)  # recompute is dear: without the tier it holds
-    core.declare_host_tier("b0", 2000, load_tokens_per_s=1e6)
+    core.handle(HostTierDeclared("b0", 2000, load_tokens_per_s=1e6))
     fill(core)
     decision = core.handle(RequestArrived(ctx("c"), info(390), 1.0)).decision
     assert isinstance(decision, Forward)
     with pytest.raises(ValueError, match="unknown backend"):
-        core.declare_host_tier("nope", 10)
+        core.handle(HostTierDeclared("nope", 10))
     with pytest.raises(ValueError, match="positive load speed"):
-        core.declare_host_tier("b0", 10, 0.0)
+        core.handle(HostTierDeclared("b0", 10, 0.0))
 
 
 def test_an_engine_reported_host_tier_counts_too() -> None:
     core = make(max_overflow=0.0)
     teach(core, 1.0, 60.0)
-    core.declare_host_tier("b0", 0, load_tokens_per_s=1e6)
+    core.handle(HostTierDeclared("b0", 0, load_tokens_per_s=1e6))
     core.handle(BackendChanged("b0", metrics=BackendMetrics(host_kv_tokens=2000.0), now=0.0))
     fill(core)
     decision = core.handle(RequestArrived(ctx("c"), info(390), 1.0)).decision

@@ -10,6 +10,8 @@ from thunder_mw.policies import (
     BackendChanged,
     CallFinished,
     ClientLeft,
+    DecisionsApplied,
+    HostTierDeclared,
     ReleaseRequested,
     RequestArrived,
     Tick,
@@ -303,7 +305,7 @@ def test_resume_prefers_the_home_backend_when_it_has_room() -> None:
     core = make(capacities=(1000, 1000))
     home = run_step(core, "a", 600, 0)
     program = _program(core, "a")
-    core.apply([Pause(program)], 1)
+    core.handle(DecisionsApplied([Pause(program)], 1))
     outcome = core.handle(RequestArrived(ctx("a"), info(620), 2))
     decision, actions = outcome.decision, outcome.actions
     assert decision == Forward("a", home) and not of(actions, Resumed)[0].migrated
@@ -312,7 +314,7 @@ def test_resume_prefers_the_home_backend_when_it_has_room() -> None:
 def test_resume_migrates_to_the_backend_with_the_most_room_when_home_is_full() -> None:
     core = make(capacities=(1000, 1000))
     assert run_step(core, "a", 600, 0) == "b0"
-    core.apply([Pause(_program(core, "a"))], 1)
+    core.handle(DecisionsApplied([Pause(_program(core, "a"))], 1))
     decision = core.handle(RequestArrived(ctx("filler"), info(800), 2)).decision
     assert decision == Forward("filler", "b0")  # both empty: the first with the most room
     outcome = core.handle(RequestArrived(ctx("a"), info(620), 3))
@@ -352,9 +354,9 @@ def test_started_first_queues_a_paused_program_ahead_of_one_not_yet_begun(
 ) -> None:
     core = make(migration={} if started_first is None else {"started_first": started_first})
     if host_tier:
-        core.declare_host_tier("b0", host_tier, 1e6)
+        core.handle(HostTierDeclared("b0", host_tier, 1e6))
     run_step(core, "old", 300, 0)
-    core.apply([Pause(_program(core, "old"))], 1)
+    core.handle(DecisionsApplied([Pause(_program(core, "old"))], 1))
     assert isinstance(core.handle(RequestArrived(ctx("hog"), info(990), 2)).decision, Forward)
     assert isinstance(core.handle(RequestArrived(ctx("new"), info(200), 3)).decision, Hold)
     # old comes back from its tool long after new queued: by ageing alone, new goes first.

@@ -20,9 +20,11 @@ from thunder_mw.middleware.speculative_prefill import (
 )
 from thunder_mw.observability.prefill_metrics import PrefillMetrics
 from thunder_mw.policies import (
+    BackendDrained,
     BackendView,
     CallFinished,
     Decisions,
+    DecisionsApplied,
     Pause,
     ProgramView,
     ReleaseRequested,
@@ -112,7 +114,7 @@ def test_a_program_moved_while_its_tool_runs_is_warmed_on_its_new_engine() -> No
     core = make(spec(min_context_tokens=0, prefetch_before_s=None), _MoveIdleOnTick("b1"))
     run_call(core, "a", 2000, 0.0, 1.0)
     assert _program(core, "a").backend == "b0"
-    core.drain_backend("b0", 2.0)  # its engine leaves: the ACTING program is unplaced
+    core.handle(BackendDrained("b0", 2.0))  # its engine leaves: the ACTING program is unplaced
     actions = core.handle(Tick(3.0)).actions
     resumed = [a for a in actions if isinstance(a, Resumed)]
     assert len(resumed) == 1 and resumed[0].migrated and resumed[0].backend == "b1"
@@ -122,7 +124,7 @@ def test_a_program_moved_while_its_tool_runs_is_warmed_on_its_new_engine() -> No
 def test_a_hint_of_false_turns_warming_off_and_true_turns_it_on_over_the_default() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=None), _MoveIdleOnTick("b1"))
     run_call(core, "off", 2000, 0.0, 1.0, speculative_prefill=False)
-    core.drain_backend("b0", 2.0)
+    core.handle(BackendDrained("b0", 2.0))
     assert prefills(core.handle(Tick(3.0)).actions) == []
 
     core = make(
@@ -132,15 +134,15 @@ def test_a_hint_of_false_turns_warming_off_and_true_turns_it_on_over_the_default
     )
     run_call(core, "quiet", 2000, 0.0, 1.0)
     run_call(core, "asked", 2000, 0.0, 1.0, speculative_prefill=True)
-    core.drain_backend("b0", 2.0)
-    core.drain_backend("b1", 2.0)
+    core.handle(BackendDrained("b0", 2.0))
+    core.handle(BackendDrained("b1", 2.0))
     assert [p.program_id for p in prefills(core.handle(Tick(3.0)).actions)] == ["asked"]
 
 
 def test_short_contexts_are_not_warmed() -> None:
     core = make(spec(min_context_tokens=5000, prefetch_before_s=None), _MoveIdleOnTick("b1"))
     run_call(core, "a", 2000, 0.0, 1.0)
-    core.drain_backend("b0", 2.0)
+    core.handle(BackendDrained("b0", 2.0))
     assert prefills(core.handle(Tick(3.0)).actions) == []
 
 
@@ -163,7 +165,7 @@ def test_a_paused_program_is_resumed_and_warmed_shortly_before_its_tool_should_e
     run_call(core, "a", 1000, 0.0, 1.0)
     run_call(core, "a", 2000, 11.0, 12.0)
     assert core.expected_tool_time(_program(core, "a")) == pytest.approx(10.0)
-    core.drain_backend("b0", 13.0)
+    core.handle(BackendDrained("b0", 13.0))
     assert _program(core, "a").state is ProgramState.PAUSED
     assert prefills(core.handle(Tick(20.0)).actions) == []  # due at 12 + 10 - 1 = 21
     actions = core.handle(Tick(21.0)).actions
@@ -180,7 +182,7 @@ def test_a_program_due_while_still_placed_is_prefetched_once_paused_later() -> N
     run_call(core, "a", 2000, 11.0, 12.0)
     assert prefills(core.handle(Tick(21.0)).actions) == []
     assert _program(core, "a").state is ProgramState.ACTIVE
-    core.drain_backend("b0", 21.5)
+    core.handle(BackendDrained("b0", 21.5))
     assert _program(core, "a").state is ProgramState.PAUSED
     assert prefills(core.handle(Tick(22.0)).actions) == [Prefill("a", "b1", 2010, "prefetch")]
     assert _program(core, "a").backend == "b1"
@@ -189,7 +191,7 @@ def test_a_program_due_while_still_placed_is_prefetched_once_paused_later() -> N
 def test_prefetch_never_takes_room_from_a_queued_request() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=1.0), capacities=(3000, 3000))
     run_call(core, "a", 2000, 0.0, 1.0)
-    core.drain_backend("b0", 1.5)
+    core.handle(BackendDrained("b0", 1.5))
     # b1 fills up and a request is left waiting for room.
     info = RequestInfo(prompt_chars=2500 * CHARS_PER_TOKEN, max_tokens=10)
     assert isinstance(core.handle(RequestArrived(ctx("hog"), info, 1.6)).decision, Forward)
@@ -201,7 +203,7 @@ def test_prefetch_never_takes_room_from_a_queued_request() -> None:
 def test_prefetch_needs_room_for_the_next_request() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=1.0), capacities=(3000, 3000))
     run_call(core, "a", 2000, 0.0, 1.0)
-    core.drain_backend("b0", 1.5)
+    core.handle(BackendDrained("b0", 1.5))
     run_call(core, "hog", 2500, 1.6, 1.7)  # ACTING on b1, most of its 3 k reserved
     assert core.queue_length() == 0
     assert prefills(core.handle(Tick(5.0)).actions) == []
@@ -216,7 +218,8 @@ def test_prefetch_waits_for_room_at_home_unless_told_to_move_the_program() -> No
             capacities=(100_000, 4500),
         )
         run_call(core, "a", 2000, 0.0, 1.0)
-        core.apply([Pause(_program(core, "a"))], 1.0)  # paused at home (b0), which then fills up
+        # paused at home (b0), which then fills up
+        core.handle(DecisionsApplied([Pause(_program(core, "a"))], 1.0))
         hog = RequestInfo(prompt_chars=98_500 * CHARS_PER_TOKEN, max_tokens=10)
         # in flight
         assert isinstance(core.handle(RequestArrived(ctx("hog"), hog, 1.5)).decision, Forward)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from thunder_mw.policies import CallFinished, RequestArrived
+from thunder_mw.policies import CallFinished, HostTierDeclared, RequestArrived
 from thunder_mw.policies.core import Forward, Hold, RequestInfo, SchedulerCore
 from thunder_mw.policies.overflow_cost import (
     EngineCosts,
@@ -110,7 +110,7 @@ def make(tier_reload: bool) -> SchedulerCore:
     costs.prefill_s_per_token = 1.0  # recompute is dear: only the tier may take the overflow
     costs.hold_s = 60.0
     costs.call_s = 1.0
-    core.declare_host_tier("b0", 5000, load_tokens_per_s=1e6)
+    core.handle(HostTierDeclared("b0", 5000, load_tokens_per_s=1e6))
     return core
 
 

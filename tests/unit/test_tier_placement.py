@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 from test_scheduler_core import _program, ctx, info, make, of, run_step
 
-from thunder_mw.policies import ReleaseRequested, RequestArrived, Tick
+from thunder_mw.policies import (
+    DecisionsApplied,
+    HostTierDeclared,
+    ReleaseRequested,
+    RequestArrived,
+    Tick,
+)
 from thunder_mw.policies.core import Forward, Hold, Resumed, SchedulerCore
 from thunder_mw.policies.decisions import Pause
 from thunder_mw.policies.overflow_cost import EngineCosts, move_pays
@@ -23,7 +29,7 @@ LOAD_TOKENS_PER_S = 1e6  # the host link: 1 us per token reloaded
 def _core(tier: bool = True, **migration: Any) -> SchedulerCore:
     core = make(capacities=(1000, 1000), migration={"tier_aware": True, **migration})
     if tier:
-        core.declare_host_tier("b0", TIER_TOKENS, LOAD_TOKENS_PER_S)
+        core.handle(HostTierDeclared("b0", TIER_TOKENS, LOAD_TOKENS_PER_S))
     return core
 
 
@@ -37,7 +43,7 @@ def _learned(core: SchedulerCore, **costs: float) -> None:
 def _paused_behind_a_filler(core: SchedulerCore) -> None:
     """Program `a` (610 tokens of context) paused on b0, whose room a filler then takes."""
     assert run_step(core, "a", 600, 0) == "b0"
-    core.apply([Pause(_program(core, "a"))], 1)
+    core.handle(DecisionsApplied([Pause(_program(core, "a"))], 1))
     assert core.handle(RequestArrived(ctx("filler"), info(800), 2)).decision == Forward(
         "filler", "b0"
     )
@@ -144,7 +150,7 @@ def test_nobody_passes_a_program_waiting_for_home_on_that_home() -> None:
     assert run_step(core, "a", 600, 0) == "b0"
     assert run_step(core, "hog", 600, 0) == "b1"
     assert run_step(core, "b", 100, 0) == "b0"  # as much room on each: the first
-    core.apply([Pause(_program(core, "a")), Pause(_program(core, "b"))], 1)
+    core.handle(DecisionsApplied([Pause(_program(core, "a")), Pause(_program(core, "b"))], 1))
     assert core.handle(RequestArrived(ctx("filler"), info(700), 2)).decision == Forward(
         "filler", "b0"
     )

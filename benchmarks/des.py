@@ -79,8 +79,8 @@ class ClusterConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 65_536
     profile: str = "h100-8b"
-    tick_s: float = 1.0  # core.on_tick, as the live gateway's timer
-    scrape_s: float = 5.0  # core.on_backend with engine metrics
+    tick_s: float = 1.0  # a Tick event, as the live gateway's timer
+    scrape_s: float = 5.0  # a BackendChanged event with engine metrics
     sample_s: float = 1.0  # KV usage time series and imbalance
     send_max_tokens: bool = True  # clients send max_tokens (+ ignore_eos): the field's method
     horizon_s: float = 24 * 3600.0  # programs unfinished by then count as failed

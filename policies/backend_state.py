@@ -46,7 +46,7 @@ class BackendState:
         self.max_model_len: int | None = None
         self.healthy = healthy
         self.reserved = 0  # tokens held by its ACTIVE programs, and by other replicas'
-        # Of which other gateway replicas' programs hold (`on_foreign_reservations`).
+        # Of which other gateway replicas' programs hold (`ForeignReservations`).
         self.foreign_reserved = 0
         # Of which held by programs with a call in the engine (what its KV gauge measures).
         self.running_reserved = 0

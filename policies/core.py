@@ -2,7 +2,8 @@
 
 Pure: no I/O, no wall clock (every event carries `now`). The live middleware and the
 discrete-event harness feed it the same events, so benchmarks measure the shipped code.
-Every state change enters through an event method here or in policies/fleet_events.py;
+Every state change enters through `handle(event)` (the events: policies/core_events.py),
+which dispatches to a private `_on_*` method here or in policies/fleet_events.py;
 the pipeline's stages (policies/stage_contract.py) read the core through its queries
 (policies/core_view.py) and return decisions, applied in policies/placement.py.
 
@@ -39,7 +40,8 @@ from thunder_mw.schemas.agent_context import AgentContext
 
 
 class SchedulerCore(FleetEvents):
-    """Programs and backends; call the `on_*` methods with events, act on what they return."""
+    """Programs and backends; `handle(event)` applies an event and returns its `Outcome`
+    (the `_on_*` methods behind it are private), whose actions the caller carries out."""
 
     def __init__(
         self,
@@ -56,22 +58,22 @@ class SchedulerCore(FleetEvents):
         self._handlers: dict[type[ev.Event], Callable[[Any], ev.Outcome]] = {
             ev.RequestArrived: self._handle_request,
             ev.CallFinished: lambda e: ev.Outcome(
-                self.on_finished(e.program_id, e.usage, e.ok, e.now)
+                self._on_finished(e.program_id, e.usage, e.ok, e.now)
             ),
-            ev.ClientLeft: lambda e: ev.Outcome(self.on_abandoned(e.program_id, e.now)),
+            ev.ClientLeft: lambda e: ev.Outcome(self._on_abandoned(e.program_id, e.now)),
             ev.HoldExpired: lambda e: ev.Outcome(
-                self.on_hold_expired(e.program_id, e.now, place=e.place)
+                self._on_hold_expired(e.program_id, e.now, place=e.place)
             ),
             ev.ReleaseRequested: self._handle_release,
-            ev.Tick: lambda e: ev.Outcome(self.on_tick(e.now)),
+            ev.Tick: lambda e: ev.Outcome(self._on_tick(e.now)),
             ev.ProgramAdopted: lambda e: ev.Outcome(
-                [], program=self.on_adopted(e.ctx, e.history, e.now)
+                [], program=self._on_adopted(e.ctx, e.history, e.now)
             ),
             ev.TakenOver: lambda e: ev.Outcome(
-                self.on_taken_over(e.program_id, e.backend, e.reserved_tokens, e.now)
+                self._on_taken_over(e.program_id, e.backend, e.reserved_tokens, e.now)
             ),
             ev.BackendChanged: lambda e: ev.Outcome(
-                self.on_backend(
+                self._on_backend(
                     e.label,
                     healthy=e.healthy,
                     capacity=e.capacity,
@@ -81,19 +83,21 @@ class SchedulerCore(FleetEvents):
                 )
             ),
             ev.ForeignReservations: lambda e: ev.Outcome(
-                self.on_foreign_reservations(e.label, e.tokens, e.now)
+                self._on_foreign_reservations(e.label, e.tokens, e.now)
             ),
             ev.BackendAdded: lambda e: ev.Outcome(
-                self.add_backend(e.label, e.capacity, e.now, healthy=e.healthy)
+                self._on_backend_added(e.label, e.capacity, e.now, healthy=e.healthy)
             ),
-            ev.BackendDrained: lambda e: ev.Outcome(self.drain_backend(e.label, e.now)),
-            ev.BackendRemoved: lambda e: ev.Outcome(self.remove_backend(e.label, e.now)),
-            ev.CachesFlushed: lambda e: ev.Outcome(self.mark_cache_cold(e.now, e.labels)),
+            ev.BackendDrained: lambda e: ev.Outcome(self._on_backend_drained(e.label, e.now)),
+            ev.BackendRemoved: lambda e: ev.Outcome(self._on_backend_removed(e.label, e.now)),
+            ev.CachesFlushed: lambda e: ev.Outcome(self._on_caches_flushed(e.now, e.labels)),
             ev.ConnectionRefused: lambda e: ev.Outcome(
-                [], backend=self.reroute(e.program_id, e.failed_backend, e.now)
+                [], backend=self._on_connection_refused(e.program_id, e.failed_backend, e.now)
             ),
             ev.HostTierDeclared: self._handle_host_tier,
-            ev.DecisionsApplied: lambda e: ev.Outcome(self.apply(e.decisions, e.now)),
+            ev.DecisionsApplied: lambda e: ev.Outcome(
+                self._on_decisions_applied(e.decisions, e.now)
+            ),
         }
 
     def handle(self, event: ev.Event) -> ev.Outcome:
@@ -101,19 +105,19 @@ class SchedulerCore(FleetEvents):
         return self._handlers[type(event)](event)
 
     def _handle_request(self, event: ev.RequestArrived) -> ev.Outcome:
-        decision, actions = self.on_request(event.ctx, event.info, event.now)
+        decision, actions = self._on_request(event.ctx, event.info, event.now)
         return ev.Outcome(actions, decision=decision)
 
     def _handle_release(self, event: ev.ReleaseRequested) -> ev.Outcome:
-        found, actions = self.on_release(event.program_id, event.reason, event.now)
+        found, actions = self._on_release(event.program_id, event.reason, event.now)
         return ev.Outcome(actions, found=found)
 
     def _handle_host_tier(self, event: ev.HostTierDeclared) -> ev.Outcome:
-        self.declare_host_tier(event.label, event.tokens, event.load_tokens_per_s)
+        self._on_host_tier_declared(event.label, event.tokens, event.load_tokens_per_s)
         return ev.Outcome([])
 
     # ================================================================ program events
-    def on_request(
+    def _on_request(
         self, ctx: AgentContext, info: RequestInfo, now: float
     ) -> tuple[Decision, list[Action]]:
         """A request of `ctx.program_id` arrived: forward it, hold it, or reject it."""
@@ -180,7 +184,7 @@ class SchedulerCore(FleetEvents):
         alone = all(limit is not None and request_tokens > limit for limit in limits)
         return Hold(program.program_id, alone), self._take()
 
-    def on_finished(
+    def _on_finished(
         self, program_id: str, usage: Usage | None, ok: bool, now: float
     ) -> list[Action]:
         """A forwarded call ended: answered (ok), failed, or its client went away."""
@@ -235,7 +239,7 @@ class SchedulerCore(FleetEvents):
         self._resume_pass(now)
         return self._take()
 
-    def on_abandoned(self, program_id: str, now: float) -> list[Action]:
+    def _on_abandoned(self, program_id: str, now: float) -> list[Action]:
         """A held request's client went away before it ran."""
         self._actions = []
         program = self.table.get(program_id)
@@ -255,7 +259,7 @@ class SchedulerCore(FleetEvents):
         self._resume_pass(now)
         return self._take()
 
-    def on_hold_expired(self, program_id: str, now: float, *, place: bool) -> list[Action]:
+    def _on_hold_expired(self, program_id: str, now: float, *, place: bool) -> list[Action]:
         """A held request waited past its deadline. `place`: put its program on the healthy
         engine with the most room now (its home first), as a forced resume — the request
         could only ever run alone and the engine copes with it as its own scheduler can;
@@ -268,9 +272,9 @@ class SchedulerCore(FleetEvents):
             target = home if home is not None and home.healthy else max(healthy, key=self.room)
             self._resume(program, target.label, now, forced=True)
             return self._take()
-        return self.on_abandoned(program_id, now)
+        return self._on_abandoned(program_id, now)
 
-    def on_release(self, program_id: str, reason: str, now: float) -> tuple[bool, list[Action]]:
+    def _on_release(self, program_id: str, reason: str, now: float) -> tuple[bool, list[Action]]:
         self._actions = []
         program = self.table.get(program_id)
         if program is None:
@@ -279,7 +283,7 @@ class SchedulerCore(FleetEvents):
         self._resume_pass(now)
         return True, self._take()
 
-    def on_tick(self, now: float) -> list[Action]:
+    def _on_tick(self, now: float) -> list[Action]:
         self._actions = []
         self.ledger.room_epoch += 1
         for on_tick in self._tick_hooks:
@@ -288,7 +292,7 @@ class SchedulerCore(FleetEvents):
         self._drop_stale_entries()
         return self._take()
 
-    def on_adopted(self, ctx: AgentContext, history: ProgramHistory, now: float) -> Program:
+    def _on_adopted(self, ctx: AgentContext, history: ProgramHistory, now: float) -> Program:
         """Another replica's program is known here: carry its history into this table (the
         newer record wins; `ctx` creates it if new), not placed; its home is where placement
         looks first."""
@@ -312,7 +316,7 @@ class SchedulerCore(FleetEvents):
             program.backend = history.backend
         return program
 
-    def on_taken_over(
+    def _on_taken_over(
         self, program_id: str, backend: str, reserved_tokens: int, now: float
     ) -> list[Action]:
         """An admitted program another replica placed on `backend` continues here: it is
@@ -327,9 +331,9 @@ class SchedulerCore(FleetEvents):
         actions = self._take()
         self.counters["takeovers"] += 1
         share = self.backends[backend].foreign_reserved - reserved_tokens
-        return actions + self.on_foreign_reservations(backend, share, now)
+        return actions + self._on_foreign_reservations(backend, share, now)
 
-    def apply(self, decisions: Iterable[StageDecision], now: float) -> list[Action]:
+    def _on_decisions_applied(self, decisions: Iterable[StageDecision], now: float) -> list[Action]:
         """Decisions made outside the pipeline (an operator's, a test's), applied as a
         stage's would be."""
         self._actions = []

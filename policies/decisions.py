@@ -27,7 +27,7 @@ class Forward(msgspec.Struct, frozen=True):
 class Hold(msgspec.Struct, frozen=True):
     program_id: str
     # Larger than every healthy engine's KV as planned: it could only run on an empty engine,
-    # so it is held briefly (`server.alone_hold_s`), then placed (`on_hold_expired`).
+    # so it is held briefly (`server.alone_hold_s`), then placed (`HoldExpired`).
     alone: bool = False
 
 

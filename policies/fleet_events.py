@@ -13,13 +13,14 @@ from thunder_mw.policies.program_table import ProgramState
 
 
 class FleetEvents(Placement):
-    """Each `on_*`-style method is one event: it changes state and returns the actions."""
+    """Each `_on_*` method is one event `handle` dispatches: it changes state and returns
+    the actions."""
 
     def _take(self) -> list[Action]:
         actions, self._actions = self._actions, []
         return actions
 
-    def on_backend(
+    def _on_backend(
         self,
         label: str,
         *,
@@ -51,20 +52,20 @@ class FleetEvents(Placement):
         self._resume_pass(now)
         return self._take()
 
-    def on_foreign_reservations(self, label: str, tokens: int, now: float) -> list[Action]:
+    def _on_foreign_reservations(self, label: str, tokens: int, now: float) -> list[Action]:
         """Other gateway replicas' programs now hold `tokens` on `label` (their share of the
         engine, read from the shared store): admission counts them as reserved. When the
         share shrinks, room appeared: queued programs may be placed."""
         backend = self.backends.get(label)
         if backend is None or not self.ledger.set_foreign(backend, tokens):
             return []
-        return self.on_backend(label, now=now)
+        return self._on_backend(label, now=now)
 
     def foreign_reserved(self, label: str) -> int:
         backend = self.backends.get(label)
         return backend.foreign_reserved if backend is not None else 0
 
-    def add_backend(
+    def _on_backend_added(
         self, label: str, capacity: int | None, now: float, *, healthy: bool = True
     ) -> list[Action]:
         """An engine joined at run time: queued programs may be placed on it at once."""
@@ -78,7 +79,7 @@ class FleetEvents(Placement):
         self._resume_pass(now)
         return self._take()
 
-    def drain_backend(self, label: str, now: float) -> list[Action]:
+    def _on_backend_drained(self, label: str, now: float) -> list[Action]:
         """Stop admitting to `label`: its idle programs leave it now (their next request is
         placed elsewhere), paused programs homed there resume elsewhere, programs with a call
         in flight leave it when that call ends. `drained(label)` says when none is left."""
@@ -94,7 +95,7 @@ class FleetEvents(Placement):
         self._resume_pass(now)
         return self._take()
 
-    def remove_backend(self, label: str, now: float) -> list[Action]:
+    def _on_backend_removed(self, label: str, now: float) -> list[Action]:
         """The engine leaves. Programs still placed on it (a drain cut short) are unplaced
         like an engine going down; nothing refers to the engine's state afterwards."""
         self._actions = []
@@ -113,7 +114,7 @@ class FleetEvents(Placement):
         self._resume_pass(now)
         return self._take()
 
-    def declare_host_tier(
+    def _on_host_tier_declared(
         self, label: str, tokens: int, load_tokens_per_s: float | None = None
     ) -> None:
         """A KV tier below the engine's GPU cache (host memory, disk), as the config declares
@@ -127,7 +128,7 @@ class FleetEvents(Placement):
         backend.host_load_tokens_per_s = load_tokens_per_s
         self.ledger.room_epoch += 1
 
-    def mark_cache_cold(self, now: float, labels: Iterable[str] | None = None) -> list[Action]:
+    def _on_caches_flushed(self, now: float, labels: Iterable[str] | None = None) -> list[Action]:
         """The engines' KV caches were flushed (a weight update): nothing a program computed
         is resident any more. Hit-rate baselines restart from the engines' current counters,
         and programs not placed anywhere lose their home preference (recomputing costs the
@@ -150,7 +151,9 @@ class FleetEvents(Placement):
         self._resume_pass(now)
         return self._take()
 
-    def reroute(self, program_id: str, failed_backend: str, now: float) -> str | None:
+    def _on_connection_refused(
+        self, program_id: str, failed_backend: str, now: float
+    ) -> str | None:
         """The engine refused the connection before any byte: move the call elsewhere."""
         program = self.table.get(program_id)
         backend = self.backends.get(failed_backend)

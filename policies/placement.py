@@ -160,7 +160,7 @@ class Placement(CoreView):
     def _backend_down(self, backend: BackendState, now: float) -> None:
         """Rare event: one O(n) pass hands the engine's idle programs back to the queue side,
         so nothing stays counted against an engine the gateway no longer uses. Programs with
-        a call in flight there leave it when that call ends (`on_finished`)."""
+        a call in flight there leave it when that call ends (`CallFinished`)."""
         backend.healthy = False
         self.ledger.room_epoch += 1
         for program in list(self.table):

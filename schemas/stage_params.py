@@ -3,7 +3,8 @@
 A param left out of an entry takes the default here, and the default pipeline
 (schemas/pipeline_presets.py) sets none, so `- admission: {}` is the admission stage the
 default pipeline runs. The stages (policies/) read these; the `policies:` list is validated
-against them when the config loads (schemas/stage_settings.py).
+against them when the config loads (schemas/stage_settings.py, whose entries are generated
+from `STAGE_PARAMS`, the one list of built-in stages and their params).
 """
 
 from __future__ import annotations
@@ -337,3 +338,27 @@ class SpeculativePrefillParams(StageParams):
         "expected to end, when nobody is queued and an engine has room for its next request, "
         "and warm it there (null: warm only programs other rules resume).",
     )
+
+
+# ---------------------------------------------------------------------------- the stage registry
+# Every built-in stage's name and its params, in the order the config reference lists them:
+# a `- <name>: {params}` entry of the `policies:` list (schemas/stage_settings.py) is made
+# from each line, so a new stage is one line here (and its class in policies/).
+STAGE_PARAMS: dict[str, type[StageParams]] = {
+    "admission": AdmissionParams,
+    "state_aware_pause": PauseParams,
+    "migration": MigrationParams,
+    "gc_hooks": GcParams,
+    "speculative_prefill": SpeculativePrefillParams,
+    "kv_placement": KvPlacementParams,
+    "round_robin": StageParams,
+    "sticky": StageParams,
+    "kv_aware": KvAwareParams,
+    "session_affinity": StageParams,
+    "direct": StageParams,
+    "continuum_ttl": ContinuumTtlParams,
+    "progress_ttl": ProgressTtlParams,
+    "batch_gain": BatchGainParams,
+    "program_gate": ProgramGateParams,
+    "program_binding": ProgramBindingParams,
+}

@@ -5,13 +5,15 @@ type, so the whole list is validated once, when the config loads, with every err
 location (`policies[i].stage.param`). A preset (`- thunderagent: {}`, schemas/pipeline_presets.py)
 stands for its stages; a third-party stage (`- my_pkg.mod:MyStage: {...}`) is kept as written
 and checked by its class's own `Params` (policies/pipeline.py, which imports it). Each built-in
-entry holds its stage's params (schemas/stage_params.py), which the stages read as they are.
+entry holds its stage's params, which the stages read as they are; its type is made from the
+stage registry (`STAGE_PARAMS`, schemas/stage_params.py), one line per stage.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
 
 from pydantic import (
     BaseModel,
@@ -28,21 +30,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from thunder_mw.schemas.pipeline_presets import PRESETS
-from thunder_mw.schemas.stage_params import (
-    AdmissionParams,
-    BatchGainParams,
-    ContinuumTtlParams,
-    GcParams,
-    KvAwareParams,
-    KvPlacementParams,
-    MigrationParams,
-    PauseParams,
-    ProgramBindingParams,
-    ProgramGateParams,
-    ProgressTtlParams,
-    SpeculativePrefillParams,
-    StageParams,
-)
+from thunder_mw.schemas.stage_params import STAGE_PARAMS, StageParams
 
 
 # ---------------------------------------------------------------------------- pipeline entries
@@ -65,107 +53,33 @@ class StageSetting(BaseModel):
         params: StageParams = getattr(self, self.stage)
         return params
 
-
-class AdmissionSetting(StageSetting):
-    stage = "admission"
-    admission: AdmissionParams = Field(default_factory=AdmissionParams)
-
-
-class StateAwarePauseSetting(StageSetting):
-    stage = "state_aware_pause"
-    state_aware_pause: PauseParams = Field(default_factory=PauseParams)
+    def __reduce__(self) -> tuple[Any, tuple[str, StageParams]]:
+        # Its class is made at import, not named in the module: pickled by its stage's name.
+        return (_setting_of, (self.stage, self.params))
 
 
-class MigrationSetting(StageSetting):
-    stage = "migration"
-    migration: MigrationParams = Field(default_factory=MigrationParams)
+def _setting_class(stage: str, params: type[StageParams]) -> type[StageSetting]:
+    """`- <stage>: {params}` as a model of one field named after the stage, defaulting to
+    the params' defaults; its class is named after it (`gc_hooks`: `GcHooksSetting`)."""
+
+    def body(namespace: dict[str, Any]) -> None:
+        namespace["__module__"] = __name__
+        namespace["__annotations__"] = {stage: params}
+        namespace["stage"] = stage
+        namespace[stage] = Field(default_factory=params)
+
+    name = "".join(word.capitalize() for word in stage.split("_")) + "Setting"
+    return types.new_class(name, (StageSetting,), exec_body=body)
 
 
-class GcHooksSetting(StageSetting):
-    stage = "gc_hooks"
-    gc_hooks: GcParams = Field(default_factory=GcParams)
+def _setting_of(stage: str, params: StageParams) -> StageSetting:
+    """A built-in entry rebuilt from its stage's name (how one crosses back pickled)."""
+    return STAGE_SETTINGS[stage].model_validate({stage: params})
 
 
-class SpeculativePrefillSetting(StageSetting):
-    stage = "speculative_prefill"
-    speculative_prefill: SpeculativePrefillParams = Field(default_factory=SpeculativePrefillParams)
-
-
-class KvPlacementSetting(StageSetting):
-    stage = "kv_placement"
-    kv_placement: KvPlacementParams = Field(default_factory=KvPlacementParams)
-
-
-class RoundRobinSetting(StageSetting):
-    stage = "round_robin"
-    round_robin: StageParams = Field(default_factory=StageParams)
-
-
-class StickySetting(StageSetting):
-    stage = "sticky"
-    sticky: StageParams = Field(default_factory=StageParams)
-
-
-class KvAwareSetting(StageSetting):
-    stage = "kv_aware"
-    kv_aware: KvAwareParams = Field(default_factory=KvAwareParams)
-
-
-class SessionAffinitySetting(StageSetting):
-    stage = "session_affinity"
-    session_affinity: StageParams = Field(default_factory=StageParams)
-
-
-class DirectSetting(StageSetting):
-    stage = "direct"
-    direct: StageParams = Field(default_factory=StageParams)
-
-
-class ContinuumTtlSetting(StageSetting):
-    stage = "continuum_ttl"
-    continuum_ttl: ContinuumTtlParams = Field(default_factory=ContinuumTtlParams)
-
-
-class ProgressTtlSetting(StageSetting):
-    stage = "progress_ttl"
-    progress_ttl: ProgressTtlParams = Field(default_factory=ProgressTtlParams)
-
-
-class BatchGainSetting(StageSetting):
-    stage = "batch_gain"
-    batch_gain: BatchGainParams = Field(default_factory=BatchGainParams)
-
-
-class ProgramGateSetting(StageSetting):
-    stage = "program_gate"
-    program_gate: ProgramGateParams = Field(default_factory=ProgramGateParams)
-
-
-class ProgramBindingSetting(StageSetting):
-    stage = "program_binding"
-    program_binding: ProgramBindingParams = Field(default_factory=ProgramBindingParams)
-
-
+# Each built-in stage's entry type, made from the one list of stages (schemas/stage_params.py).
 STAGE_SETTINGS: dict[str, type[StageSetting]] = {
-    cls.stage: cls
-    for cls in (
-        AdmissionSetting,
-        StateAwarePauseSetting,
-        MigrationSetting,
-        GcHooksSetting,
-        SpeculativePrefillSetting,
-        KvPlacementSetting,
-        RoundRobinSetting,
-        StickySetting,
-        KvAwareSetting,
-        SessionAffinitySetting,
-        DirectSetting,
-        ContinuumTtlSetting,
-        ProgressTtlSetting,
-        BatchGainSetting,
-        ProgramGateSetting,
-        ProgramBindingSetting,
-    )
+    stage: _setting_class(stage, params) for stage, params in STAGE_PARAMS.items()
 }
 
 
@@ -258,30 +172,28 @@ def _entry_tag(value: Any) -> str:
     return "custom" if isinstance(name, str) and ":" in name else "unknown_stage"
 
 
-# The entry types of the union; the last two always refuse (their errors name the entry).
-PipelineEntry = Annotated[
-    Annotated[AdmissionSetting, Tag("admission")]
-    | Annotated[StateAwarePauseSetting, Tag("state_aware_pause")]
-    | Annotated[MigrationSetting, Tag("migration")]
-    | Annotated[GcHooksSetting, Tag("gc_hooks")]
-    | Annotated[SpeculativePrefillSetting, Tag("speculative_prefill")]
-    | Annotated[KvPlacementSetting, Tag("kv_placement")]
-    | Annotated[RoundRobinSetting, Tag("round_robin")]
-    | Annotated[StickySetting, Tag("sticky")]
-    | Annotated[KvAwareSetting, Tag("kv_aware")]
-    | Annotated[SessionAffinitySetting, Tag("session_affinity")]
-    | Annotated[DirectSetting, Tag("direct")]
-    | Annotated[ContinuumTtlSetting, Tag("continuum_ttl")]
-    | Annotated[ProgressTtlSetting, Tag("progress_ttl")]
-    | Annotated[BatchGainSetting, Tag("batch_gain")]
-    | Annotated[ProgramGateSetting, Tag("program_gate")]
-    | Annotated[ProgramBindingSetting, Tag("program_binding")]
-    | Annotated[CustomStageSetting, Tag("custom")]
-    | Annotated[PresetReference, Tag("preset")]
-    | Annotated[CustomStageSetting, BeforeValidator(_unknown_stage), Tag("unknown_stage")]
-    | Annotated[CustomStageSetting, BeforeValidator(_not_one_stage), Tag("not_one_stage")],
-    Discriminator(_entry_tag),
-]
+# The entry types of the union: each built-in stage's, tagged with its name, then the
+# others; the last two always refuse (their errors name the entry). To the type checker an
+# entry is one of the base classes (the built-in ones are made at import).
+if TYPE_CHECKING:
+    PipelineEntry = StageSetting | CustomStageSetting | PresetReference
+else:
+    PipelineEntry = Annotated[
+        Union[  # a union of a run-time tuple: `|` takes two at a time
+            (
+                *(Annotated[cls, Tag(stage)] for stage, cls in STAGE_SETTINGS.items()),
+                Annotated[CustomStageSetting, Tag("custom")],
+                Annotated[PresetReference, Tag("preset")],
+                Annotated[
+                    CustomStageSetting, BeforeValidator(_unknown_stage), Tag("unknown_stage")
+                ],
+                Annotated[
+                    CustomStageSetting, BeforeValidator(_not_one_stage), Tag("not_one_stage")
+                ],
+            )
+        ],
+        Discriminator(_entry_tag),
+    ]
 
 # A stage the builder makes: a built-in one's validated params, or a third-party one's own.
 StageEntry = StageSetting | CustomStageSetting

@@ -428,7 +428,7 @@ def _is_baseline(policy: str) -> bool:
 
 def _strongest_among(point: Record, metric: str, among: Any) -> str | None:
     """The baseline with the best mean on `metric` among the policies `among` holds."""
-    rivals = [
+    rivals: list[tuple[float, str]] = [
         (record[metric]["mean"], p)
         for p, record in point["policies"].items()
         if _is_baseline(p) and p in among and metric in record

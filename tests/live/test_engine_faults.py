@@ -21,7 +21,15 @@ from support.polling import wait_until
 
 from thunder_mw.engines.pool import SUSPECT_RECHECK_S, BackendPool
 from thunder_mw.middleware.app import ThunderGateway, create_app
-from thunder_mw.policies import Pause
+from thunder_mw.policies import (
+    BackendChanged,
+    CallFinished,
+    ConnectionRefused,
+    DecisionsApplied,
+    Pause,
+    ReleaseRequested,
+    RequestArrived,
+)
 from thunder_mw.policies.core import RequestInfo, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Program, ProgramState, Usage
@@ -273,15 +281,17 @@ def _core() -> SchedulerCore:
 
 def _request(core: SchedulerCore, pid: str, tokens: int, now: float) -> Any:
     ctx = AgentContext(program_id=pid, source=Convention.THUNDERAGENT)
-    return core.on_request(ctx, RequestInfo(prompt_chars=0, max_tokens=tokens), now)[0]
+    return core.handle(
+        RequestArrived(ctx, RequestInfo(prompt_chars=0, max_tokens=tokens), now)
+    ).decision
 
 
 def test_core_a_call_failing_on_a_dead_engine_leaves_nothing_counted_there() -> None:
     core = _core()
     assert _request(core, "p", 600, 0.0).backend == "a"
-    core.on_backend("a", healthy=False, now=1.0)  # the call is still in flight there
+    core.handle(BackendChanged("a", healthy=False, now=1.0))  # the call is still in flight there
     assert core.backends["a"].reserved >= 600
-    core.on_finished("p", None, False, 2.0)
+    core.handle(CallFinished("p", None, False, 2.0))
     program = core.table.get("p")
     assert program is not None and program.state is ProgramState.PAUSED
     assert core.backends["a"].reserved == 0 and core.table.programs_on("a") == 0
@@ -292,12 +302,12 @@ def test_core_refused_connection_also_unplaces_the_engines_idle_programs() -> No
     core = _core()
     for pid in ("caller", "other", "idle"):
         _request(core, pid, 100, 0.0)
-        core.on_finished(pid, Usage(50, 10), True, 0.5)
+        core.handle(CallFinished(pid, Usage(50, 10), True, 0.5))
     on_a = [p.program_id for p in core.programs() if p.backend == "a"]
     assert len(on_a) == 2
     caller, idle = on_a
     _request(core, caller, 100, 1.0)
-    assert core.reroute(caller, "a", 1.1) == "b"
+    assert core.handle(ConnectionRefused(caller, "a", 1.1)).backend == "b"
     idle_program = core.table.get(idle)
     assert idle_program is not None and idle_program.state is ProgramState.PAUSED
     assert core.backends["a"].reserved == 0 and core.table.programs_on("a") == 0
@@ -306,16 +316,17 @@ def test_core_refused_connection_also_unplaces_the_engines_idle_programs() -> No
 def test_core_paused_and_held_programs_of_a_dead_engine_resume_on_the_other() -> None:
     core = _core()
     assert _request(core, "paused", 200, 0.0).backend == "a"
-    core.on_finished("paused", Usage(150, 50), True, 1.0)
-    core.apply([Pause(_program(core, "paused"))], 1.5)  # as the pause stage would
+    core.handle(CallFinished("paused", Usage(150, 50), True, 1.0))
+    # as the pause stage would
+    core.handle(DecisionsApplied([Pause(_program(core, "paused"))], 1.5))
     assert _request(core, "hog-a", 950, 2.0).backend == "a"
     assert _request(core, "hog-b", 950, 2.0).backend == "b"
     assert _request(core, "held", 500, 3.0).program_id == "held"  # Hold: nothing fits
     assert _request(core, "paused", 200, 3.0).program_id == "paused"  # Hold as well
-    core.on_backend("a", healthy=False, now=4.0)
-    core.on_finished("hog-a", None, False, 5.0)  # its call died with the engine
+    core.handle(BackendChanged("a", healthy=False, now=4.0))
+    core.handle(CallFinished("hog-a", None, False, 5.0))  # its call died with the engine
     assert core.backends["a"].reserved == 0  # a has room in the books, but is down
-    core.on_release("hog-b", "release", 6.0)
+    core.handle(ReleaseRequested("hog-b", "release", 6.0))
     placed = {p.program_id: (p.state, p.backend) for p in core.programs()}
     assert placed["held"] == (ProgramState.ACTIVE, "b")
     assert placed["paused"] == (ProgramState.ACTIVE, "b")

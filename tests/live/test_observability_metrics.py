@@ -21,6 +21,7 @@ from thunder_mw.middleware.app import create_app
 from thunder_mw.observability.decisions import DecisionLog
 from thunder_mw.observability.log_format import JsonFormatter
 from thunder_mw.observability.metrics import GatewayMetrics
+from thunder_mw.policies import BackendChanged
 from thunder_mw.policies.core import (
     Action,
     BackendMetrics,
@@ -95,7 +96,7 @@ def test_engine_signals_are_re_exported_from_the_probe(engine: FakeEngine) -> No
 
 
 async def _feed(core: SchedulerCore, metrics: BackendMetrics) -> None:
-    core.on_backend("e0", metrics=metrics, now=time.monotonic())
+    core.handle(BackendChanged("e0", metrics=metrics, now=time.monotonic()))
 
 
 def test_requests_are_counted_by_route_and_status_and_without_context(gw: ServerThread) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from thunder_mw.policies import CallFinished, ReleaseRequested, RequestArrived
 from thunder_mw.policies.core import Forward, Hold, Paused, RequestInfo, SchedulerCore
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Program, Usage
@@ -96,39 +97,39 @@ def test_prefixes_are_credited_apart() -> None:
 def test_a_program_sharing_the_prefix_fits_where_whole_contexts_would_not() -> None:
     for shared, expected in ((True, Forward), (False, Hold)):
         core = make(shared=shared)
-        first, _ = core.on_request(ctx("a"), info(590), 0.0)
+        first = core.handle(RequestArrived(ctx("a"), info(590), 0.0)).decision
         assert isinstance(first, Forward)
         # 600 + 600 reserved; the engine holds the 400-token prefix once: 800.
-        second, _ = core.on_request(ctx("b"), info(590), 1.0)
+        second = core.handle(RequestArrived(ctx("b"), info(590), 1.0)).decision
         assert isinstance(second, expected), shared
     assert core.backends["b0"].unused == 0
 
 
 def test_programs_with_other_prefixes_get_no_credit() -> None:
     core = make()
-    core.on_request(ctx("a"), info(590, prefix="one"), 0.0)
-    decision, _ = core.on_request(ctx("b"), info(590, prefix="two"), 1.0)
+    core.handle(RequestArrived(ctx("a"), info(590, prefix="one"), 0.0))
+    decision = core.handle(RequestArrived(ctx("b"), info(590, prefix="two"), 1.0)).decision
     assert isinstance(decision, Hold)
     assert core.backends["b0"].unused == 0
 
 
 def test_the_credit_follows_programs_out_and_overflow_is_judged_with_it() -> None:
     core = make(acting_weight=1.0)
-    core.on_request(ctx("a"), info(590), 0.0)
-    core.on_request(ctx("b"), info(590), 1.0)
+    core.handle(RequestArrived(ctx("a"), info(590), 0.0))
+    core.handle(RequestArrived(ctx("b"), info(590), 1.0))
     backend = core.backends["b0"]
     assert backend.unused == 400 and backend.running_unused == 400
-    core.on_finished("a", Usage(590, 10), True, 2.0)
-    core.on_finished("b", Usage(590, 10), True, 2.0)
+    core.handle(CallFinished("a", Usage(590, 10), True, 2.0))
+    core.handle(CallFinished("b", Usage(590, 10), True, 2.0))
     # Both ACTING now (whole contexts counted): still one copy held, nothing over capacity.
     assert backend.unused == 400 and backend.running_unused == 0
     # a's context grows by 150: 750 + 600 - 400 = 950 fits; no one is paused.
-    _, actions = core.on_request(ctx("a"), info(740), 3.0)
+    actions = core.handle(RequestArrived(ctx("a"), info(740), 3.0)).actions
     assert not [p for p in actions if isinstance(p, Paused)]
     # b's grows too: 750 + 750 - 400 = 1100 > 1000: a, ACTING, is paused; then the prefix
     # is no longer shared and the credit is gone.
-    core.on_finished("a", Usage(740, 10), True, 4.0)
-    _, actions = core.on_request(ctx("b"), info(740), 5.0)
+    core.handle(CallFinished("a", Usage(740, 10), True, 4.0))
+    actions = core.handle(RequestArrived(ctx("b"), info(740), 5.0)).actions
     paused = [p.program_id for p in actions if isinstance(p, Paused)]
     assert paused == ["a"]
     assert backend.unused == 0
@@ -137,10 +138,10 @@ def test_the_credit_follows_programs_out_and_overflow_is_judged_with_it() -> Non
 
 def test_release_removes_the_programs_copy() -> None:
     core = make()
-    core.on_request(ctx("a"), info(590), 0.0)
-    core.on_request(ctx("b"), info(590), 1.0)
-    core.on_finished("b", Usage(590, 10), True, 2.0)
-    core.on_release("b", "client", 3.0)
+    core.handle(RequestArrived(ctx("a"), info(590), 0.0))
+    core.handle(RequestArrived(ctx("b"), info(590), 1.0))
+    core.handle(CallFinished("b", Usage(590, 10), True, 2.0))
+    core.handle(ReleaseRequested("b", "client", 3.0))
     assert core.backends["b0"].unused == 0
     assert core.backends["b0"].reserved == 600
 

@@ -21,6 +21,7 @@ from support.asgi_servers import serving
 from support.fake_engine import FakeEngine
 
 from thunder_mw.middleware.app import ThunderGateway
+from thunder_mw.policies import CallFinished, RequestArrived, Tick
 from thunder_mw.policies.core import Released, RequestInfo, SchedulerCore
 from thunder_mw.policies.estimates import MAX_SESSION_TYPES
 from thunder_mw.policies.pipeline import build_pipeline
@@ -115,7 +116,7 @@ def _internals(gateway: ThunderGateway) -> dict[str, Any]:
 
 async def _tick(gateway: ThunderGateway) -> None:
     scheduler = gateway.core.scheduler
-    scheduler._apply(scheduler.core.on_tick(scheduler.clock()))
+    scheduler._apply(scheduler.core.handle(Tick(scheduler.clock())).actions)
 
 
 async def _program(client: httpx.AsyncClient, i: int, statuses: dict[int, int]) -> None:
@@ -268,7 +269,8 @@ def test_a_new_session_type_per_program_does_not_grow_the_tool_time_model_withou
     for i in range(MAX_SESSION_TYPES + 200):
         ctx = AgentContext(program_id=f"p{i}", source=None, session_type=f"type-{i}")
         now = float(i)
-        core.on_request(ctx, RequestInfo(prompt_chars=100), now)
-        core.on_finished(ctx.program_id, Usage(25, 4), True, now)
-        core.on_request(ctx, RequestInfo(prompt_chars=120), now + 0.5)  # learns its tool gap
+        core.handle(RequestArrived(ctx, RequestInfo(prompt_chars=100), now))
+        core.handle(CallFinished(ctx.program_id, Usage(25, 4), True, now))
+        # learns its tool gap
+        core.handle(RequestArrived(ctx, RequestInfo(prompt_chars=120), now + 0.5))
     assert len(core.tool_time._by_type) == MAX_SESSION_TYPES

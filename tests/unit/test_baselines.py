@@ -6,7 +6,16 @@ from typing import Any, TypeVar
 
 import pytest
 
-from thunder_mw.policies import ProgramView, Stage, StageView
+from thunder_mw.policies import (
+    BackendChanged,
+    CallFinished,
+    ProgramView,
+    ReleaseRequested,
+    RequestArrived,
+    Stage,
+    StageView,
+    Tick,
+)
 from thunder_mw.policies.baselines import KvAware, ProgressTtl, SessionAffinity
 from thunder_mw.policies.core import (
     Action,
@@ -46,13 +55,14 @@ def make(
 def send(
     core: SchedulerCore, pid: str, tokens: int, now: float, out: int = 10, **kw: Any
 ) -> tuple[Forward, list[Action]]:
-    decision, actions = core.on_request(ctx(pid, **kw), info(tokens, out), now)
+    outcome = core.handle(RequestArrived(ctx(pid, **kw), info(tokens, out), now))
+    decision, actions = outcome.decision, outcome.actions
     assert isinstance(decision, Forward), decision
     return decision, actions
 
 
 def answer(core: SchedulerCore, pid: str, tokens: int, now: float, out: int = 10) -> list[Action]:
-    return core.on_finished(pid, Usage(tokens, out), True, now)
+    return core.handle(CallFinished(pid, Usage(tokens, out), True, now)).actions
 
 
 def stage(core: SchedulerCore, cls: type[S]) -> S:
@@ -99,10 +109,10 @@ def test_kv_aware_moves_a_request_off_its_home_when_the_load_there_outweighs_the
     assert send(core, "a", 2000, 0)[0].backend == "b0"
     answer(core, "a", 2000, 1)
     # Long requests in flight on a's home (b1 was down when they came), more than its prefix.
-    core.on_backend("b1", healthy=False, now=1.2)
+    core.handle(BackendChanged("b1", healthy=False, now=1.2))
     for i in range(3):
         send(core, f"hog{i}", 20_000, 1.5)
-    core.on_backend("b1", healthy=True, now=1.8)
+    core.handle(BackendChanged("b1", healthy=True, now=1.8))
     kv = stage(core, KvAware)
     assert kv.active_tokens("b0") > 2000 and kv.active_tokens("b1") == 0
     assert send(core, "a", 2100, 2)[0].backend == "b1"
@@ -118,7 +128,7 @@ def test_kv_aware_places_a_new_program_on_the_least_loaded_engine() -> None:
 def test_kv_aware_never_holds_a_request_whatever_the_load() -> None:
     core = make([{"kv_aware": {}}], capacities=(1000, 1000))
     for i in range(10):
-        decision, _ = core.on_request(ctx(f"p{i}"), info(900), i)
+        decision = core.handle(RequestArrived(ctx(f"p{i}"), info(900), i)).decision
         assert isinstance(decision, Forward)
 
 
@@ -135,7 +145,7 @@ def test_kv_aware_forgets_a_released_program() -> None:
     core = make([{"kv_aware": {}}])
     backend = send(core, "a", 3000, 0)[0].backend
     answer(core, "a", 3000, 1)
-    core.on_release("a", "release", 2)
+    core.handle(ReleaseRequested("a", "release", 2))
     kv = stage(core, KvAware)
     assert kv.overlap(backend, "a") == 0 and kv.active_tokens(backend) == 0
 
@@ -209,8 +219,8 @@ def test_progress_ttl_pauses_a_program_still_acting_when_its_ttl_expires() -> No
     core = ttl_core()
     send(core, "a", 1000, 0)
     answer(core, "a", 1000, 1)  # TTL armed: the cap (no returns observed yet), 20 s
-    assert not of(core.on_tick(15), Paused)
-    paused = of(core.on_tick(21.5), Paused)
+    assert not of(core.handle(Tick(15)).actions, Paused)
+    paused = of(core.handle(Tick(21.5)).actions, Paused)
     assert [p.program_id for p in paused] == ["a"] and paused[0].reason == "ttl_expired"
     assert core.backends["b0"].reserved == 0
 
@@ -218,12 +228,12 @@ def test_progress_ttl_pauses_a_program_still_acting_when_its_ttl_expires() -> No
 def test_a_zero_ttl_pauses_the_program_as_its_call_ends_not_at_the_next_tick() -> None:
     core = ttl_core(capacity=2000, immature_ttl_s=0.0)
     send(core, "a", 1500, 0)
-    decision, _ = core.on_request(ctx("b"), info(1500), 0.5)
+    decision = core.handle(RequestArrived(ctx("b"), info(1500), 0.5)).decision
     assert isinstance(decision, Hold)
     actions = answer(core, "a", 1500, 1)  # no tick in between: the answer itself frees a's room
     assert [(p.program_id, p.reason) for p in of(actions, Paused)] == [("a", "ttl_expired")]
     assert [r.program_id for r in of(actions, Resumed)] == ["b"]
-    assert not of(core.on_tick(1.25), Paused)  # nothing left armed for the tick
+    assert not of(core.handle(Tick(1.25)).actions, Paused)  # nothing left armed for the tick
 
 
 def test_progress_ttl_leaves_a_program_that_returned_in_time() -> None:
@@ -231,7 +241,7 @@ def test_progress_ttl_leaves_a_program_that_returned_in_time() -> None:
     send(core, "a", 1000, 0)
     answer(core, "a", 1000, 1)
     send(core, "a", 1100, 10)
-    assert not of(core.on_tick(25), Paused)
+    assert not of(core.handle(Tick(25)).actions, Paused)
 
 
 def test_progress_ttl_predicts_the_quantile_of_observed_returns() -> None:
@@ -253,7 +263,7 @@ def test_a_program_served_its_segment_yields_to_a_waiting_one() -> None:
     core = ttl_core(capacity=2000, max_segment_rounds=2)
     send(core, "a", 1500, 0)
     answer(core, "a", 1500, 1)
-    decision, _ = core.on_request(ctx("b"), info(1500), 1.5)
+    decision = core.handle(RequestArrived(ctx("b"), info(1500), 1.5)).decision
     assert isinstance(decision, Hold)
     send(core, "a", 1500, 2)
     actions = answer(core, "a", 1500, 3)  # its second round: it yields, b runs
@@ -277,7 +287,8 @@ def test_batch_gain_evicts_an_acting_program_early_when_the_wait_saved_outweighs
     core = gain_core()
     send(core, "a", 4000, 0)
     answer(core, "a", 4000, 1)  # acting, TTL armed until t = 21
-    decision, actions = core.on_request(ctx("b"), info(7000), 2)  # saves ~19 s, costs 0.4 s
+    outcome = core.handle(RequestArrived(ctx("b"), info(7000), 2))
+    decision, actions = outcome.decision, outcome.actions  # saves ~19 s, costs 0.4 s
     assert isinstance(decision, Forward)
     assert [p.reason for p in of(actions, Paused)] == ["batch_gain_admit"]
 
@@ -286,9 +297,10 @@ def test_batch_gain_keeps_an_acting_program_whose_ttl_is_about_to_free_the_room(
     core = gain_core()
     send(core, "a", 9000, 0)
     answer(core, "a", 9000, 1)  # TTL until t = 21; its recompute would cost 0.9 s
-    decision, actions = core.on_request(ctx("b"), info(7000), 20.5)
+    outcome = core.handle(RequestArrived(ctx("b"), info(7000), 20.5))
+    decision, actions = outcome.decision, outcome.actions
     assert isinstance(decision, Hold) and not of(actions, Paused)
-    resumed = of(core.on_tick(21.5), Resumed)  # the TTL frees the room
+    resumed = of(core.handle(Tick(21.5)).actions, Resumed)  # the TTL frees the room
     assert [r.program_id for r in resumed] == ["b"]
 
 
@@ -335,7 +347,7 @@ def test_the_router_holds_a_program_past_the_count_cap_per_engine() -> None:
     core = router(capacities=(100_000,), max_active_programs_per_target=2)
     send(core, "a", 100, 0)
     send(core, "b", 100, 0)
-    decision, _ = core.on_request(ctx("c"), info(100), 0)
+    decision = core.handle(RequestArrived(ctx("c"), info(100), 0)).decision
     assert isinstance(decision, Hold)
 
 
@@ -343,10 +355,12 @@ def test_the_router_holds_new_programs_while_the_engine_has_waiting_requests() -
     from thunder_mw.policies.core import BackendMetrics
 
     core = router(capacities=(100_000,))
-    core.on_backend("b0", metrics=BackendMetrics(waiting=1), now=0)
-    decision, _ = core.on_request(ctx("a"), info(100), 0.5)
+    core.handle(BackendChanged("b0", metrics=BackendMetrics(waiting=1), now=0))
+    decision = core.handle(RequestArrived(ctx("a"), info(100), 0.5)).decision
     assert isinstance(decision, Hold)
-    resumed = of(core.on_backend("b0", metrics=BackendMetrics(waiting=0), now=1), Resumed)
+    resumed = of(
+        core.handle(BackendChanged("b0", metrics=BackendMetrics(waiting=0), now=1)).actions, Resumed
+    )
     assert [r.program_id for r in resumed] == ["a"]
 
 
@@ -365,7 +379,8 @@ def test_the_routers_capacity_repair_never_pauses_an_acting_program() -> None:
     answer(core, "b", 4000, 2)
     # b's next call overflows the engine: REASONING b is marked, a keeps its place (with
     # pause_acting, the default pipeline's rule, a would be paused at once instead).
-    decision, actions = core.on_request(ctx("b"), info(7000), 2.5)
+    outcome = core.handle(RequestArrived(ctx("b"), info(7000), 2.5))
+    decision, actions = outcome.decision, outcome.actions
     assert isinstance(decision, Forward)
     assert [(p.program_id, p.pending) for p in of(actions, Paused)] == [("b", True)]
 

@@ -16,6 +16,7 @@ from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, _Program, simulate
 from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS
 from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, ProgramSpec, generate
+from thunder_mw.policies import BackendChanged, Event, Outcome
 from thunder_mw.policies.core import Resumed
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.stages import Admission
@@ -237,14 +238,14 @@ def test_scrapes_carry_the_engine_cost_counters_when_asked_as_live_ones_do(
     cluster = dataclasses.replace(SMALL, engine_counters=counters)
     sim = Simulation(swe(6), POLICIES["thunder-mw"], cluster, Arrivals("batch"), "thunder-mw")
     seen: list[tuple[str, Any]] = []
-    on_backend = sim.core.on_backend
+    handle = sim.core.handle
 
-    def scraped(label: str, **kw: Any) -> Any:
-        if kw.get("metrics") is not None:
-            seen.append((label, kw["metrics"]))
-        return on_backend(label, **kw)
+    def scraped(event: Event) -> Outcome:
+        if isinstance(event, BackendChanged) and event.metrics is not None:
+            seen.append((event.label, event.metrics))
+        return handle(event)
 
-    sim.core.on_backend = scraped  # type: ignore[method-assign]
+    sim.core.handle = scraped  # type: ignore[method-assign]
     sim.run()
     label, last = seen[-1]
     stats = sim.backends[label].engine.stats

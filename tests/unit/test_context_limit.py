@@ -11,7 +11,7 @@ import pytest
 from test_scheduler_core import _program, ctx, info, make, run_step
 
 from thunder_mw.middleware.request_body import BodyError, decode_object
-from thunder_mw.policies import context_limit
+from thunder_mw.policies import BackendChanged, HoldExpired, RequestArrived, context_limit
 from thunder_mw.policies.core import (
     Forward,
     Hold,
@@ -33,7 +33,8 @@ def engines(core: SchedulerCore, max_model_len: int | None = None) -> SchedulerC
 def test_max_tokens_past_every_model_length_is_refused_without_touching_anyone() -> None:
     core = engines(make(capacities=(100_000, 100_000)), max_model_len=32_768)
     run_step(core, "busy", 20_000, 0)
-    decision, actions = core.on_request(ctx("huge"), info(10, out=200_000), 1)
+    outcome = core.handle(RequestArrived(ctx("huge"), info(10, out=200_000), 1))
+    decision, actions = outcome.decision, outcome.actions
     assert isinstance(decision, Reject)
     assert (decision.status, decision.code, decision.param) == (
         400,
@@ -51,21 +52,21 @@ def test_max_tokens_past_every_model_length_is_refused_without_touching_anyone()
 def test_a_prompt_past_every_kv_cache_is_refused_naming_the_messages() -> None:
     core = make(capacities=(1000, 2000))  # model lengths unknown: the KV cache bounds
     chars = 2001 * context_limit.MAX_CHARS_PER_TOKEN  # at least 2,001 tokens, whatever it is
-    decision, _ = core.on_request(ctx("p"), RequestInfo(prompt_chars=chars), 0)
+    decision = core.handle(RequestArrived(ctx("p"), RequestInfo(prompt_chars=chars), 0)).decision
     assert isinstance(decision, Reject) and decision.param == "messages"
     assert "2000 tokens (KV cache of b1)" in decision.message
 
 
 def test_an_unhealthy_engine_with_room_does_not_make_a_request_fit() -> None:
     core = make(capacities=(1000, 10_000))
-    core.on_backend("b1", healthy=False, now=0)
-    decision, _ = core.on_request(ctx("p"), info(10, out=5000), 1)
+    core.handle(BackendChanged("b1", healthy=False, now=0))
+    decision = core.handle(RequestArrived(ctx("p"), info(10, out=5000), 1)).decision
     assert isinstance(decision, Reject) and "KV cache of b0" in decision.message
 
 
 def test_an_engine_with_unknown_limits_might_take_anything() -> None:
     core = make(capacities=(1000, None))
-    decision, _ = core.on_request(ctx("p"), info(10, out=50_000), 0)
+    decision = core.handle(RequestArrived(ctx("p"), info(10, out=50_000), 0)).decision
     assert not isinstance(decision, Reject)
 
 
@@ -75,7 +76,8 @@ def test_past_the_model_length_by_the_estimate_only_goes_to_the_engine_unplanned
     core = engines(make(capacities=(10_000, 10_000)), max_model_len=2048)
     core.backends["b1"].max_model_len = 4096
     run_step(core, "busy", 1500, 0)
-    decision, actions = core.on_request(ctx("long"), info(5000), 1)
+    outcome = core.handle(RequestArrived(ctx("long"), info(5000), 1))
+    decision, actions = outcome.decision, outcome.actions
     assert isinstance(decision, Forward) and not decision.planned
     assert decision.backend == "b1"  # the longest model length
     assert actions == [] and core.table.get("long") is None
@@ -86,7 +88,7 @@ def test_a_known_program_sent_unplanned_goes_home_when_home_serves_as_long_a_mod
     core = engines(make(capacities=(10_000, 10_000)), max_model_len=2048)
     home = run_step(core, "a", 1000, 0)
     reserved = _program(core, "a").reserved_tokens
-    decision, _ = core.on_request(ctx("a"), info(4000), 2)
+    decision = core.handle(RequestArrived(ctx("a"), info(4000), 2)).decision
     assert isinstance(decision, Forward) and not decision.planned and decision.backend == home
     assert _program(core, "a").reserved_tokens == reserved  # its reservation did not grow
 
@@ -94,9 +96,10 @@ def test_a_known_program_sent_unplanned_goes_home_when_home_serves_as_long_a_mod
 def test_larger_than_every_kv_cache_by_the_estimate_is_held_alone_then_placed() -> None:
     core = make(capacities=(1000,))
     run_step(core, "resident", 600, 0)
-    decision, _ = core.on_request(ctx("big"), info(1100), 1)  # floor 137: may fit an engine
+    # floor 137: may fit an engine
+    decision = core.handle(RequestArrived(ctx("big"), info(1100), 1)).decision
     assert isinstance(decision, Hold) and decision.alone
-    actions = core.on_hold_expired("big", 11, place=True)
+    actions = core.handle(HoldExpired("big", 11, place=True)).actions
     resumed = [a for a in actions if isinstance(a, Resumed)]
     assert [(a.program_id, a.backend, a.forced) for a in resumed] == [("big", "b0", True)]
     # The idle program's KV is what the engine evicts for it anyway: paused, not lost.
@@ -107,9 +110,9 @@ def test_larger_than_every_kv_cache_by_the_estimate_is_held_alone_then_placed() 
 def test_a_request_that_merely_waits_for_room_is_not_alone_and_leaves_on_its_deadline() -> None:
     core = make(capacities=(1000,))
     run_step(core, "resident", 700, 0)
-    decision, _ = core.on_request(ctx("late"), info(500), 1)
+    decision = core.handle(RequestArrived(ctx("late"), info(500), 1)).decision
     assert isinstance(decision, Hold) and not decision.alone
-    core.on_hold_expired("late", 601, place=False)
+    core.handle(HoldExpired("late", 601, place=False))
     assert core.table.get("late") is None  # a program that never ran leaves no trace
     assert core.queue_length() == 0
 
@@ -132,7 +135,7 @@ def test_a_huge_non_prompt_field_is_not_a_too_long_prompt() -> None:
     """The raw body is 100 KB; its prompt is one word: the engine decides, not the floor."""
     core = engines(make(capacities=(3072,)), max_model_len=2048)
     info_ = RequestInfo(prompt_chars=100_000, max_tokens=8, prompt_text_chars=10)
-    decision, _ = core.on_request(ctx("p"), info_, 0)
+    decision = core.handle(RequestArrived(ctx("p"), info_, 0)).decision
     assert not isinstance(decision, Reject)
 
 
@@ -181,7 +184,7 @@ def test_counting_the_prompt_fields_only_when_the_body_may_be_too_long_decides_t
     decisions: list[tuple[type, object]] = []
     for given in (exact, lazy):
         core = engines(make(capacities=(100_000,)), max_model_len=limit)
-        decision, _ = core.on_request(ctx("p"), given, 0)
+        decision = core.handle(RequestArrived(ctx("p"), given, 0)).decision
         decisions.append((type(decision), getattr(decision, "message", None)))
     assert decisions[0] == decisions[1]
 

@@ -6,7 +6,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from thunder_mw.policies import Pause, Stage, StageDecision, StageView
+from thunder_mw.policies import (
+    CallFinished,
+    DecisionsApplied,
+    ForeignReservations,
+    Pause,
+    ProgramAdopted,
+    RequestArrived,
+    Stage,
+    StageDecision,
+    StageView,
+    TakenOver,
+    Tick,
+)
 from thunder_mw.policies.core import Forward, Hold, Paused, RequestInfo, Resumed, SchedulerCore
 from thunder_mw.policies.events import ProgramHistory
 from thunder_mw.policies.pipeline import build_pipeline
@@ -43,44 +55,51 @@ def _program(core: SchedulerCore, program_id: str) -> Program:
 
 
 def run_step(core: SchedulerCore, pid: str, tokens: int, now: float) -> None:
-    decision, _ = core.on_request(ctx(pid), info(tokens), now)
+    decision = core.handle(RequestArrived(ctx(pid), info(tokens), now)).decision
     assert isinstance(decision, Forward), decision
-    core.on_finished(pid, Usage(tokens, 10), True, now + 1)
+    core.handle(CallFinished(pid, Usage(tokens, 10), True, now + 1))
 
 
 # ------------------------------------------------------------------ other replicas
 def test_other_replicas_reservations_count_against_the_engine_until_they_shrink() -> None:
     core = make()
-    assert core.on_foreign_reservations("b0", 900, 0.0) == []  # grew: nothing to resume
+    assert core.handle(ForeignReservations("b0", 900, 0.0)).actions == []  # grew: nothing to resume
     assert core.backends["b0"].reserved == 900
-    decision, _ = core.on_request(ctx("a"), info(500), 1.0)
+    decision = core.handle(RequestArrived(ctx("a"), info(500), 1.0)).decision
     assert isinstance(decision, Hold)
-    actions = core.on_foreign_reservations("b0", 100, 2.0)
+    actions = core.handle(ForeignReservations("b0", 100, 2.0)).actions
     assert [(a.program_id, a.backend) for a in actions if isinstance(a, Resumed)] == [("a", "b0")]
     assert core.backends["b0"].reserved == 100 + _program(core, "a").reserved_tokens
-    assert core.on_foreign_reservations("b0", -5, 3.0) == []  # never below zero
-    assert core.foreign_reserved("b0") == 0 and core.on_foreign_reservations("gone", 1, 3) == []
+    assert core.handle(ForeignReservations("b0", -5, 3.0)).actions == []  # never below zero
+    assert (
+        core.foreign_reserved("b0") == 0
+        and core.handle(ForeignReservations("gone", 1, 3)).actions == []
+    )
 
 
 def test_a_program_taken_over_keeps_its_engine_and_leaves_the_others_share() -> None:
     # Room for both counts: it is placed before it leaves the others' share.
     core = make(capacities=(2000,))
-    core.on_foreign_reservations("b0", 600, 0.0)
+    core.handle(ForeignReservations("b0", 600, 0.0))
     history = ProgramHistory(backend="b0", steps=3, context_tokens=590, prompt_tokens=900)
-    program = core.on_adopted(ctx("p"), history, 1.0)
+    program = core.handle(ProgramAdopted(ctx("p"), history, 1.0)).program
+    assert program is not None
     assert (program.state, program.backend, program.steps) == (ProgramState.PAUSED, "b0", 3)
-    actions = core.on_taken_over("p", "b0", 600, 2.0)
+    actions = core.handle(TakenOver("p", "b0", 600, 2.0)).actions
     assert [a.program_id for a in actions if isinstance(a, Resumed)] == ["p"]
     assert program.state is ProgramState.ACTIVE and core.foreign_reserved("b0") == 0
     assert core.backends["b0"].reserved == program.reserved_tokens == 590
     assert core.counters["takeovers"] == 1
-    assert core.on_taken_over("p", "b0", 600, 3.0) == []  # already placed here
+    assert core.handle(TakenOver("p", "b0", 600, 3.0)).actions == []  # already placed here
 
 
 def test_an_older_record_does_not_overwrite_what_this_replica_knows() -> None:
     core = make()
     run_step(core, "p", 300, 0.0)
-    program = core.on_adopted(ctx("p"), ProgramHistory(backend="b0", steps=0), 5.0)
+    program = core.handle(
+        ProgramAdopted(ctx("p"), ProgramHistory(backend="b0", steps=0), 5.0)
+    ).program
+    assert program is not None
     assert (program.steps, program.context_tokens) == (1, 310)
 
 
@@ -105,7 +124,7 @@ def test_a_generator_hook_sees_each_decision_applied_before_its_next_step() -> N
     probe = _PausesAndLooks()
     core = make(probe)
     run_step(core, "a", 300, 0.0)
-    core.on_tick(5.0)
+    core.handle(Tick(5.0))
     assert probe.seen == [ProgramState.PAUSED]
     assert core.backends["b0"].reserved == 0 and core.counters["pauses"] == 1
 
@@ -131,15 +150,15 @@ def test_victims_a_stage_looks_at_but_does_not_pause_stay_in_the_pause_order() -
     core = make(probe)
     run_step(core, "big", 400, 0.0)
     run_step(core, "small", 200, 0.0)
-    core.on_tick(5.0)
-    core.on_tick(6.0)
+    core.handle(Tick(5.0))
+    core.handle(Tick(6.0))
     assert probe.seen == ["big", "small", "big", "small"]  # the same order, both times
 
 
 def test_decisions_from_outside_the_pipeline_are_applied_as_a_stages_would_be() -> None:
     core = make()
     run_step(core, "a", 300, 0.0)
-    actions = core.apply([Pause(_program(core, "a"), "operator")], 2.0)
+    actions = core.handle(DecisionsApplied([Pause(_program(core, "a"), "operator")], 2.0)).actions
     assert [(a.program_id, a.reason) for a in actions if isinstance(a, Paused)] == [
         ("a", "operator")
     ]

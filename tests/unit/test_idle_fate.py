@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from thunder_mw.policies import CallFinished, RequestArrived
 from thunder_mw.policies.core import Forward, RequestInfo, SchedulerCore
 from thunder_mw.policies.core_events import ReleaseRequested
 from thunder_mw.policies.overflow_cost import EngineCosts, keeps_idle_context
@@ -64,9 +65,9 @@ def make(fate: str, prefill_s_per_token: float | None) -> SchedulerCore:
 
 
 def run_call(core: SchedulerCore, pid: str, tokens: int, start: float, end: float) -> None:
-    decision, _ = core.on_request(ctx(pid), info(tokens), start)
+    decision = core.handle(RequestArrived(ctx(pid), info(tokens), start)).decision
     assert isinstance(decision, Forward)
-    core.on_finished(pid, Usage(tokens, 10, 0), True, end)
+    core.handle(CallFinished(pid, Usage(tokens, 10, 0), True, end))
 
 
 def reserved(core: SchedulerCore, pid: str) -> int:
@@ -91,7 +92,8 @@ def test_an_acting_programs_reservation_follows_the_rule(
     fate: str, price: float | None, expected: int
 ) -> None:
     core = make(fate, price)
-    decision, _ = core.on_request(ctx("other"), info(10_000), 0.0)  # still reasoning: batch
+    # still reasoning: batch
+    decision = core.handle(RequestArrived(ctx("other"), info(10_000), 0.0)).decision
     assert isinstance(decision, Forward)
     for step in range(3):  # tool gaps of 10 s: the expected tool time
         run_call(core, "p", 10_000, 20.0 * step, 20.0 * step + 10.0)

@@ -7,6 +7,7 @@ from typing import Any
 
 from thunder_mw.middleware.call_state import RequestBody
 from thunder_mw.middleware.live_scheduler import request_info
+from thunder_mw.policies import CachesFlushed, CallFinished, RequestArrived
 from thunder_mw.policies.core import Decision, Forward, Hold, RequestInfo, SchedulerCore
 from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.pipeline import build_pipeline
@@ -44,7 +45,7 @@ def send(
     now: float,
     prefix_tokens: int = 2000,
     **kw: Any,
-) -> Decision:
+) -> Decision | None:
     info = RequestInfo(
         prompt_chars=(tokens - 1) * CHARS_PER_TOKEN,
         max_tokens=10,
@@ -52,7 +53,7 @@ def send(
         prefix_chars=(prefix_tokens - 1) * CHARS_PER_TOKEN if prefix else 0,
     )
     ctx = AgentContext(program_id=pid, source=Convention.THUNDERAGENT, **kw)
-    return core.on_request(ctx, info, now)[0]
+    return core.handle(RequestArrived(ctx, info, now)).decision
 
 
 def placed(
@@ -101,7 +102,7 @@ def test_a_sub_agent_without_a_prefix_of_its_own_goes_where_its_parents_is() -> 
 def test_a_program_with_a_home_is_left_to_the_migration_stage() -> None:
     core = make(WITH)
     assert placed(core, "x", 2100, "sys-x", 0.0) == "b0"
-    core.on_finished("x", Usage(2100, 10), True, 0.5)
+    core.handle(CallFinished("x", Usage(2100, 10), True, 0.5))
     assert placed(core, "y", 2300, "sys-y", 0.0) == "b1"
     stage = next(s for s in core.stages if isinstance(s, KvPlacement))
     program = core.table.get("x")
@@ -114,7 +115,7 @@ def test_an_engine_whose_cache_was_flushed_holds_no_prefix_any_more() -> None:
     placed(core, "y", 2300, "sys-y", 0.0)
     stage = next(s for s in core.stages if isinstance(s, KvPlacement))
     assert stage.index is not None and stage.index.overlap("b1", "sys-y") > 0
-    core.mark_cache_cold(1.0)
+    core.handle(CachesFlushed(1.0))
     assert placed(core, "new", 2100, "sys-y", 2.0) == "b0"  # the room alone decides now
     assert stage.index.overlap("b1", "sys-y") == 0
 

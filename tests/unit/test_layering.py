@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from thunder_mw.policies.core import SchedulerCore
+
 ROOT = Path(__file__).resolve().parents[2]
 # The layers under the CLI, data to middleware.
 _BELOW_CLI = frozenset(
@@ -332,6 +334,56 @@ def test_nothing_outside_policies_reaches_into_the_core() -> None:
         for hit in _reaches_into_the_core(path.read_text())
     ]
     assert not wrong, wrong
+
+
+# The core's event methods, private behind `handle(event)`: their names as the core has them
+# (`_on_request`...) and as they were public (`on_request`...).
+_EVENT_METHODS = frozenset(
+    name for cls in SchedulerCore.__mro__ for name in vars(cls) if name.startswith("_on_")
+)
+_FORMER_EVENT_METHODS = frozenset(name[1:] for name in _EVENT_METHODS)
+
+
+def _calls_an_event_method(source: str) -> list[str]:
+    """Where a module reaches a core event method instead of `handle(event)`: a private one on
+    any object but `self` (a harness's own `self._on_tick` is its own), or one of their
+    public names on the core (a stage's public `on_request` hook is not the core's)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute):
+            continue
+        receiver = node.value
+        name = receiver.id if isinstance(receiver, ast.Name) else None
+        if isinstance(receiver, ast.Attribute):
+            name = receiver.attr
+        if node.attr in _EVENT_METHODS and name not in ("self", "cls"):
+            found.append(f"line {node.lineno}: {node.attr}")
+        elif node.attr in _FORMER_EVENT_METHODS and name == "core":
+            found.append(f"line {node.lineno}: core.{node.attr}")
+    return found
+
+
+def test_only_handle_reaches_the_core_event_methods_from_outside_policies() -> None:
+    # The tests too: they speak to the core as the gateway and the harnesses do.
+    wrong = [
+        f"{path.relative_to(ROOT)} {hit}"
+        for folder in (*_OUTSIDE_POLICIES, "tests")
+        for path in (ROOT / folder).rglob("*.py")
+        for hit in _calls_an_event_method(path.read_text())
+    ]
+    assert not wrong, wrong
+
+
+def test_the_event_method_checker_sees_a_call_past_handle() -> None:
+    assert _EVENT_METHODS >= {"_on_request", "_on_finished", "_on_tick", "_on_backend"}
+    assert _calls_an_event_method("core._on_request(ctx, info, now)\n")
+    assert _calls_an_event_method("sim.core._on_backend('b0', now=1.0)\n")
+    assert _calls_an_event_method("a._on_tick(5.0)\n")
+    assert _calls_an_event_method("decision, _ = core.on_request(ctx, info, now)\n")
+    assert _calls_an_event_method("scheduler.core.on_tick(now)\n")
+    assert not _calls_an_event_method("out = core.handle(RequestArrived(ctx, info, now))\n")
+    assert not _calls_an_event_method("self._on_tick(None)\n")  # a harness's own
+    assert not _calls_an_event_method("pause.on_request(view, program, now)\n")  # a stage's
 
 
 def test_the_core_boundary_checker_sees_a_reach_past_it() -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from thunder_mw.policies import BackendChanged, CallFinished, HostTierDeclared, RequestArrived
 from thunder_mw.policies.core import (
     BackendMetrics,
     Forward,
@@ -71,9 +72,9 @@ def teach(core: SchedulerCore, s_per_token: float, hold_s: float) -> None:
 def fill(core: SchedulerCore, now: float = 0.0) -> None:
     """Two programs that ran one call each and now run their tools: 800 of 1000 reserved."""
     for pid in ("a", "b"):
-        decision, _ = core.on_request(ctx(pid), info(390), now)
+        decision = core.handle(RequestArrived(ctx(pid), info(390), now)).decision
         assert isinstance(decision, Forward)
-        core.on_finished(pid, Usage(390, 10, 0), True, now + 0.5)
+        core.handle(CallFinished(pid, Usage(390, 10, 0), True, now + 0.5))
 
 
 # ------------------------------------------------------------------ the estimators
@@ -195,7 +196,7 @@ def test_hold_mode_holds_what_does_not_fit_whatever_it_costs() -> None:
     core = make("hold")
     teach(core, 1e-9, 1e6)
     fill(core)
-    decision, _ = core.on_request(ctx("c"), info(390), 1.0)
+    decision = core.handle(RequestArrived(ctx("c"), info(390), 1.0)).decision
     assert isinstance(decision, Hold)
 
 
@@ -203,7 +204,7 @@ def test_cost_aware_admits_past_capacity_where_recompute_is_cheap() -> None:
     core = make()
     teach(core, 1e-6, 60.0)
     fill(core)
-    decision, _ = core.on_request(ctx("c"), info(390), 1.0)
+    decision = core.handle(RequestArrived(ctx("c"), info(390), 1.0)).decision
     assert isinstance(decision, Forward)  # 1200 of 1000 reserved
     assert core.backends["b0"].reserved == 1200
     # The pause stage leaves what the rule admitted running: nothing was paused.
@@ -214,7 +215,7 @@ def test_cost_aware_holds_where_recompute_is_dear() -> None:
     core = make()
     teach(core, 1.0, 60.0)  # 400 tokens x 2 sequences x 1 s >> 60 s
     fill(core)
-    decision, _ = core.on_request(ctx("c"), info(390), 1.0)
+    decision = core.handle(RequestArrived(ctx("c"), info(390), 1.0)).decision
     assert isinstance(decision, Hold)
 
 
@@ -222,12 +223,14 @@ def test_cost_aware_learns_from_the_calls_and_the_queue_with_the_clock_injected(
     core = make()
     fill(core, 0.0)
     # Nothing learned yet: the third program is held.
-    decision, _ = core.on_request(ctx("c"), info(390), 1.0)
+    decision = core.handle(RequestArrived(ctx("c"), info(390), 1.0)).decision
     assert isinstance(decision, Hold)
     # Program a's next call ends at t=5 after a 0.4 s first token over 390 uncached tokens.
-    decision, _ = core.on_request(ctx("a"), info(400), 2.0)
+    decision = core.handle(RequestArrived(ctx("a"), info(400), 2.0)).decision
     assert isinstance(decision, Forward)
-    actions = core.on_finished("a", Usage(400, 10, 0, ttft_s=0.4, duration_s=0.49), True, 5.0)
+    actions = core.handle(
+        CallFinished("a", Usage(400, 10, 0, ttft_s=0.4, duration_s=0.49), True, 5.0)
+    ).actions
     costs = core.stages[0].costs["b0"]  # type: ignore[attr-defined]
     assert costs.prefill_s_per_token == pytest.approx((0.4 - 0.01) / 400)
     assert costs.call_s == pytest.approx(0.49)
@@ -242,31 +245,31 @@ def test_running_programs_are_never_admitted_past_the_gpu() -> None:
     core = make()
     teach(core, 1e-9, 60.0)
     for pid in ("a", "b"):  # both still reasoning: 800 running
-        core.on_request(ctx(pid), info(390), 0.0)
-    decision, _ = core.on_request(ctx("c"), info(390), 1.0)
+        core.handle(RequestArrived(ctx(pid), info(390), 0.0))
+    decision = core.handle(RequestArrived(ctx("c"), info(390), 1.0)).decision
     assert isinstance(decision, Hold)
 
 
 def test_declared_host_tier_lets_programs_spill_instead_of_waiting() -> None:
     core = make(max_overflow=0.0)
     teach(core, 1.0, 60.0)  # recompute is dear: without the tier it holds
-    core.declare_host_tier("b0", 2000, load_tokens_per_s=1e6)
+    core.handle(HostTierDeclared("b0", 2000, load_tokens_per_s=1e6))
     fill(core)
-    decision, _ = core.on_request(ctx("c"), info(390), 1.0)
+    decision = core.handle(RequestArrived(ctx("c"), info(390), 1.0)).decision
     assert isinstance(decision, Forward)
     with pytest.raises(ValueError, match="unknown backend"):
-        core.declare_host_tier("nope", 10)
+        core.handle(HostTierDeclared("nope", 10))
     with pytest.raises(ValueError, match="positive load speed"):
-        core.declare_host_tier("b0", 10, 0.0)
+        core.handle(HostTierDeclared("b0", 10, 0.0))
 
 
 def test_an_engine_reported_host_tier_counts_too() -> None:
     core = make(max_overflow=0.0)
     teach(core, 1.0, 60.0)
-    core.declare_host_tier("b0", 0, load_tokens_per_s=1e6)
-    core.on_backend("b0", metrics=BackendMetrics(host_kv_tokens=2000.0), now=0.0)
+    core.handle(HostTierDeclared("b0", 0, load_tokens_per_s=1e6))
+    core.handle(BackendChanged("b0", metrics=BackendMetrics(host_kv_tokens=2000.0), now=0.0))
     fill(core)
-    decision, _ = core.on_request(ctx("c"), info(390), 1.0)
+    decision = core.handle(RequestArrived(ctx("c"), info(390), 1.0)).decision
     assert isinstance(decision, Forward)
 
 

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from thunder_mw.policies import BackendChanged, CallFinished, ReleaseRequested, RequestArrived, Tick
 from thunder_mw.policies.core import BackendMetrics, Forward, Hold, RequestInfo, SchedulerCore
 from thunder_mw.policies.pipeline import PipelineError, build_pipeline
 from thunder_mw.policies.program_table import ProgramState, Usage
@@ -61,29 +62,29 @@ def test_the_ratio_is_bounded_smoothed_and_needs_evidence() -> None:
 
 def scrape(core: SchedulerCore, usage: float, now: float, times: int = 30) -> None:
     for i in range(times):  # each a new scrape
-        core.on_backend("b0", metrics=BackendMetrics(kv_usage=usage), now=now + i)
+        core.handle(BackendChanged("b0", metrics=BackendMetrics(kv_usage=usage), now=now + i))
 
 
 def test_an_engine_holding_less_than_reserved_lets_more_programs_in() -> None:
     for floor, expect in ((None, Hold), (0.5, Forward)):
         core = make(floor)
         for pid in "abcd":  # 4 x 2,400 = 9,600 of 10,000 reserved, all reasoning
-            decision, _ = core.on_request(ctx(pid), info(2390), 0.0)
+            decision = core.handle(RequestArrived(ctx(pid), info(2390), 0.0)).decision
             assert isinstance(decision, Forward)
         # The engine says 50 % is in use: 5,000 of the 9,600 reserved.
         scrape(core, 0.5, 1.0)
-        decision, _ = core.on_request(ctx("e"), info(2390), 2.0)
+        decision = core.handle(RequestArrived(ctx("e"), info(2390), 2.0)).decision
         assert isinstance(decision, expect), floor
 
 
 def test_the_correction_never_goes_below_its_floor() -> None:
     core = make(0.9)
     for pid in "abcd":
-        core.on_request(ctx(pid), info(2390), 0.0)
+        core.handle(RequestArrived(ctx(pid), info(2390), 0.0))
     scrape(core, 0.0, 1.0)  # an engine that claims to hold nothing
     assert core.backends["b0"].resident_ratio == pytest.approx(0.9, abs=1e-3)
     assert core.backends["b0"].unused == pytest.approx(960, abs=2)
-    decision, _ = core.on_request(ctx("e"), info(2390), 2.0)
+    decision = core.handle(RequestArrived(ctx("e"), info(2390), 2.0)).decision
     assert isinstance(decision, Hold)  # 9,600 - 960 + 2,400 > 10,000
 
 
@@ -98,19 +99,19 @@ def test_running_reservations_are_kept_exactly_through_any_events() -> None:
         op = rng.random()
         program = core.table.get(pid)
         if op < 0.45:
-            core.on_request(ctx(pid), info(rng.randint(100, 2000)), now)
+            core.handle(RequestArrived(ctx(pid), info(rng.randint(100, 2000)), now))
         elif op < 0.85 and program is not None and program.in_flight:
             usage = Usage(rng.randint(100, 2000), rng.randint(1, 200), 0)
-            core.on_finished(pid, usage, rng.random() < 0.9, now)
+            core.handle(CallFinished(pid, usage, rng.random() < 0.9, now))
         elif op < 0.9:
-            core.on_release(pid, "release", now)
+            core.handle(ReleaseRequested(pid, "release", now))
         elif op < 0.95:
-            core.on_tick(now)
+            core.handle(Tick(now))
         else:
-            core.on_backend(
-                rng.choice(["b0", "b1"]),
-                metrics=BackendMetrics(kv_usage=rng.random()),
-                now=now,
+            core.handle(
+                BackendChanged(
+                    rng.choice(["b0", "b1"]), metrics=BackendMetrics(kv_usage=rng.random()), now=now
+                )
             )
         for label, backend in core.backends.items():
             running = sum(

@@ -20,14 +20,20 @@ from thunder_mw.middleware.speculative_prefill import (
 )
 from thunder_mw.observability.prefill_metrics import PrefillMetrics
 from thunder_mw.policies import (
+    BackendDrained,
     BackendView,
+    CallFinished,
     Decisions,
+    DecisionsApplied,
     Pause,
     ProgramView,
+    ReleaseRequested,
+    RequestArrived,
     Resume,
     Stage,
     StageDecision,
     StageView,
+    Tick,
 )
 from thunder_mw.policies.core import (
     Action,
@@ -90,9 +96,9 @@ def run_call(
     **kw: Any,
 ) -> list[Action]:
     info = RequestInfo(prompt_chars=(tokens - 1) * CHARS_PER_TOKEN, max_tokens=out)
-    decision, _ = core.on_request(ctx(pid, **kw), info, start)
+    decision = core.handle(RequestArrived(ctx(pid, **kw), info, start)).decision
     assert isinstance(decision, Forward), decision
-    return core.on_finished(pid, Usage(tokens, out), True, end)
+    return core.handle(CallFinished(pid, Usage(tokens, out), True, end)).actions
 
 
 def spec(**params: Any) -> SpeculativePrefill:
@@ -108,8 +114,8 @@ def test_a_program_moved_while_its_tool_runs_is_warmed_on_its_new_engine() -> No
     core = make(spec(min_context_tokens=0, prefetch_before_s=None), _MoveIdleOnTick("b1"))
     run_call(core, "a", 2000, 0.0, 1.0)
     assert _program(core, "a").backend == "b0"
-    core.drain_backend("b0", 2.0)  # its engine leaves: the ACTING program is unplaced
-    actions = core.on_tick(3.0)
+    core.handle(BackendDrained("b0", 2.0))  # its engine leaves: the ACTING program is unplaced
+    actions = core.handle(Tick(3.0)).actions
     resumed = [a for a in actions if isinstance(a, Resumed)]
     assert len(resumed) == 1 and resumed[0].migrated and resumed[0].backend == "b1"
     assert prefills(actions) == [Prefill("a", "b1", 2010, "resume")]
@@ -118,8 +124,8 @@ def test_a_program_moved_while_its_tool_runs_is_warmed_on_its_new_engine() -> No
 def test_a_hint_of_false_turns_warming_off_and_true_turns_it_on_over_the_default() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=None), _MoveIdleOnTick("b1"))
     run_call(core, "off", 2000, 0.0, 1.0, speculative_prefill=False)
-    core.drain_backend("b0", 2.0)
-    assert prefills(core.on_tick(3.0)) == []
+    core.handle(BackendDrained("b0", 2.0))
+    assert prefills(core.handle(Tick(3.0)).actions) == []
 
     core = make(
         spec(default=False, min_context_tokens=0, prefetch_before_s=None),
@@ -128,16 +134,16 @@ def test_a_hint_of_false_turns_warming_off_and_true_turns_it_on_over_the_default
     )
     run_call(core, "quiet", 2000, 0.0, 1.0)
     run_call(core, "asked", 2000, 0.0, 1.0, speculative_prefill=True)
-    core.drain_backend("b0", 2.0)
-    core.drain_backend("b1", 2.0)
-    assert [p.program_id for p in prefills(core.on_tick(3.0))] == ["asked"]
+    core.handle(BackendDrained("b0", 2.0))
+    core.handle(BackendDrained("b1", 2.0))
+    assert [p.program_id for p in prefills(core.handle(Tick(3.0)).actions)] == ["asked"]
 
 
 def test_short_contexts_are_not_warmed() -> None:
     core = make(spec(min_context_tokens=5000, prefetch_before_s=None), _MoveIdleOnTick("b1"))
     run_call(core, "a", 2000, 0.0, 1.0)
-    core.drain_backend("b0", 2.0)
-    assert prefills(core.on_tick(3.0)) == []
+    core.handle(BackendDrained("b0", 2.0))
+    assert prefills(core.handle(Tick(3.0)).actions) == []
 
 
 def test_a_program_resumed_with_its_request_waiting_is_not_warmed() -> None:
@@ -145,9 +151,9 @@ def test_a_program_resumed_with_its_request_waiting_is_not_warmed() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=None), capacities=(3000,))
     run_call(core, "a", 2000, 0.0, 1.0)
     info = RequestInfo(prompt_chars=2999 * CHARS_PER_TOKEN, max_tokens=10)
-    decision, _ = core.on_request(ctx("big"), info, 1.5)
+    decision = core.handle(RequestArrived(ctx("big"), info, 1.5)).decision
     assert isinstance(decision, Hold)
-    _, actions = core.on_release("a", "release", 2.0)
+    actions = core.handle(ReleaseRequested("a", "release", 2.0)).actions
     assert [a.program_id for a in actions if isinstance(a, Resumed)] == ["big"]
     assert prefills(actions) == []
 
@@ -159,10 +165,10 @@ def test_a_paused_program_is_resumed_and_warmed_shortly_before_its_tool_should_e
     run_call(core, "a", 1000, 0.0, 1.0)
     run_call(core, "a", 2000, 11.0, 12.0)
     assert core.expected_tool_time(_program(core, "a")) == pytest.approx(10.0)
-    core.drain_backend("b0", 13.0)
+    core.handle(BackendDrained("b0", 13.0))
     assert _program(core, "a").state is ProgramState.PAUSED
-    assert prefills(core.on_tick(20.0)) == []  # due at 12 + 10 - 1 = 21
-    actions = core.on_tick(21.0)
+    assert prefills(core.handle(Tick(20.0)).actions) == []  # due at 12 + 10 - 1 = 21
+    actions = core.handle(Tick(21.0)).actions
     assert prefills(actions) == [Prefill("a", "b1", 2010, "prefetch")]
     assert _program(core, "a").state is ProgramState.ACTIVE
     assert _program(core, "a").backend == "b1"
@@ -174,33 +180,33 @@ def test_a_program_due_while_still_placed_is_prefetched_once_paused_later() -> N
     core = make(spec(min_context_tokens=0, prefetch_before_s=1.0))
     run_call(core, "a", 1000, 0.0, 1.0)
     run_call(core, "a", 2000, 11.0, 12.0)
-    assert prefills(core.on_tick(21.0)) == []
+    assert prefills(core.handle(Tick(21.0)).actions) == []
     assert _program(core, "a").state is ProgramState.ACTIVE
-    core.drain_backend("b0", 21.5)
+    core.handle(BackendDrained("b0", 21.5))
     assert _program(core, "a").state is ProgramState.PAUSED
-    assert prefills(core.on_tick(22.0)) == [Prefill("a", "b1", 2010, "prefetch")]
+    assert prefills(core.handle(Tick(22.0)).actions) == [Prefill("a", "b1", 2010, "prefetch")]
     assert _program(core, "a").backend == "b1"
 
 
 def test_prefetch_never_takes_room_from_a_queued_request() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=1.0), capacities=(3000, 3000))
     run_call(core, "a", 2000, 0.0, 1.0)
-    core.drain_backend("b0", 1.5)
+    core.handle(BackendDrained("b0", 1.5))
     # b1 fills up and a request is left waiting for room.
     info = RequestInfo(prompt_chars=2500 * CHARS_PER_TOKEN, max_tokens=10)
-    assert isinstance(core.on_request(ctx("hog"), info, 1.6)[0], Forward)
-    assert isinstance(core.on_request(ctx("queued"), info, 1.7)[0], Hold)
-    assert prefills(core.on_tick(5.0)) == []
+    assert isinstance(core.handle(RequestArrived(ctx("hog"), info, 1.6)).decision, Forward)
+    assert isinstance(core.handle(RequestArrived(ctx("queued"), info, 1.7)).decision, Hold)
+    assert prefills(core.handle(Tick(5.0)).actions) == []
     assert _program(core, "a").state is ProgramState.PAUSED
 
 
 def test_prefetch_needs_room_for_the_next_request() -> None:
     core = make(spec(min_context_tokens=0, prefetch_before_s=1.0), capacities=(3000, 3000))
     run_call(core, "a", 2000, 0.0, 1.0)
-    core.drain_backend("b0", 1.5)
+    core.handle(BackendDrained("b0", 1.5))
     run_call(core, "hog", 2500, 1.6, 1.7)  # ACTING on b1, most of its 3 k reserved
     assert core.queue_length() == 0
-    assert prefills(core.on_tick(5.0)) == []
+    assert prefills(core.handle(Tick(5.0)).actions) == []
     assert _program(core, "a").state is ProgramState.PAUSED
 
 
@@ -212,11 +218,13 @@ def test_prefetch_waits_for_room_at_home_unless_told_to_move_the_program() -> No
             capacities=(100_000, 4500),
         )
         run_call(core, "a", 2000, 0.0, 1.0)
-        core.apply([Pause(_program(core, "a"))], 1.0)  # paused at home (b0), which then fills up
+        # paused at home (b0), which then fills up
+        core.handle(DecisionsApplied([Pause(_program(core, "a"))], 1.0))
         hog = RequestInfo(prompt_chars=98_500 * CHARS_PER_TOKEN, max_tokens=10)
-        assert isinstance(core.on_request(ctx("hog"), hog, 1.5)[0], Forward)  # in flight
+        # in flight
+        assert isinstance(core.handle(RequestArrived(ctx("hog"), hog, 1.5)).decision, Forward)
         assert _program(core, "hog").backend == "b0" and core.room(core.backends["b0"]) < 2000
-        assert prefills(core.on_tick(5.0)) == expected
+        assert prefills(core.handle(Tick(5.0)).actions) == expected
 
 
 # ------------------------------------------------------------------ answers and memory

@@ -4,6 +4,7 @@ validated once at config load with each error at its YAML location, and renamed 
 from __future__ import annotations
 
 import logging
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,10 @@ from thunder_mw.cli.config_loader import ConfigError, load_config
 from thunder_mw.policies.pipeline import BUILTIN_STAGES, PipelineSettings, build_pipeline
 from thunder_mw.schemas.config import ThunderConfig
 from thunder_mw.schemas.pipeline_presets import DEFAULT_PIPELINE, PRESETS
-from thunder_mw.schemas.stage_params import AdmissionParams
+from thunder_mw.schemas.stage_params import STAGE_PARAMS, AdmissionParams
 from thunder_mw.schemas.stage_settings import (
+    PIPELINE,
     STAGE_SETTINGS,
-    AdmissionSetting,
     CustomStageSetting,
     PresetReference,
 )
@@ -63,6 +64,24 @@ def test_every_built_in_stage_reads_the_params_its_setting_validates() -> None:
         assert setting.model_fields[name].annotation is BUILTIN_STAGES[name].Params, name
 
 
+def test_each_stage_of_the_registry_is_an_entry_named_after_it() -> None:
+    # One line of STAGE_PARAMS makes the entry: its type, its one key, its default params.
+    assert list(STAGE_SETTINGS) == list(STAGE_PARAMS)
+    for name, params in STAGE_PARAMS.items():
+        setting = STAGE_SETTINGS[name]
+        assert setting.stage == name and list(setting.model_fields) == [name]
+        assert setting.model_validate({name: None}).params == params()
+    assert STAGE_SETTINGS["gc_hooks"].__name__ == "GcHooksSetting"
+
+
+def test_a_built_in_entry_crosses_a_process_boundary() -> None:
+    # `bench --jobs N` workers get their pipelines pickled; the entry types are made at import.
+    entries: list[dict[str, Any]] = [{name: {}} for name in STAGE_PARAMS]
+    written = PIPELINE.validate_python(entries)
+    again = pickle.loads(pickle.dumps(written))
+    assert again == written and [type(e) for e in again] == [type(e) for e in written]
+
+
 def test_presets_that_meant_hold_still_say_hold() -> None:
     for preset in ("thunderagent", "vllm_router_program", "vllm_router_program/binary-reading"):
         admission = next(s for s in build_pipeline(PRESETS[preset]) if s.name == "admission")
@@ -74,9 +93,10 @@ def test_a_loaded_pipeline_is_typed_and_built_without_validating_again(tmp_path:
     config = load_config(write(tmp_path, "policies:\n  - admission: {high_watermark: 0.9}\n"))
     assert config.policies is not None
     entry = config.policies[0]
-    assert isinstance(entry, AdmissionSetting) and entry.admission.high_watermark == 0.9
+    assert isinstance(entry, STAGE_SETTINGS["admission"])
+    assert isinstance(entry.params, AdmissionParams) and entry.params.high_watermark == 0.9
     (stage,) = build_pipeline(config.policies)
-    assert stage.params is entry.admission  # the validated object itself
+    assert stage.params is entry.params  # the validated object itself
 
 
 def test_a_preset_stays_as_written_in_the_config_and_expands_when_built(tmp_path: Path) -> None:

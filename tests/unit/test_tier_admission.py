@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from thunder_mw.policies import CallFinished, HostTierDeclared, RequestArrived
 from thunder_mw.policies.core import Forward, Hold, RequestInfo, SchedulerCore
 from thunder_mw.policies.overflow_cost import (
     EngineCosts,
@@ -109,7 +110,7 @@ def make(tier_reload: bool) -> SchedulerCore:
     costs.prefill_s_per_token = 1.0  # recompute is dear: only the tier may take the overflow
     costs.hold_s = 60.0
     costs.call_s = 1.0
-    core.declare_host_tier("b0", 5000, load_tokens_per_s=1e6)
+    core.handle(HostTierDeclared("b0", 5000, load_tokens_per_s=1e6))
     return core
 
 
@@ -117,9 +118,9 @@ def test_in_the_core_calls_in_flight_spill_to_the_tier_only_when_asked() -> None
     for tier_reload, expected in ((False, Hold), (True, Forward)):
         core = make(tier_reload)
         for pid in ("a", "b"):  # both still reasoning: 800 running, at t = 0
-            decision, _ = core.on_request(ctx(pid), info(390), 0.0)
+            decision = core.handle(RequestArrived(ctx(pid), info(390), 0.0)).decision
             assert isinstance(decision, Forward)
-        decision, _ = core.on_request(ctx("c"), info(390), 1.0)
+        decision = core.handle(RequestArrived(ctx("c"), info(390), 1.0)).decision
         assert isinstance(decision, expected), tier_reload
         if tier_reload:
-            core.on_finished("c", Usage(390, 10, 0), True, 1.5)
+            core.handle(CallFinished("c", Usage(390, 10, 0), True, 1.5))

@@ -10,6 +10,13 @@ from typing import Any
 import pytest
 from test_scheduler_core import _program, ctx, info, make, of, run_step
 
+from thunder_mw.policies import (
+    DecisionsApplied,
+    HostTierDeclared,
+    ReleaseRequested,
+    RequestArrived,
+    Tick,
+)
 from thunder_mw.policies.core import Forward, Hold, Resumed, SchedulerCore
 from thunder_mw.policies.decisions import Pause
 from thunder_mw.policies.overflow_cost import EngineCosts, move_pays
@@ -22,7 +29,7 @@ LOAD_TOKENS_PER_S = 1e6  # the host link: 1 us per token reloaded
 def _core(tier: bool = True, **migration: Any) -> SchedulerCore:
     core = make(capacities=(1000, 1000), migration={"tier_aware": True, **migration})
     if tier:
-        core.declare_host_tier("b0", TIER_TOKENS, LOAD_TOKENS_PER_S)
+        core.handle(HostTierDeclared("b0", TIER_TOKENS, LOAD_TOKENS_PER_S))
     return core
 
 
@@ -36,16 +43,18 @@ def _learned(core: SchedulerCore, **costs: float) -> None:
 def _paused_behind_a_filler(core: SchedulerCore) -> None:
     """Program `a` (610 tokens of context) paused on b0, whose room a filler then takes."""
     assert run_step(core, "a", 600, 0) == "b0"
-    core.apply([Pause(_program(core, "a"))], 1)
-    assert core.on_request(ctx("filler"), info(800), 2)[0] == Forward("filler", "b0")
+    core.handle(DecisionsApplied([Pause(_program(core, "a"))], 1))
+    assert core.handle(RequestArrived(ctx("filler"), info(800), 2)).decision == Forward(
+        "filler", "b0"
+    )
 
 
 def test_with_a_tier_at_home_and_no_price_learned_the_program_waits_for_home() -> None:
     core = _core()
     _paused_behind_a_filler(core)
-    decision, _ = core.on_request(ctx("a"), info(620), 3)
+    decision = core.handle(RequestArrived(ctx("a"), info(620), 3)).decision
     assert isinstance(decision, Hold)  # b1 is empty, but nothing shows a move pays
-    _, actions = core.on_release("filler", "release", 4)
+    actions = core.handle(ReleaseRequested("filler", "release", 4)).actions
     resumed = of(actions, Resumed)
     assert [(r.program_id, r.backend, r.migrated) for r in resumed] == [("a", "b0", False)]
     assert _program(core, "a").migrations == 0
@@ -56,7 +65,8 @@ def test_a_move_pays_when_the_wait_for_home_exceeds_the_recompute_elsewhere() ->
     core = _core()
     _learned(core, prefill_s_per_token=1e-3, hold_s=10.0)
     _paused_behind_a_filler(core)
-    decision, actions = core.on_request(ctx("a"), info(620), 3)
+    outcome = core.handle(RequestArrived(ctx("a"), info(620), 3))
+    decision, actions = outcome.decision, outcome.actions
     assert decision == Forward("a", "b1") and of(actions, Resumed)[0].migrated
 
 
@@ -65,7 +75,7 @@ def test_the_program_waits_when_the_recompute_costs_more_than_the_wait() -> None
     core = _core()
     _learned(core, prefill_s_per_token=1e-3, hold_s=0.1)
     _paused_behind_a_filler(core)
-    assert isinstance(core.on_request(ctx("a"), info(620), 3)[0], Hold)
+    assert isinstance(core.handle(RequestArrived(ctx("a"), info(620), 3)).decision, Hold)
 
 
 def test_until_a_hold_is_seen_the_wait_is_one_cycle_of_the_program() -> None:
@@ -74,14 +84,14 @@ def test_until_a_hold_is_seen_the_wait_is_one_cycle_of_the_program() -> None:
     core = _core()
     _learned(core, prefill_s_per_token=1e-3)
     _paused_behind_a_filler(core)
-    assert core.on_request(ctx("a"), info(620), 3)[0] == Forward("a", "b1")
+    assert core.handle(RequestArrived(ctx("a"), info(620), 3)).decision == Forward("a", "b1")
 
 
 def test_without_a_tier_at_home_placement_is_the_default_one() -> None:
     # Nothing keeps the context at home: a move costs nothing staying would not.
     core = _core(tier=False)
     _paused_behind_a_filler(core)
-    assert core.on_request(ctx("a"), info(620), 3)[0] == Forward("a", "b1")
+    assert core.handle(RequestArrived(ctx("a"), info(620), 3)).decision == Forward("a", "b1")
 
 
 @pytest.mark.parametrize(("price", "backend"), [
@@ -94,10 +104,11 @@ def test_the_forced_resume_applies_the_same_rule(price: float | None, backend: s
     if price is not None:
         _learned(core, prefill_s_per_token=price, hold_s=0.1)
     _paused_behind_a_filler(core)
-    assert isinstance(core.on_request(ctx("hog"), info(300), 2)[0], Forward)  # on b1
+    # on b1
+    assert isinstance(core.handle(RequestArrived(ctx("hog"), info(300), 2)).decision, Forward)
     # b1 admits a, but the 0.1 s hold keeps it waiting for home until it is overdue.
-    assert isinstance(core.on_request(ctx("a"), info(620), 3)[0], Hold)
-    resumed = of(core.on_tick(104), Resumed)
+    assert isinstance(core.handle(RequestArrived(ctx("a"), info(620), 3)).decision, Hold)
+    resumed = of(core.handle(Tick(104)).actions, Resumed)
     assert [(r.program_id, r.backend, r.forced) for r in resumed] == [("a", backend, True)]
 
 
@@ -115,17 +126,19 @@ def test_a_program_waiting_for_home_holds_up_nobody_who_fits_elsewhere() -> None
     core = _core()
     _learned(core, prefill_s_per_token=1e-3, hold_s=10.0)  # a move would pay...
     _paused_behind_a_filler(core)
-    assert isinstance(core.on_request(ctx("a"), info(620), 3)[0], Forward)  # ...alone, it moves
+    # ...alone, it moves
+    assert isinstance(core.handle(RequestArrived(ctx("a"), info(620), 3)).decision, Forward)
     core = _core()
     _learned(core, prefill_s_per_token=1e-3, hold_s=10.0)
     _paused_behind_a_filler(core)
-    assert core.on_request(ctx("hog"), info(500), 2)[0] == Forward("hog", "b1")
-    assert isinstance(core.on_request(ctx("a"), info(620), 3)[0], Hold)  # b1: 510 + 630 > 1000
+    assert core.handle(RequestArrived(ctx("hog"), info(500), 2)).decision == Forward("hog", "b1")
+    # b1: 510 + 630 > 1000
+    assert isinstance(core.handle(RequestArrived(ctx("a"), info(620), 3)).decision, Hold)
     # Behind a in the queue (programs under way first, where there is a tier): held at
     # once, placed past a at the next pass that can (the next tick at the latest: a
     # request adds no room, and the queue is not looked at again for it).
-    assert isinstance(core.on_request(ctx("new"), info(300), 4)[0], Hold)
-    resumed = of(core.on_tick(5), Resumed)
+    assert isinstance(core.handle(RequestArrived(ctx("new"), info(300), 4)).decision, Hold)
+    resumed = of(core.handle(Tick(5)).actions, Resumed)
     assert [(r.program_id, r.backend) for r in resumed] == [("new", "b1")]
     assert _program(core, "a").backend == "b0" and _program(core, "a").migrations == 0
 
@@ -137,9 +150,12 @@ def test_nobody_passes_a_program_waiting_for_home_on_that_home() -> None:
     assert run_step(core, "a", 600, 0) == "b0"
     assert run_step(core, "hog", 600, 0) == "b1"
     assert run_step(core, "b", 100, 0) == "b0"  # as much room on each: the first
-    core.apply([Pause(_program(core, "a")), Pause(_program(core, "b"))], 1)
-    assert core.on_request(ctx("filler"), info(700), 2)[0] == Forward("filler", "b0")
-    assert isinstance(core.on_request(ctx("a"), info(620), 3)[0], Hold)
-    assert isinstance(core.on_request(ctx("b"), info(120), 4)[0], Hold)  # 710 + 130 fits b0
-    _, actions = core.on_release("filler", "release", 5)
+    core.handle(DecisionsApplied([Pause(_program(core, "a")), Pause(_program(core, "b"))], 1))
+    assert core.handle(RequestArrived(ctx("filler"), info(700), 2)).decision == Forward(
+        "filler", "b0"
+    )
+    assert isinstance(core.handle(RequestArrived(ctx("a"), info(620), 3)).decision, Hold)
+    # 710 + 130 fits b0
+    assert isinstance(core.handle(RequestArrived(ctx("b"), info(120), 4)).decision, Hold)
+    actions = core.handle(ReleaseRequested("filler", "release", 5)).actions
     assert [(r.program_id, r.backend) for r in of(actions, Resumed)] == [("a", "b0"), ("b", "b0")]

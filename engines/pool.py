@@ -81,7 +81,11 @@ def signals(flavor: str, page: Exposition) -> BackendMetrics:
 
 
 # Seconds after a suspect engine's first good probe that it is probed once more.
-SUSPECT_RECHECK_S = 1.0
+# A suspect engine that still answers /health is looked at again after each of these waits
+# (7 s in all), then left to the periodic probe: a killed engine's API server outlives its
+# engine core for a moment, longer on a loaded host (seen past 1 s with both cores busy).
+SUSPECT_RECHECKS_S = (1.0, 2.0, 4.0)
+SUSPECT_RECHECK_S = SUSPECT_RECHECKS_S[0]
 
 
 class Backend:
@@ -181,6 +185,8 @@ class BackendPool:
         # Engines that failed again while their suspect check was already running.
         self._check_again: set[str] = set()
         self._stopping = False
+        # Set by stop(): a suspect's recheck waiting between probes ends at once.
+        self._stopped = asyncio.Event()
         self._rr = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -194,6 +200,7 @@ class BackendPool:
 
     async def stop(self) -> None:
         self._stopping = True
+        self._stopped.set()
         if self._probe_task is not None:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -372,12 +379,16 @@ class BackendPool:
         task.add_done_callback(done)
 
     async def _check(self, backend: Backend) -> None:
-        """A suspect engine's probe, and a second one shortly after if the first found it well:
-        an engine being killed can still answer /health for a moment after a call on it broke
-        (its API server outlives its engine core by a few scheduler ticks on a busy host)."""
+        """A suspect engine's probe, and more at growing intervals while it still answers
+        (SUSPECT_RECHECKS_S): an engine being killed can still answer /health for a moment
+        after a call on it broke (its API server outlives its engine core by a few scheduler
+        ticks, more on a busy host)."""
         await self.probe(backend)
-        if backend.healthy and not self._stopping:
-            await asyncio.sleep(SUSPECT_RECHECK_S)
+        for wait_s in SUSPECT_RECHECKS_S:
+            if not backend.healthy or self._stopping:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), wait_s)
             if not self._stopping:
                 await self.probe(backend)
 

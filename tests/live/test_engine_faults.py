@@ -19,7 +19,7 @@ from support.fake_engine import FakeEngine
 from support.held_requests import BIG, start_hog, wait_for
 from support.polling import wait_until
 
-from thunder_mw.engines.pool import SUSPECT_RECHECK_S, BackendPool
+from thunder_mw.engines.pool import SUSPECT_RECHECK_S, SUSPECT_RECHECKS_S, BackendPool
 from thunder_mw.middleware.app import ThunderGateway, create_app
 from thunder_mw.policies import (
     BackendChanged,
@@ -375,6 +375,31 @@ async def test_a_suspect_engine_that_still_answered_its_first_probe_is_checked_a
             still_up = backend.healthy
             engine.health_status = 503  # it dies
             await asyncio.sleep(SUSPECT_RECHECK_S + 0.5)
+            down = not backend.healthy
+        finally:
+            await pool.stop()
+    assert still_up and down
+
+
+@pytest.mark.anyio
+async def test_a_suspect_engine_is_looked_at_again_until_it_fails_within_the_rechecks() -> None:
+    """On a loaded host the API server of a killed engine can answer /health for more than a
+    second: the rechecks go on at growing intervals, so a death 2 s after the suspect call is
+    still seen with no periodic probe."""
+    engine = FakeEngine()
+    with serving(engine) as es:
+        pool = BackendPool(
+            [BackendSettings(name="e", url=es.url)], ServerSettings(probe_interval_s=3600)
+        )
+        await pool.start()
+        try:
+            backend = pool.get("e")
+            assert backend is not None
+            pool.suspect(backend)
+            await asyncio.sleep(SUSPECT_RECHECK_S + 0.5)  # first probe and first recheck: well
+            still_up = backend.healthy
+            engine.health_status = 503  # it dies after the first recheck
+            await asyncio.sleep(SUSPECT_RECHECKS_S[1] + 0.5)
             down = not backend.healthy
         finally:
             await pool.stop()

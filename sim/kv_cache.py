@@ -112,18 +112,29 @@ class KvTier:
         """`store` each, in order (one call for a whole allocation's evictions)."""
         lru = self._lru
         capacity = self.capacity_blocks
-        lower = self.lower
+        move = lru.move_to_end
+        popitem = lru.popitem
+        n = len(lru)
+        stored = 0
+        gone: list[BlockHash] = []
+        # Inserting first and evicting after is the same: the tier held `capacity` >= 1
+        # blocks, so the head is never the hash just inserted. The counters are summed and
+        # the evicted blocks passed to the tier below once, after the loop.
         for h in block_hashes:
             if h in lru:
-                lru.move_to_end(h)
+                move(h)
                 continue
-            if len(lru) >= capacity:
-                old = lru.popitem(last=False)[0]
-                self.evicted_blocks += 1
-                if lower is not None:
-                    lower.store(old)
             lru[h] = None
-            self.stored_blocks += 1
+            stored += 1
+            if n < capacity:
+                n += 1
+            else:
+                gone.append(popitem(False)[0])
+        self.stored_blocks += stored
+        if gone:
+            self.evicted_blocks += len(gone)
+            if self.lower is not None:
+                self.lower.store_many(gone)
 
     def load(self, block_hash: BlockHash) -> None:
         """A block read back to the GPU: it stays here, most recently used."""

@@ -33,6 +33,8 @@ NEW_HASHES_KEPT = 1 << 16
 # A reference count that means "in the free queue" (BlockPool._ref: <= 0), for map().
 _IS_FREE = (1).__gt__
 _NOT_ONE = (1).__ne__
+# Runs an iterator of calls to its end in C, keeping nothing.
+_drain = deque(maxlen=0).extend
 
 
 def block_hashes(
@@ -144,11 +146,17 @@ class KvTier:
 
     def load_many(self, block_hashes: Sequence[BlockHash]) -> None:
         """`load` each, in order."""
-        lru = self._lru
-        move = lru.move_to_end
-        for h in block_hashes:
-            if h in lru:
-                move(h)
+        move = self._lru.move_to_end
+        try:
+            # The engine loads only blocks it found here: the moves run in C.
+            _drain(map(move, block_hashes))
+        except KeyError:
+            # One is not here. Moving them all again, skipping those, ends in the same
+            # order: the ones moved already go back to the tail in the same order.
+            lru = self._lru
+            for h in block_hashes:
+                if h in lru:
+                    move(h)
         self.loaded_blocks += len(block_hashes)
 
     def held_prefix(self, block_hashes: Sequence[BlockHash]) -> int:

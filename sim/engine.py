@@ -40,6 +40,9 @@ import heapq
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
+from functools import reduce
+from itertools import repeat
+from operator import add
 from typing import Any, Protocol
 
 from thunder_mw.sim.cost_model import StepCost, get_profile, prefill_positions
@@ -727,8 +730,9 @@ class Engine:
                 j += 1
             tier.load_many(hashes[start + i : start + j])
             per_block = bs / tier.load_tokens_per_s
-            for _ in range(j - i):
-                seconds += per_block
+            # `seconds += per_block`, j - i times, in C: the same additions in the same
+            # order (sum() would not do: it compensates rounding on newer Pythons).
+            seconds = reduce(add, repeat(per_block, j - i), seconds)
             i = j
         self._load_seconds += seconds
         st = self.stats
@@ -755,8 +759,9 @@ class Engine:
             by_source["device"] = by_source.get("device", 0) + hit_tokens
         if tiers:
             per_tier: dict[str, int] = {}  # in order of first appearance, as keys are added
-            for tier in tiers:
-                per_tier[tier.name] = per_tier.get(tier.name, 0) + bs
+            # Counted per tier, not per block (a long context loads thousands of blocks).
+            for tier in dict.fromkeys(tiers):
+                per_tier[tier.name] = per_tier.get(tier.name, 0) + tiers.count(tier) * bs
             for name, tokens in per_tier.items():
                 by_source[name] = by_source.get(name, 0) + tokens
 

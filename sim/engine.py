@@ -425,7 +425,8 @@ class Engine:
         advance the clock by their duration; idle time passes only through this call."""
         if now > self.now:
             self.now = now
-        self._expire_pins()
+        if self._pin_expiry:  # called before every step: no call when nothing is pinned
+            self._expire_pins()
 
     @property
     def pinned_blocks(self) -> int:
@@ -598,10 +599,12 @@ class Engine:
         in the tiers; the engine's clock moves past it."""
         n_dec = self._n_decoding
         ctx = self._sum_k0 + n_dec * s  # Σ (computed before this step + 1)
-        prefill_tokens = sum(n for _, n in scheduled)
-        # Attention: each chunk's tokens attend to what is before them (cached, loaded or
-        # computed in earlier chunks) and to each other, causally.
-        positions = sum(prefill_positions(seq.num_computed, n) for seq, n in scheduled)
+        prefill_tokens = positions = 0
+        if scheduled:  # most steps only decode: no generators to build then
+            prefill_tokens = sum(n for _, n in scheduled)
+            # Attention: each chunk's tokens attend to what is before them (cached, loaded
+            # or computed in earlier chunks) and to each other, causally.
+            positions = sum(prefill_positions(seq.num_computed, n) for seq, n in scheduled)
         duration = self.cost.step_seconds(prefill_tokens, n_dec, ctx, positions, admitted)
         duration += self._load_seconds
         self._load_seconds = 0.0

@@ -689,7 +689,8 @@ class Engine:
         seq._refused_epoch = -1
         seq._chain = None
         seq._likely = None
-        tiers = self._tier_hits(hashes, len(hit), max_blocks) if self.host_tier else []
+        # Read before allocating: the blocks allocation evicts may push these out.
+        tiers = self._load_from_tiers(hashes, len(hit), max_blocks) if self.host_tier else []
         loaded_tokens = len(tiers) * bs
         num_new = min(num_tokens - hit_tokens - loaded_tokens, budget)
         pool.touch(hit)
@@ -699,9 +700,6 @@ class Engine:
             if key is not None:
                 self._release_pin(key)
                 self.stats.pins_released += 1
-        if tiers:
-            # Read before allocating: the blocks allocation evicts may push these out.
-            self._load_from_tiers(tiers, hashes, len(hit))
         seq.blocks = hit
         seq.num_cached_blocks = len(hit)
         new = -(-(hit_tokens + loaded_tokens + num_new) // bs) - len(hit)
@@ -717,30 +715,47 @@ class Engine:
             seq.num_loaded_tokens = loaded_tokens
         return num_new
 
-    def _load_from_tiers(self, tiers: list[KvTier], hashes: list[BlockHash], start: int) -> None:
-        """Load the blocks from `start` on that `tiers` hold (one tier per block), adding the
-        time it takes to the step being built."""
+    def _load_from_tiers(
+        self, hashes: list[BlockHash], start: int, max_blocks: int
+    ) -> list[KvTier]:
+        """Load the blocks from `start` on that the tiers hold, up to the first block none
+        holds, adding the time it takes to the step being built; the tier of each."""
         bs = self.config.block_size
+        host = self.host_tier
+        assert host is not None
+        stretches: list[tuple[KvTier, int]] = []  # (tier, blocks loaded from it), in order
+        if host.lower is None:
+            # One tier: its run of held blocks found and loaded in one pass (in C), rather
+            # than looked up, then looked up again to be moved.
+            end = min(max_blocks, len(hashes))
+            n = host.load_prefix(hashes[start:end]) if start < end else 0
+            tiers = [host] * n
+            if n:
+                stretches.append((host, n))
+        else:
+            tiers = self._tier_hits(hashes, start, max_blocks)
+            # Per stretch of one tier, one call.
+            i = 0
+            while i < len(tiers):
+                tier = tiers[i]
+                j = i + 1
+                while j < len(tiers) and tiers[j] is tier:
+                    j += 1
+                tier.load_many(hashes[start + i : start + j])
+                stretches.append((tier, j - i))
+                i = j
+        if not tiers:
+            return tiers
         seconds = 0.0
-        # Per stretch of one tier, one call; the seconds still summed block by block (the
-        # same float sum).
-        i = 0
-        n = len(tiers)
-        while i < n:
-            tier = tiers[i]
-            j = i + 1
-            while j < n and tiers[j] is tier:
-                j += 1
-            tier.load_many(hashes[start + i : start + j])
-            per_block = bs / tier.load_tokens_per_s
-            # `seconds += per_block`, j - i times, in C: the same additions in the same
+        for tier, k in stretches:
+            # `seconds += per_block`, block by block, in C: the same additions in the same
             # order (sum() would not do: it compensates rounding on newer Pythons).
-            seconds = reduce(add, repeat(per_block, j - i), seconds)
-            i = j
+            seconds = reduce(add, repeat(bs / tier.load_tokens_per_s, k), seconds)
         self._load_seconds += seconds
         st = self.stats
         st.kv_load_tokens += len(tiers) * bs
         st.kv_load_seconds += seconds
+        return tiers
 
     def _count_prefix_hits(
         self, seq: Sequence, num_tokens: int, hit_tokens: int, tiers: list[KvTier]
@@ -771,10 +786,6 @@ class Engine:
     def _tier_hits(self, hashes: list[BlockHash], start: int, max_blocks: int) -> list[KvTier]:
         """The tier holding each block from `start` on, up to the first block none holds."""
         end = min(max_blocks, len(hashes))
-        host = self.host_tier
-        if host is not None and host.lower is None and start < end:
-            # One tier: its longest run of held blocks, looked up in C.
-            return [host] * host.held_prefix(hashes[start:end])
         out: list[KvTier] = []
         for i in range(start, end):
             tier = self.host_tier

@@ -159,19 +159,26 @@ class KvTier:
                     move(h)
         self.loaded_blocks += len(block_hashes)
 
-    def held_prefix(self, block_hashes: Sequence[BlockHash]) -> int:
-        """How many of `block_hashes`, from the first, this tier holds (the lookups in C)."""
-        has = self._lru.__contains__
+    def load_prefix(self, block_hashes: Sequence[BlockHash]) -> int:
+        """`load_many` of the longest run of `block_hashes`, from the first, that this tier
+        holds; its length. One pass in C: a move fails on the first hash not held."""
+        lru = self._lru
+        move = lru.move_to_end
         n = len(block_hashes)
         start = 0
-        step = 16  # in growing slices, so that a short run stops early
+        step = 16  # in growing slices: the hashes past the run are not looked at
         while start < n:
-            held = list(map(has, block_hashes[start : start + step]))
-            if False in held:
-                return start + held.index(False)
-            start += len(held)
+            part = block_hashes[start : start + step]
+            try:
+                _drain(map(move, part))
+            except KeyError:
+                # Those before it moved (and are still held): the run ends at the first not.
+                start += list(map(lru.__contains__, part)).index(False)
+                break
+            start += len(part)
             step *= 4
-        return n
+        self.loaded_blocks += start
+        return start
 
     def lru_order(self) -> list[BlockHash]:
         """Stored hashes, next evicted first; for tests and debugging."""

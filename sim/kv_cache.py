@@ -20,7 +20,7 @@ instead of recomputed; the copy stays in the tier (as the host copies of those e
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import compress, repeat
 from operator import eq, not_
 from typing import Any, cast
@@ -34,7 +34,7 @@ NEW_HASHES_KEPT = 1 << 16
 _IS_FREE = (1).__gt__
 _NOT_ONE = (1).__ne__
 # Runs an iterator of calls to its end in C, keeping nothing.
-_drain = deque(maxlen=0).extend
+_drain: Callable[[Iterable[Any]], None] = deque[Any](maxlen=0).extend
 
 
 def block_hashes(

@@ -777,9 +777,14 @@ class Engine:
             by_source["device"] = by_source.get("device", 0) + hit_tokens
         if tiers:
             per_tier: dict[str, int] = {}  # in order of first appearance, as keys are added
-            # Counted per tier, not per block (a long context loads thousands of blocks).
-            for tier in dict.fromkeys(tiers):
-                per_tier[tier.name] = per_tier.get(tier.name, 0) + tiers.count(tier) * bs
+            # Counted per tier, not per block (a long context loads thousands of blocks);
+            # with one tier, every block is its.
+            host = self.host_tier
+            if host is not None and host.lower is None:
+                per_tier[host.name] = len(tiers) * bs
+            else:
+                for tier in dict.fromkeys(tiers):
+                    per_tier[tier.name] = per_tier.get(tier.name, 0) + tiers.count(tier) * bs
             for name, tokens in per_tier.items():
                 by_source[name] = by_source.get(name, 0) + tokens
 

@@ -577,9 +577,41 @@ class BlockPool:
     ) -> None:
         """`cache(blocks[i], hashes[i])` for i in [start, end), in that order."""
         own = self._hash
+        setdefault = self._by_hash.setdefault
+        mine = blocks[start:end]
+        part = hashes[start:end]
+        if len(mine) != len(part):  # an error, raised as before: after caching what pairs
+            self._cache_each(zip(mine, part, strict=True))
+            return
+        # Usually every block is new and its hash too (five million a long run): those are
+        # counted, not appended one by one, until the first that is not.
+        pairs = zip(mine, part, strict=True)
+        plain = 0
+        for b, h in pairs:
+            if own[b] is not None:
+                dup = False  # it keeps its hash: skipped
+                break
+            own[b] = h
+            # One probe: b is no entry's block (it had no hash), so the entry is b iff new.
+            if setdefault(h, b) is not b:
+                dup = True
+                break
+            plain += 1
+        else:
+            self.new_hashes += part
+            self._bound_new_hashes()
+            return
+        self.new_hashes += part[:plain]
+        if dup:
+            self._dups.setdefault(part[plain], []).append(mine[plain])
+        self._cache_each(pairs)
+
+    def _cache_each(self, pairs: Iterable[tuple[int, BlockHash]]) -> None:
+        """`cache_range`, block by block."""
+        own = self._hash
         by_hash = self._by_hash
         new = self.new_hashes
-        for b, h in zip(blocks[start:end], hashes[start:end], strict=True):
+        for b, h in pairs:
             if own[b] is not None:
                 continue
             own[b] = h
@@ -588,7 +620,10 @@ class BlockPool:
                 new.append(h)
             else:
                 self._dups.setdefault(h, []).append(b)
-        if len(new) >= NEW_HASHES_KEPT:
+        self._bound_new_hashes()
+
+    def _bound_new_hashes(self) -> None:
+        if len(self.new_hashes) >= NEW_HASHES_KEPT:
             self.free_epoch += 1  # forgets every refusal (Engine._admit): safe, only slower
             self.new_hashes = []
 

@@ -778,7 +778,7 @@ class Engine:
         if tiers:
             per_tier: dict[str, int] = {}  # in order of first appearance, as keys are added
             # Counted per tier, not per block (a long context loads thousands of blocks);
-            # with one tier, every block is its.
+            # with one tier, every block loaded is the host's.
             host = self.host_tier
             if host is not None and host.lower is None:
                 per_tier[host.name] = len(tiers) * bs

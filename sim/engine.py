@@ -40,6 +40,9 @@ import heapq
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
+from functools import reduce
+from itertools import repeat
+from operator import add
 from typing import Any, Protocol
 
 from thunder_mw.sim.cost_model import StepCost, get_profile, prefill_positions
@@ -422,7 +425,8 @@ class Engine:
         advance the clock by their duration; idle time passes only through this call."""
         if now > self.now:
             self.now = now
-        self._expire_pins()
+        if self._pin_expiry:  # called before every step: no call when nothing is pinned
+            self._expire_pins()
 
     @property
     def pinned_blocks(self) -> int:
@@ -595,10 +599,12 @@ class Engine:
         in the tiers; the engine's clock moves past it."""
         n_dec = self._n_decoding
         ctx = self._sum_k0 + n_dec * s  # Σ (computed before this step + 1)
-        prefill_tokens = sum(n for _, n in scheduled)
-        # Attention: each chunk's tokens attend to what is before them (cached, loaded or
-        # computed in earlier chunks) and to each other, causally.
-        positions = sum(prefill_positions(seq.num_computed, n) for seq, n in scheduled)
+        prefill_tokens = positions = 0
+        if scheduled:  # most steps only decode: no generators to build then
+            prefill_tokens = sum(n for _, n in scheduled)
+            # Attention: each chunk's tokens attend to what is before them (cached, loaded
+            # or computed in earlier chunks) and to each other, causally.
+            positions = sum(prefill_positions(seq.num_computed, n) for seq, n in scheduled)
         duration = self.cost.step_seconds(prefill_tokens, n_dec, ctx, positions, admitted)
         duration += self._load_seconds
         self._load_seconds = 0.0
@@ -683,7 +689,8 @@ class Engine:
         seq._refused_epoch = -1
         seq._chain = None
         seq._likely = None
-        tiers = self._tier_hits(hashes, len(hit), max_blocks) if self.host_tier else []
+        # Read before allocating: the blocks allocation evicts may push these out.
+        tiers = self._load_from_tiers(hashes, len(hit), max_blocks) if self.host_tier else []
         loaded_tokens = len(tiers) * bs
         num_new = min(num_tokens - hit_tokens - loaded_tokens, budget)
         pool.touch(hit)
@@ -693,9 +700,6 @@ class Engine:
             if key is not None:
                 self._release_pin(key)
                 self.stats.pins_released += 1
-        if tiers:
-            # Read before allocating: the blocks allocation evicts may push these out.
-            self._load_from_tiers(tiers, hashes, len(hit))
         seq.blocks = hit
         seq.num_cached_blocks = len(hit)
         new = -(-(hit_tokens + loaded_tokens + num_new) // bs) - len(hit)
@@ -711,29 +715,47 @@ class Engine:
             seq.num_loaded_tokens = loaded_tokens
         return num_new
 
-    def _load_from_tiers(self, tiers: list[KvTier], hashes: list[BlockHash], start: int) -> None:
-        """Load the blocks from `start` on that `tiers` hold (one tier per block), adding the
-        time it takes to the step being built."""
+    def _load_from_tiers(
+        self, hashes: list[BlockHash], start: int, max_blocks: int
+    ) -> list[KvTier]:
+        """Load the blocks from `start` on that the tiers hold, up to the first block none
+        holds, adding the time it takes to the step being built; the tier of each."""
         bs = self.config.block_size
+        host = self.host_tier
+        assert host is not None
+        stretches: list[tuple[KvTier, int]] = []  # (tier, blocks loaded from it), in order
+        if host.lower is None:
+            # One tier: its run of held blocks found and loaded in one pass (in C), rather
+            # than looked up, then looked up again to be moved.
+            end = min(max_blocks, len(hashes))
+            n = host.load_prefix(hashes[start:end]) if start < end else 0
+            tiers = [host] * n
+            if n:
+                stretches.append((host, n))
+        else:
+            tiers = self._tier_hits(hashes, start, max_blocks)
+            # Per stretch of one tier, one call.
+            i = 0
+            while i < len(tiers):
+                tier = tiers[i]
+                j = i + 1
+                while j < len(tiers) and tiers[j] is tier:
+                    j += 1
+                tier.load_many(hashes[start + i : start + j])
+                stretches.append((tier, j - i))
+                i = j
+        if not tiers:
+            return tiers
         seconds = 0.0
-        # Per stretch of one tier, one call; the seconds still summed block by block (the
-        # same float sum).
-        i = 0
-        n = len(tiers)
-        while i < n:
-            tier = tiers[i]
-            j = i + 1
-            while j < n and tiers[j] is tier:
-                j += 1
-            tier.load_many(hashes[start + i : start + j])
-            per_block = bs / tier.load_tokens_per_s
-            for _ in range(j - i):
-                seconds += per_block
-            i = j
+        for tier, k in stretches:
+            # `seconds += per_block`, block by block, in C: the same additions in the same
+            # order (sum() would not do: it compensates rounding on newer Pythons).
+            seconds = reduce(add, repeat(bs / tier.load_tokens_per_s, k), seconds)
         self._load_seconds += seconds
         st = self.stats
         st.kv_load_tokens += len(tiers) * bs
         st.kv_load_seconds += seconds
+        return tiers
 
     def _count_prefix_hits(
         self, seq: Sequence, num_tokens: int, hit_tokens: int, tiers: list[KvTier]
@@ -755,18 +777,20 @@ class Engine:
             by_source["device"] = by_source.get("device", 0) + hit_tokens
         if tiers:
             per_tier: dict[str, int] = {}  # in order of first appearance, as keys are added
-            for tier in tiers:
-                per_tier[tier.name] = per_tier.get(tier.name, 0) + bs
+            # Counted per tier, not per block (a long context loads thousands of blocks);
+            # with one tier, every block loaded is the host's.
+            host = self.host_tier
+            if host is not None and host.lower is None:
+                per_tier[host.name] = len(tiers) * bs
+            else:
+                for tier in dict.fromkeys(tiers):
+                    per_tier[tier.name] = per_tier.get(tier.name, 0) + tiers.count(tier) * bs
             for name, tokens in per_tier.items():
                 by_source[name] = by_source.get(name, 0) + tokens
 
     def _tier_hits(self, hashes: list[BlockHash], start: int, max_blocks: int) -> list[KvTier]:
         """The tier holding each block from `start` on, up to the first block none holds."""
         end = min(max_blocks, len(hashes))
-        host = self.host_tier
-        if host is not None and host.lower is None and start < end:
-            # One tier: its longest run of held blocks, looked up in C.
-            return [host] * host.held_prefix(hashes[start:end])
         out: list[KvTier] = []
         for i in range(start, end):
             tier = self.host_tier

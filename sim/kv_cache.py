@@ -20,7 +20,7 @@ instead of recomputed; the copy stays in the tier (as the host copies of those e
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import compress, repeat
 from operator import eq, not_
 from typing import Any, cast
@@ -33,6 +33,8 @@ NEW_HASHES_KEPT = 1 << 16
 # A reference count that means "in the free queue" (BlockPool._ref: <= 0), for map().
 _IS_FREE = (1).__gt__
 _NOT_ONE = (1).__ne__
+# Runs an iterator of calls to its end in C, keeping nothing.
+_drain: Callable[[Iterable[Any]], None] = deque[Any](maxlen=0).extend
 
 
 def block_hashes(
@@ -112,18 +114,29 @@ class KvTier:
         """`store` each, in order (one call for a whole allocation's evictions)."""
         lru = self._lru
         capacity = self.capacity_blocks
-        lower = self.lower
+        move = lru.move_to_end
+        popitem = lru.popitem
+        n = len(lru)
+        stored = 0
+        gone: list[BlockHash] = []
+        # Inserting first and evicting after is the same: the tier held `capacity` >= 1
+        # blocks, so the head is never the hash just inserted. The counters are summed and
+        # the evicted blocks passed to the tier below once, after the loop.
         for h in block_hashes:
             if h in lru:
-                lru.move_to_end(h)
+                move(h)
                 continue
-            if len(lru) >= capacity:
-                old = lru.popitem(last=False)[0]
-                self.evicted_blocks += 1
-                if lower is not None:
-                    lower.store(old)
             lru[h] = None
-            self.stored_blocks += 1
+            stored += 1
+            if n < capacity:
+                n += 1
+            else:
+                gone.append(popitem(False)[0])
+        self.stored_blocks += stored
+        if gone:
+            self.evicted_blocks += len(gone)
+            if self.lower is not None:
+                self.lower.store_many(gone)
 
     def load(self, block_hash: BlockHash) -> None:
         """A block read back to the GPU: it stays here, most recently used."""
@@ -133,26 +146,39 @@ class KvTier:
 
     def load_many(self, block_hashes: Sequence[BlockHash]) -> None:
         """`load` each, in order."""
-        lru = self._lru
-        move = lru.move_to_end
-        for h in block_hashes:
-            if h in lru:
-                move(h)
+        move = self._lru.move_to_end
+        try:
+            # The engine loads only blocks it found here: the moves run in C.
+            _drain(map(move, block_hashes))
+        except KeyError:
+            # One is not here. Moving them all again, skipping those, ends in the same
+            # order: the ones moved already go back to the tail in the same order.
+            lru = self._lru
+            for h in block_hashes:
+                if h in lru:
+                    move(h)
         self.loaded_blocks += len(block_hashes)
 
-    def held_prefix(self, block_hashes: Sequence[BlockHash]) -> int:
-        """How many of `block_hashes`, from the first, this tier holds (the lookups in C)."""
-        has = self._lru.__contains__
+    def load_prefix(self, block_hashes: Sequence[BlockHash]) -> int:
+        """`load_many` of the longest run of `block_hashes`, from the first, that this tier
+        holds; its length. One pass in C: a move fails on the first hash not held."""
+        lru = self._lru
+        move = lru.move_to_end
         n = len(block_hashes)
         start = 0
-        step = 16  # in growing slices, so that a short run stops early
+        step = 16  # in growing slices: the hashes past the run are not looked at
         while start < n:
-            held = list(map(has, block_hashes[start : start + step]))
-            if False in held:
-                return start + held.index(False)
-            start += len(held)
+            part = block_hashes[start : start + step]
+            try:
+                _drain(map(move, part))
+            except KeyError:
+                # Those before it moved (and are still held): the run ends at the first not.
+                start += list(map(lru.__contains__, part)).index(False)
+                break
+            start += len(part)
             step *= 4
-        return n
+        self.loaded_blocks += start
+        return start
 
     def lru_order(self) -> list[BlockHash]:
         """Stored hashes, next evicted first; for tests and debugging."""
@@ -551,9 +577,41 @@ class BlockPool:
     ) -> None:
         """`cache(blocks[i], hashes[i])` for i in [start, end), in that order."""
         own = self._hash
+        setdefault = self._by_hash.setdefault
+        mine = blocks[start:end]
+        part = hashes[start:end]
+        if len(mine) != len(part):  # an error, raised as before: after caching what pairs
+            self._cache_each(zip(mine, part, strict=True))
+            return
+        # Usually every block is new and its hash too (five million a long run): those are
+        # counted, not appended one by one, until the first that is not.
+        pairs = zip(mine, part, strict=True)
+        plain = 0
+        for b, h in pairs:
+            if own[b] is not None:
+                dup = False  # it keeps its hash: skipped
+                break
+            own[b] = h
+            # One probe: b is no entry's block (it had no hash), so the entry is b iff new.
+            if setdefault(h, b) is not b:
+                dup = True
+                break
+            plain += 1
+        else:
+            self.new_hashes += part
+            self._bound_new_hashes()
+            return
+        self.new_hashes += part[:plain]
+        if dup:
+            self._dups.setdefault(part[plain], []).append(mine[plain])
+        self._cache_each(pairs)
+
+    def _cache_each(self, pairs: Iterable[tuple[int, BlockHash]]) -> None:
+        """`cache_range`, block by block."""
+        own = self._hash
         by_hash = self._by_hash
         new = self.new_hashes
-        for b, h in zip(blocks[start:end], hashes[start:end], strict=True):
+        for b, h in pairs:
             if own[b] is not None:
                 continue
             own[b] = h
@@ -562,7 +620,10 @@ class BlockPool:
                 new.append(h)
             else:
                 self._dups.setdefault(h, []).append(b)
-        if len(new) >= NEW_HASHES_KEPT:
+        self._bound_new_hashes()
+
+    def _bound_new_hashes(self) -> None:
+        if len(self.new_hashes) >= NEW_HASHES_KEPT:
             self.free_epoch += 1  # forgets every refusal (Engine._admit): safe, only slower
             self.new_hashes = []
 

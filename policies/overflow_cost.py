@@ -202,6 +202,13 @@ def admit_past_capacity(
     return footprint * per_token * max(1, view.batch) < budget_s
 
 
+def tier_has_room(contexts: int, gpu_tokens: float, tier_tokens: int, added: int = 0) -> bool:
+    """Do the placed programs' whole contexts, with `added` more, fit the GPU cache and the
+    host tier together? Past that, what falls to the tier pushes another context out of it:
+    a recompute, not a reload (the one test admission and the idle-fate rule share)."""
+    return contexts + added <= gpu_tokens + tier_tokens
+
+
 def _tier_covers(costs: EngineCosts, view: OverflowView, added: int) -> bool:
     """tier_reload: the host tier is priced, and the placed programs' whole contexts, with
     `added` more, fit the GPU and the tier together (past that, what falls to the tier
@@ -211,7 +218,7 @@ def _tier_covers(costs: EngineCosts, view: OverflowView, added: int) -> bool:
         and costs.host_s_per_token is not None
         and 0 < view.host_tokens
         and 0 < view.tier_tokens
-        and view.contexts + added <= view.capacity + view.tier_tokens
+        and tier_has_room(view.contexts, view.capacity, view.tier_tokens, added)
     )
 
 

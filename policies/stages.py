@@ -26,7 +26,7 @@ from thunder_mw.policies.decisions import (
 )
 from thunder_mw.policies.failed_expiry import FailedExpiry
 from thunder_mw.policies.lazy_heap import LazyHeap
-from thunder_mw.policies.overflow_cost import keeps_idle_context, move_pays
+from thunder_mw.policies.overflow_cost import keeps_idle_context, move_pays, tier_has_room
 from thunder_mw.policies.program_table import ProgramState, Usage
 from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
 from thunder_mw.policies.views import BackendView, ProgramView
@@ -95,8 +95,8 @@ class StateAwarePause(Stage):
         tier = host_tier_tokens(backend)
         # Swapping is a fate only while the tier has room: past GPU + tier, what falls to it
         # pushes another program's context out, to be recomputed.
-        room = (backend.capacity or 0) + tier - backend.contexts
-        reload = 1.0 / speed if speed and tier > 0 and room >= 0 else None
+        room = tier_has_room(backend.contexts, backend.capacity or 0, tier)
+        reload = 1.0 / speed if speed and tier > 0 and room else None
         batch = backend.running_reserved - backend.running_unused
         remaining = view.expected_tool_time(program)
         keep = keeps_idle_context(remaining, batch, costs.prefill_s_per_token, reload)

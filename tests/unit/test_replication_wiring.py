@@ -7,8 +7,9 @@ the same against a real redis-server behind nginx)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from support.polling import wait_until_async
@@ -75,6 +76,20 @@ class Replica:
         )
 
 
+@contextlib.asynccontextmanager
+async def two_replicas() -> AsyncIterator[tuple[Replica, Replica]]:
+    """Replicas a and b over one shared state, started, and stopped after the block."""
+    state = MemoryState()
+    a, b = Replica("a", state), Replica("b", state)
+    await a.scheduler.start()
+    await b.scheduler.start()
+    try:
+        yield a, b
+    finally:
+        await b.scheduler.stop()
+        await a.scheduler.stop()
+
+
 def call(program_id: str, tokens: int) -> CallState:
     state = CallState()
     state.context = AgentContext(program_id=program_id, source=Convention.THUNDERAGENT)
@@ -92,11 +107,7 @@ async def until(done: Callable[[], bool]) -> None:
 
 def test_a_call_past_the_shared_limit_waits_at_the_gate_counted_as_held() -> None:
     async def main() -> None:
-        state = MemoryState()
-        a, b = Replica("a", state), Replica("b", state)
-        await a.scheduler.start()
-        await b.scheduler.start()
-        try:
+        async with two_replicas() as (a, b):
             assert await a.scheduler.admit(call("p1", 600)) == "e"
             # b's own core has room for p2; the shared gate, counting a's p1, has not.
             second = asyncio.ensure_future(b.scheduler.admit(call("p2", 600)))
@@ -106,28 +117,18 @@ def test_a_call_past_the_shared_limit_waits_at_the_gate_counted_as_held() -> Non
             assert a.scheduler.release("p1")
             assert await asyncio.wait_for(second, 5.0) == "e"
             assert b.scheduler.held == 0
-        finally:
-            await b.scheduler.stop()
-            await a.scheduler.stop()
 
     asyncio.run(main())
 
 
 def test_a_release_announced_by_another_replica_is_carried_out_by_this_scheduler() -> None:
     async def main() -> None:
-        state = MemoryState()
-        a, b = Replica("a", state), Replica("b", state)
-        await a.scheduler.start()
-        await b.scheduler.start()
-        try:
+        async with two_replicas() as (a, b):
             b_call = call("p", 100)
             assert await b.scheduler.admit(b_call) == "e"
             b.scheduler.finish(b_call, "ok")
             a.scheduler.release("p")  # an operator's release, at the other replica
             await until(lambda: b.scheduler.program("p") is None)
             assert [x for x in b.heard if isinstance(x, Released)] == [Released("p", "release", ())]
-        finally:
-            await b.scheduler.stop()
-            await a.scheduler.stop()
 
     asyncio.run(main())

@@ -1,5 +1,5 @@
 """`thunder-mw bench --scenario vllm-cpu-real` end to end on the real vLLM CPU engine (its short
-form: the cheap regime, three programs, three interleaved runs each of plain vLLM and
+form: the cheap regime, three programs, five interleaved runs each of plain vLLM and
 thunder-mw), its result document, counters that came from the engine, and the simulator's
 prediction of the same runs, so the simulator cannot drift away from the real engine
 unnoticed. The simulator is given the step-cost profile fitted on the same engine just before
@@ -26,7 +26,7 @@ from thunder_mw.benchmarks.workloads import Call, ProgramSpec, scaled_preset
 from thunder_mw.sim.cost_model import get_profile
 
 SYSTEMS = ["direct", "thunder-mw"]
-REPEATS = 3  # the median of three: one run slowed by a burst of other work does not decide
+REPEATS = 5  # the committed benchmark's repeats: the spread of five runs is what CI judges by
 
 
 @pytest.fixture(scope="module")

@@ -419,7 +419,8 @@ def sim_cluster(
 ) -> ClusterConfig:
     """One simulated engine as the real one is served: same blocks (vLLM keeps one null block
     out of the override), scheduler limits, the regime's fitted profile and per-call overhead,
-    and the live gateway's clocks."""
+    the live gateway's clocks, and its scrapes carrying the engine's prefill and decode
+    counters, which the live gateway reads from vLLM's /metrics and learns its costs from."""
     return ClusterConfig(
         engines=1,
         kv_tokens=(kv_blocks - 1) * BLOCK_SIZE,
@@ -430,6 +431,7 @@ def sim_cluster(
         profile=profile or regime.profile,
         tick_s=0.25,
         scrape_s=0.5,
+        engine_counters=True,
         call_overhead_s=CALL_OVERHEAD_S[regime.profile]
         if call_overhead_s is None
         else call_overhead_s,

@@ -58,6 +58,10 @@ def capacity_from_metrics(text: bytes, result: EngineCapacity) -> bool:
     return capacity_from_exposition(page, result)
 
 
+# The samples capacity_from_exposition reads.
+CAPACITY_SERIES = frozenset({"vllm:cache_config_info", "sglang:max_total_num_tokens"})
+
+
 def capacity_from_exposition(page: Exposition, result: EngineCapacity) -> bool:
     for labels in page.info.get("vllm:cache_config_info", ()):
         blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")

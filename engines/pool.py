@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from thunder_mw.engines.capacity import (
+    CAPACITY_SERIES,
     exposition_capacity,
     models_max_len,
     planned_capacity,
@@ -64,14 +65,25 @@ _SIGNALS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+# Per flavor, every sample a probe reads from the page: the signals and the capacity.
+_SCRAPED = {
+    flavor: frozenset(n for names in fields.values() for n in names) | CAPACITY_SERIES
+    for flavor, fields in _SIGNALS.items()
+}
+
+
 def parse_signals(flavor: str, text: bytes) -> BackendMetrics:
     """The scheduler's live signals from a Prometheus text page (summed over label sets)."""
-    return signals(flavor, read_exposition(text))
+    return signals(flavor, read_exposition(text, _SCRAPED[_flavor_key(flavor)]))
+
+
+def _flavor_key(flavor: str) -> str:
+    return "sglang" if flavor == "sglang" else "vllm"
 
 
 def signals(flavor: str, page: Exposition) -> BackendMetrics:
     found: dict[str, Any] = {}
-    for field, names in _SIGNALS["sglang" if flavor == "sglang" else "vllm"].items():
+    for field, names in _SIGNALS[_flavor_key(flavor)].items():
         for name in names:
             if name in page.totals:
                 value = page.totals[name]
@@ -450,8 +462,10 @@ class BackendPool:
         r = await engine.get("/metrics", timeout_s=timeout)
         if r.status != 200:
             return None
-        # vLLM's page is a few hundred lines of histograms: parsed off the event loop.
-        page = await asyncio.to_thread(read_exposition, r.body)
+        # vLLM's page is a few hundred lines of histograms: only the samples read are
+        # parsed, off the event loop.
+        scraped = _SCRAPED[_flavor_key(backend.flavor)]
+        page = await asyncio.to_thread(read_exposition, r.body, scraped)
         if backend.flavor != "sglang":
             backend.discovered_capacity = exposition_capacity(page)
         return signals(backend.flavor, page)

@@ -53,7 +53,7 @@ def fleet(programs: int, seed: int) -> tuple[GatewayMetrics, Observability, Live
     )
     pool = BackendPool(config.backends, config.server)
     core = SchedulerCore(pool.configured(), build_pipeline(config.policies))
-    metrics = GatewayMetrics(core.programs, pool)
+    metrics = GatewayMetrics(core.state_counts, pool)
     observability = Observability(ObservabilitySettings(), core, pool, metrics)
     scheduler = LiveScheduler(
         pool,

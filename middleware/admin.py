@@ -29,7 +29,7 @@ from thunder_mw.middleware.request_body import BodyError, ClientLeft, decode_obj
 from thunder_mw.middleware.scheduling import Rejected, Scheduler
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 from thunder_mw.observability.metrics import GatewayMetrics
-from thunder_mw.policies.program_table import Program
+from thunder_mw.policies.program_table import ProgramSnapshot
 from thunder_mw.schemas.context_parsing import ContextError, ContextParser
 from thunder_mw.schemas.views import (
     HealthView,
@@ -101,7 +101,7 @@ def _error(
 _VIEW_FIELDS = tuple(f for f in ProgramView.__struct_fields__ if f not in ("age_s", "idle_s"))
 
 
-def _public_fields(program: Program, now: float) -> dict[str, Any]:
+def _public_fields(program: ProgramSnapshot, now: float) -> dict[str, Any]:
     """The program's fields that ProgramView lists (and no others), with its age and idle
     time in seconds instead of the core's monotonic-clock stamps."""
     fields = {name: getattr(program, name) for name in _VIEW_FIELDS}
@@ -112,7 +112,7 @@ def _public_fields(program: Program, now: float) -> dict[str, Any]:
     return fields
 
 
-def program_view(program: Program, now: float) -> ProgramView:
+def program_view(program: ProgramSnapshot, now: float) -> ProgramView:
     return ProgramView(**_public_fields(program, now))
 
 

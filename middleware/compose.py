@@ -94,7 +94,7 @@ def compose(
         on_reclaimed=lambda reason: metrics.containers_reclaimed.labels(reason).inc(),
         on_failure=lambda: metrics.reclaim_failures.inc(),
     )
-    metrics = GatewayMetrics(core.programs, pool, tools)
+    metrics = GatewayMetrics(core.state_counts, pool, tools)
     observability = Observability(config.observability, core, pool, metrics, clock)
     prefiller = SpeculativePrefiller.for_core(
         core, pool, config.speculative_prefill, PrefillMetrics(metrics.registry)
@@ -223,7 +223,7 @@ def _docker_tools(
         return None
     return DockerTools(
         settings,
-        lambda program_id: core.program(program_id) is not None,
+        core.knows,
         clock,
         on_reclaimed=on_reclaimed,
         on_failure=on_failure,

@@ -41,7 +41,7 @@ from thunder_mw.policies.core import (
     SchedulerCore,
 )
 from thunder_mw.policies.kv_placement import KvPlacement
-from thunder_mw.policies.program_table import Program, Usage
+from thunder_mw.policies.program_table import ProgramSnapshot, Usage
 from thunder_mw.schemas.config import ServerSettings
 
 log = logging.getLogger("thunder_mw.scheduler")
@@ -368,13 +368,13 @@ class LiveScheduler:
             self.replication.announce_release(program_id)
         return released
 
-    def programs(self) -> list[Program]:
-        return self.core.programs()
+    def programs(self) -> list[ProgramSnapshot]:
+        return self.core.snapshots()
 
-    def program(self, program_id: str) -> Program | None:
-        return self.core.program(program_id)
+    def program(self, program_id: str) -> ProgramSnapshot | None:
+        return self.core.snapshot(program_id)
 
-    async def shared_program(self, program_id: str) -> tuple[Program, str] | None:
+    async def shared_program(self, program_id: str) -> tuple[ProgramSnapshot, str] | None:
         """A program another replica holds, from its shared record, and that replica."""
         if self.replication is None:
             return None

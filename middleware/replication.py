@@ -41,7 +41,7 @@ from thunder_mw.policies.admission import Admission
 from thunder_mw.policies.core import Action, ReclaimTools, Released, SchedulerCore
 from thunder_mw.policies.decisions import Count
 from thunder_mw.policies.events import ProgramHistory
-from thunder_mw.policies.program_table import Phase, Program, ProgramState
+from thunder_mw.policies.program_table import Phase, Program, ProgramSnapshot, ProgramState
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import StateSettings
 from thunder_mw.state.store import ProgramRecord, SchedulerStore, StoreUnavailable, SyncItem
@@ -155,7 +155,7 @@ class Replication:
 
     async def _adopt(self, ctx: AgentContext) -> None:
         """A program this replica does not hold: carry on from its shared record."""
-        program = self.core.program(ctx.program_id)
+        program = self.core.snapshot(ctx.program_id)
         if program is not None and program.state is ProgramState.ACTIVE:
             return
         record = await self.store.load(ctx.program_id)
@@ -199,7 +199,7 @@ class Replication:
         waited_from: float | None = None
         try:
             while True:
-                program = self.core.program(program_id)
+                program = self.core.snapshot(program_id)
                 if (
                     program is None
                     or program.state is not ProgramState.ACTIVE
@@ -215,8 +215,13 @@ class Replication:
                     return  # fail open: this replica's own decision stands
                 self._foreign(backend, result.foreign)
                 if result.status == 1:
-                    current = self.core.program(program_id)
-                    if current is program and self._item(program, "claim") == item:
+                    # Written as it is now, and the same program (not ended and made anew).
+                    current = self.core.snapshot(program_id)
+                    if (
+                        current is not None
+                        and current.created_at == program.created_at
+                        and self._item(current, "claim") == item
+                    ):
                         self._dirty.discard(program_id)  # just written as it is, record and all
                     return
                 if waited_from is None:
@@ -272,7 +277,7 @@ class Replication:
             return None
         return backend.capacity * self._high
 
-    def _item(self, program: Program, mode: str) -> SyncItem:
+    def _item(self, program: ProgramSnapshot, mode: str) -> SyncItem:
         active = program.state is ProgramState.ACTIVE and program.backend is not None
         engine = (program.backend or "") if active else ""
         return SyncItem(
@@ -284,7 +289,7 @@ class Replication:
             self._record(program),
         )
 
-    def _record(self, program: Program) -> ProgramRecord:
+    def _record(self, program: ProgramSnapshot) -> ProgramRecord:
         wall = time.time() - self.clock()  # this clock's reading -> wall-clock seconds
         waiting_since = None
         if program.queued_at is not None and program.state is not ProgramState.ACTIVE:
@@ -323,7 +328,7 @@ class Replication:
             docker_ids=list(program.docker_ids),
         )
 
-    async def shared_program(self, program_id: str) -> tuple[Program, str] | None:
+    async def shared_program(self, program_id: str) -> tuple[ProgramSnapshot, str] | None:
         """A program this replica does not know, as its shared record describes it (not
         taken into this replica's table), and the replica holding it."""
         try:
@@ -363,7 +368,7 @@ class Replication:
         dirty, self._dirty = self._dirty, set()
         items = []
         for program_id in dirty:
-            program = self.core.program(program_id)
+            program = self.core.snapshot(program_id)
             items.append(
                 SyncItem(program_id, "drop") if program is None else self._item(program, "update")
             )
@@ -385,7 +390,7 @@ class Replication:
     def _let_go(self, program_id: str) -> None:
         """Another replica took the program over: forget it here without ending it (no
         release of its tools, no record deleted), unless a call of it is still here."""
-        program = self.core.program(program_id)
+        program = self.core.snapshot(program_id)
         if program is None or program.in_flight or program.waiting:
             return
         actions = self.core.handle(ev.ReleaseRequested(program_id, "moved", self.clock())).actions
@@ -399,7 +404,7 @@ class Replication:
             if action.program_id != program_id:
                 self._mark(action.program_id)
 
-    def _seed(self, record: ProgramRecord, ctx: AgentContext | None) -> Program:
+    def _seed(self, record: ProgramRecord, ctx: AgentContext | None) -> ProgramSnapshot:
         """The program as its record describes it, in this replica's table (not placed)."""
         ctx = ctx or AgentContext(
             program_id=record.program_id,
@@ -408,8 +413,8 @@ class Replication:
             session_id=record.session_id,
             session_type=record.session_type,
         )
-        self.core.handle(ev.ProgramAdopted(ctx, _history_of(record), self.clock()))
-        program = self.core.program(ctx.program_id)
+        adopted = ev.ProgramAdopted(ctx, _history_of(record), self.clock())
+        program = self.core.handle(adopted).program
         assert program is not None  # adopted: in the table now
         if self.ownership is not None and record.owner is not None:
             self.ownership.owners.bind(record.program_id, bytes.fromhex(record.owner))
@@ -443,7 +448,7 @@ class Replication:
                 if self._was_down:
                     # Our lease may have lapsed while Redis was away: write everything again.
                     self._was_down = False
-                    for program in self.core.programs():
+                    for program in self.core.snapshots():
                         self._mark(program.program_id)
                 for label, (others, _total) in snapshot.items():
                     self._foreign(label, others)
@@ -468,7 +473,7 @@ class Replication:
         elif kind == "claim" and len(args) == 2 and args[1] != self.replica_id:
             self._let_go(args[0])
         elif kind == "release" and len(args) == 2 and args[1] != self.replica_id:
-            if self.core.program(args[0]) is not None:
+            if self.core.knows(args[0]):
                 # Released here too, as an operator's release is, but not announced again.
                 released = ev.ReleaseRequested(args[0], "release", self.clock())
                 self._apply(self.core.handle(released).actions)
@@ -500,8 +505,8 @@ def _history_of(record: ProgramRecord) -> ProgramHistory:
     )
 
 
-def _program_of(record: ProgramRecord, now: float) -> Program:
-    """A read-only Program from a shared record, its wall-clock stamps on this clock."""
+def _program_of(record: ProgramRecord, now: float) -> ProgramSnapshot:
+    """A program as a shared record describes it, its wall-clock stamps on this clock."""
     offset = now - time.time()  # wall-clock seconds -> this clock's reading
     created = now if record.created_at is None else record.created_at + offset
     active = created if record.last_active_at is None else record.last_active_at + offset
@@ -534,7 +539,7 @@ def _program_of(record: ProgramRecord, now: float) -> Program:
         expected_output_tokens=record.expected_output_tokens,
         tool_time_ema_s=record.tool_time_ema_s,
         docker_ids=list(record.docker_ids),
-    )
+    ).snapshot()
 
 
 def _unavailable() -> Rejected:

@@ -15,7 +15,7 @@ from thunder_mw.middleware.call_state import STATE_KEY, CallState, Outcome
 from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 from thunder_mw.policies.program_owners import Claim
-from thunder_mw.policies.program_table import Program
+from thunder_mw.policies.program_table import ProgramSnapshot
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.tools.refusal import ToolRefused
 
@@ -70,16 +70,16 @@ class Scheduler(Protocol):
 
     def release(self, program_id: str) -> bool: ...
 
-    def programs(self) -> list[Program]: ...
+    def programs(self) -> list[ProgramSnapshot]: ...
 
-    def program(self, program_id: str) -> Program | None: ...
+    def program(self, program_id: str) -> ProgramSnapshot | None: ...
 
     # With replicas sharing a Redis: this replica's id, and a program another one holds,
     # read from its shared record with that replica's id (None: no such record).
     @property
     def replica_id(self) -> str | None: ...
 
-    async def shared_program(self, program_id: str) -> tuple[Program, str] | None: ...
+    async def shared_program(self, program_id: str) -> tuple[ProgramSnapshot, str] | None: ...
 
 
 class SchedulingMiddleware:

@@ -268,7 +268,7 @@ class SpeculativePrefiller:
             # The request's hint, else the one its program sent before, else the default.
             hint = ctx.speculative_prefill
             if hint is None:
-                program = core.program(ctx.program_id)
+                program = core.snapshot(ctx.program_id)
                 hint = program.speculative_prefill if program is not None else None
             return stage.params.default if hint is None else hint
 

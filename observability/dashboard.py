@@ -19,7 +19,7 @@ from pathlib import Path
 from thunder_mw.observability.decisions import DecisionLog
 from thunder_mw.observability.scheduler_metrics import hit_rate
 from thunder_mw.policies.core import SchedulerCore
-from thunder_mw.policies.program_table import Phase, Program, ProgramState
+from thunder_mw.policies.program_table import Phase, ProgramSnapshot, ProgramState
 from thunder_mw.schemas.views import (
     BackendView,
     DashboardBackend,
@@ -37,7 +37,7 @@ def page() -> bytes:
     return Path(__file__).with_name("dashboard.html").read_bytes()
 
 
-def _counts(programs: list[Program]) -> dict[str, int]:
+def _counts(programs: list[ProgramSnapshot]) -> dict[str, int]:
     counts = {"reasoning": 0, "acting": 0, "paused": 0, "queued": 0}
     for p in programs:
         if p.state is ProgramState.ACTIVE:
@@ -95,14 +95,14 @@ class Dashboard:
             self.sample()
 
     def sample(self) -> None:
-        c = _counts(self.core.programs())
+        c = _counts(self.core.snapshots())
         self.history.append(
             (round(self.wall(), 3), c["reasoning"], c["acting"], c["paused"], c["queued"])
         )
 
     def snapshot(self) -> DashboardState:
         core, now = self.core, self.clock()
-        programs = core.programs()
+        programs = core.snapshots()
         health = self.health()
         backends = []
         for b in core.backends.values():

@@ -3,7 +3,8 @@
 decisions below (policies/stage_contract.py explains each hook).
 
 The core's one entry point is `SchedulerCore.handle(event) -> Outcome`; its events and
-the outcome are exported too (policies/core_events.py)."""
+the outcome are exported too (policies/core_events.py); a program leaves the core as a
+frozen `ProgramSnapshot`."""
 
 from thunder_mw.policies.core_events import (
     BackendAdded,
@@ -38,7 +39,7 @@ from thunder_mw.policies.decisions import (
     Resume,
     StageDecision,
 )
-from thunder_mw.policies.program_table import Phase, ProgramState, Usage
+from thunder_mw.policies.program_table import Phase, ProgramSnapshot, ProgramState, Usage
 from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
 from thunder_mw.policies.views import BackendView, ProgramView
 from thunder_mw.schemas.stage_params import StageParams
@@ -67,6 +68,7 @@ __all__ = [
     "PlanBackend",
     "Prefill",
     "ProgramAdopted",
+    "ProgramSnapshot",
     "ProgramState",
     "ProgramView",
     "ReclaimTools",

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import msgspec
+
 from thunder_mw.policies import context_limit
 from thunder_mw.policies import core_events as ev
 from thunder_mw.policies.backend_state import BackendState as BackendState
@@ -23,13 +25,13 @@ from thunder_mw.policies.decisions import Action as Action
 from thunder_mw.policies.decisions import Decision as Decision
 from thunder_mw.policies.decisions import Forward as Forward
 from thunder_mw.policies.decisions import Hold as Hold
+from thunder_mw.policies.decisions import Pause, Release, Resume, StageDecision
 from thunder_mw.policies.decisions import Paused as Paused
 from thunder_mw.policies.decisions import Prefill as Prefill
 from thunder_mw.policies.decisions import ReclaimTools as ReclaimTools
 from thunder_mw.policies.decisions import Reject as Reject
 from thunder_mw.policies.decisions import Released as Released
 from thunder_mw.policies.decisions import Resumed as Resumed
-from thunder_mw.policies.decisions import StageDecision
 from thunder_mw.policies.events import BackendMetrics as BackendMetrics
 from thunder_mw.policies.events import ProgramHistory
 from thunder_mw.policies.events import RequestInfo as RequestInfo
@@ -67,7 +69,7 @@ class SchedulerCore(FleetEvents):
             ev.ReleaseRequested: self._handle_release,
             ev.Tick: lambda e: ev.Outcome(self._on_tick(e.now)),
             ev.ProgramAdopted: lambda e: ev.Outcome(
-                [], program=self._on_adopted(e.ctx, e.history, e.now)
+                [], program=self._on_adopted(e.ctx, e.history, e.now).snapshot()
             ),
             ev.TakenOver: lambda e: ev.Outcome(
                 self._on_taken_over(e.program_id, e.backend, e.reserved_tokens, e.now)
@@ -337,8 +339,18 @@ class SchedulerCore(FleetEvents):
         """Decisions made outside the pipeline (an operator's, a test's), applied as a
         stage's would be."""
         self._actions = []
-        self._run(decisions, now)
+        self._run([d for d in map(self._on_live_program, decisions) if d is not None], now)
         return self._take()
+
+    def _on_live_program(self, decision: StageDecision) -> StageDecision | None:
+        """`decision` on the core's own program: one made outside the core names its program
+        by a snapshot, the only kind that leaves it (None: the program has gone since)."""
+        if not isinstance(decision, Pause | Resume | Release):
+            return decision
+        if isinstance(decision.program, Program):
+            return decision
+        program = self.table.get(decision.program.program_id)
+        return None if program is None else msgspec.structs.replace(decision, program=program)
 
     # ================================================================ request arithmetic
     def _too_large(

@@ -12,8 +12,7 @@ import msgspec
 
 from thunder_mw.policies.decisions import Action, Decision, StageDecision
 from thunder_mw.policies.events import BackendMetrics, ProgramHistory, RequestInfo
-from thunder_mw.policies.program_table import Usage
-from thunder_mw.policies.views import ProgramView
+from thunder_mw.policies.program_table import ProgramSnapshot, Usage
 from thunder_mw.schemas.agent_context import AgentContext
 
 
@@ -62,7 +61,7 @@ class Tick(msgspec.Struct, frozen=True):
 
 
 class ProgramAdopted(msgspec.Struct, frozen=True):
-    """Another replica's program is known here; the outcome's `program` is its view."""
+    """Another replica's program is known here; the outcome's `program` is its snapshot."""
 
     ctx: AgentContext
     history: ProgramHistory
@@ -168,10 +167,11 @@ Event = (
 class Outcome(msgspec.Struct, frozen=True):
     """What the core did with one event: the actions for the caller, and the event's answer
     where it has one (`decision` for a request, `found` for a release, `program` for an
-    adoption, `backend` for a refused connection)."""
+    adoption, `backend` for a refused connection). `program` is a frozen snapshot taken when
+    the event was applied: later events never change it."""
 
     actions: list[Action]
     decision: Decision | None = None
     found: bool = False
-    program: ProgramView | None = None
+    program: ProgramSnapshot | None = None
     backend: str | None = None

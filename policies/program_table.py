@@ -1,6 +1,7 @@
 """The record of every live agent program: what it is, where it runs, what it has used. Pure state.
 
-The scheduler core owns one table; the middleware reads snapshots of it for /programs.
+The scheduler core owns one table; what leaves the core is a frozen `ProgramSnapshot` of a
+program (`Program.snapshot()`), never the live record.
 Times come from the caller's clock.
 """
 
@@ -85,6 +86,95 @@ class Program(msgspec.Struct, kw_only=True):
     speculative_prefill: bool | None = None
     docker_ids: list[str] = msgspec.field(default_factory=list)
     version: int = 0  # bumped whenever index entries for it go stale
+
+    def snapshot(self) -> ProgramSnapshot:
+        """This program as it is now, frozen: what the core hands out of itself."""
+        return ProgramSnapshot(
+            program_id=self.program_id,
+            source=self.source,
+            parent_program_id=self.parent_program_id,
+            session_id=self.session_id,
+            session_type=self.session_type,
+            ephemeral=self.ephemeral,
+            priority=self.priority,
+            state=self.state,
+            phase=self.phase,
+            backend=self.backend,
+            context_tokens=self.context_tokens,
+            reserved_tokens=self.reserved_tokens,
+            request_tokens=self.request_tokens,
+            steps=self.steps,
+            in_flight=self.in_flight,
+            waiting=self.waiting,
+            failures=self.failures,
+            pause_pending=self.pause_pending,
+            final_requested=self.final_requested,
+            created_at=self.created_at,
+            last_active_at=self.last_active_at,
+            acting_since=self.acting_since,
+            queued_at=self.queued_at,
+            paused_total_s=self.paused_total_s,
+            pauses=self.pauses,
+            migrations=self.migrations,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            cached_tokens=self.cached_tokens,
+            expected_output_tokens=self.expected_output_tokens,
+            tool_time_ema_s=self.tool_time_ema_s,
+            last_prompt_chars=self.last_prompt_chars,
+            prefix_key=self.prefix_key,
+            prefix_tokens=self.prefix_tokens,
+            speculative_prefill=self.speculative_prefill,
+            docker_ids=tuple(self.docker_ids),
+        )
+
+
+class ProgramSnapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A program as it was when the core answered: what leaves the core (an event's
+    `Outcome`, the queries of the middleware, the dashboard and other replicas). Frozen, so a
+    caller holding one after later events still reads the state it was given; the core's
+    own `Program` keeps changing. Every field of `ProgramView`, plus the record the admin
+    API and the shared store carry; not the core's bookkeeping (the ledger's splits of the
+    reservation, the index version). Untracked by the garbage collector (`gc=False`: it
+    holds no container that could form a cycle), so a snapshot of every program per
+    scrape or dashboard sample triggers no collection."""
+
+    program_id: str
+    source: str | None
+    parent_program_id: str | None
+    session_id: str | None
+    session_type: str | None
+    ephemeral: bool
+    priority: int
+    state: ProgramState
+    phase: Phase
+    backend: str | None
+    context_tokens: int
+    reserved_tokens: int
+    request_tokens: int
+    steps: int
+    in_flight: int
+    waiting: int
+    failures: int
+    pause_pending: bool
+    final_requested: bool
+    created_at: float
+    last_active_at: float
+    acting_since: float
+    queued_at: float | None
+    paused_total_s: float
+    pauses: int
+    migrations: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    expected_output_tokens: int | None
+    tool_time_ema_s: float | None
+    last_prompt_chars: int
+    prefix_key: str | None
+    prefix_tokens: int
+    speculative_prefill: bool | None
+    docker_ids: tuple[str, ...]
 
 
 class ProgramTable:

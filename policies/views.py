@@ -1,4 +1,9 @@
-"""Read-only views of a program and of an engine: what stages and decisions refer to."""
+"""Read-only views of a program and of an engine: what stages and decisions refer to.
+
+`ProgramView` is a type, not a copy: stages read the core's live `Program` through it (a
+copy per hook call would cost the simulator's hot path). What leaves the core is the
+frozen `ProgramSnapshot` (policies/program_table.py), which has every field of the view.
+"""
 
 from __future__ import annotations
 

@@ -179,7 +179,7 @@ def test_a_held_request_is_counted_in_the_queue_histogram_and_as_a_pause(
 
 def _decision_samples(*actions: Action) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     # A gateway with no engines and no programs: only the decision counters have samples.
-    metrics = GatewayMetrics(lambda: (), BackendPool([], ServerSettings()))
+    metrics = GatewayMetrics(dict, BackendPool([], ServerSettings()))
     decisions = DecisionLog(metrics.registry, metrics.programs_released, log_decisions=False)
     for action in actions:
         decisions.on_action(action)

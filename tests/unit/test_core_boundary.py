@@ -1,10 +1,13 @@
 """Specification of the scheduler core's boundary: other replicas reach it only as events,
-and stages read a view and return decisions the core applies (policies/stage_contract.py)."""
+what leaves it is a frozen snapshot of a program, and stages read a view and return decisions
+the core applies (policies/stage_contract.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from thunder_mw.policies import (
     CallFinished,
@@ -12,6 +15,9 @@ from thunder_mw.policies import (
     ForeignReservations,
     Pause,
     ProgramAdopted,
+    ProgramSnapshot,
+    ProgramView,
+    ReleaseRequested,
     RequestArrived,
     Stage,
     StageDecision,
@@ -87,8 +93,10 @@ def test_a_program_taken_over_keeps_its_engine_and_leaves_the_others_share() -> 
     assert (program.state, program.backend, program.steps) == (ProgramState.PAUSED, "b0", 3)
     actions = core.handle(TakenOver("p", "b0", 600, 2.0)).actions
     assert [a.program_id for a in actions if isinstance(a, Resumed)] == ["p"]
-    assert program.state is ProgramState.ACTIVE and core.foreign_reserved("b0") == 0
-    assert core.backends["b0"].reserved == program.reserved_tokens == 590
+    now = core.snapshot("p")
+    assert now is not None and now.state is ProgramState.ACTIVE
+    assert core.foreign_reserved("b0") == 0
+    assert core.backends["b0"].reserved == now.reserved_tokens == 590
     assert core.counters["takeovers"] == 1
     assert core.handle(TakenOver("p", "b0", 600, 3.0)).actions == []  # already placed here
 
@@ -101,6 +109,70 @@ def test_an_older_record_does_not_overwrite_what_this_replica_knows() -> None:
     ).program
     assert program is not None
     assert (program.steps, program.context_tokens) == (1, 310)
+
+
+# ------------------------------------------------------------------ what leaves the core
+def test_a_program_handed_out_of_the_core_does_not_change_after_later_events() -> None:
+    core = make(capacities=(2000,))
+    history = ProgramHistory(backend="b0", steps=3, context_tokens=590, prompt_tokens=900)
+    adopted = core.handle(ProgramAdopted(ctx("p"), history, 1.0)).program
+    asked = core.snapshot("p")
+    listed = core.snapshots()
+    core.handle(TakenOver("p", "b0", 0, 2.0))  # placed: ACTIVE, 590 tokens reserved
+    run_step(core, "p", 600, 3.0)
+    for program in (adopted, asked, *listed):
+        assert program is not None
+        assert (program.state, program.reserved_tokens, program.steps) == (
+            ProgramState.PAUSED,
+            0,
+            3,
+        )
+    now = core.snapshot("p")
+    assert now is not None and (now.state, now.steps) == (ProgramState.ACTIVE, 4)
+    assert now != asked and isinstance(now, ProgramSnapshot)
+
+
+def test_a_snapshot_cannot_be_written_to() -> None:
+    core = make()
+    run_step(core, "p", 300, 0.0)
+    program = core.snapshot("p")
+    assert program is not None
+    with pytest.raises(AttributeError):
+        program.state = ProgramState.PAUSED  # type: ignore[misc]
+    assert _program(core, "p").state is ProgramState.ACTIVE
+
+
+# The core's bookkeeping, which means nothing outside it; every other field of `Program`
+# leaves it in a snapshot (a new field is one or the other, decided here).
+_BOOKKEEPING = {"pending_tokens", "running_tokens", "held_context", "paused_at", "idle_share"}
+
+
+def test_a_snapshot_has_every_field_of_the_program_but_the_cores_bookkeeping() -> None:
+    fields = set(ProgramSnapshot.__struct_fields__)
+    assert fields == set(Program.__struct_fields__) - _BOOKKEEPING - {"version"}
+    view_fields = {name for name in vars(ProgramView) if not name.startswith("_")}
+    assert view_fields <= fields
+    core = make()
+    run_step(core, "p", 300, 0.0)
+    live, snapshot = _program(core, "p"), core.snapshot("p")
+    assert snapshot is not None
+    for name in fields:
+        expected = getattr(live, name)
+        assert getattr(snapshot, name) == (tuple(expected) if name == "docker_ids" else expected)
+
+
+def test_decisions_from_outside_name_their_program_by_its_snapshot() -> None:
+    core = make()
+    run_step(core, "a", 300, 0.0)
+    run_step(core, "b", 300, 0.0)
+    a, b = core.snapshot("a"), core.snapshot("b")
+    assert a is not None and b is not None
+    core.handle(ReleaseRequested("b", "release", 1.0))
+    actions = core.handle(DecisionsApplied([Pause(a, "operator"), Pause(b, "operator")], 2.0))
+    assert [(x.program_id, x.reason) for x in actions.actions if isinstance(x, Paused)] == [
+        ("a", "operator")  # b has gone: its decision is dropped
+    ]
+    assert _program(core, "a").state is ProgramState.PAUSED
 
 
 # ------------------------------------------------------------------ the stage contract

@@ -1,1 +1,3 @@
 """thunder_mw.middleware"""
+
+__all__: list[str] = []

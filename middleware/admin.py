@@ -51,6 +51,17 @@ if TYPE_CHECKING:
     from thunder_mw.middleware.rollout_routes import RolloutRoutes
     from thunder_mw.observability.service import Observability
 
+__all__ = [
+    "AdminAccess",
+    "AdminRoutes",
+    "AdminTokenGuard",
+    "EngineServices",
+    "ProgramServices",
+    "Telemetry",
+    "is_admin_path",
+    "program_view",
+]
+
 _MAX_ADMIN_BODY = 64 * 1024
 _JSON = "application/json"
 _decode = msgspec.json.Decoder().decode

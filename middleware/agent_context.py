@@ -20,6 +20,8 @@ from thunder_mw.schemas.config import AgentContextSettings, Convention
 from thunder_mw.schemas.context_parsing import ContextError, ContextParser
 from thunder_mw.schemas.generate_context import RidError, program_from_rid
 
+__all__ = ["CONTEXT_PATHS", "AgentContextMiddleware", "new_ephemeral_id"]
+
 # The inference routes whose bodies carry agent context (`/generate`: SGLang's native API).
 CONTEXT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate"})
 

@@ -20,6 +20,8 @@ from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
 from thunder_mw.schemas.config import ThunderConfig
 
+__all__ = ["ThunderGateway", "ThunderMiddleware", "create_app"]
+
 log = logging.getLogger("thunder_mw")
 
 

@@ -7,6 +7,8 @@ from thunder_mw.engines.pool import BackendPool
 from thunder_mw.middleware.call_state import STATE_KEY, CallState
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 
+__all__ = ["WithBackendUrl"]
+
 
 class WithBackendUrl:
     def __init__(self, app: ASGIApp, pool: BackendPool) -> None:

@@ -22,6 +22,16 @@ from thunder_mw.schemas.agent_context import AgentContext
 if TYPE_CHECKING:
     from thunder_mw.engines.pool import Backend
 
+__all__ = [
+    "STATE_KEY",
+    "Admission",
+    "CallState",
+    "Outcome",
+    "RequestBody",
+    "call_state",
+    "report_usage",
+]
+
 STATE_KEY = "thunder_mw"
 Outcome = Literal["ok", "failed", "upstream_failed", "client_disconnected"]
 _encode = msgspec.json.Encoder().encode

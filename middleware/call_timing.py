@@ -11,6 +11,8 @@ from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 from thunder_mw.observability.profiles import Timing
 from thunder_mw.observability.service import Observability
 
+__all__ = ["CallTiming"]
+
 
 class CallTiming:
     """Stamps when a scheduled call reaches the engine client; records its profile and the

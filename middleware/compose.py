@@ -54,6 +54,8 @@ from thunder_mw.policies.stages import GcHooks
 from thunder_mw.schemas.config import ThunderConfig
 from thunder_mw.tools.docker_tools import DockerTools
 
+__all__ = ["Components", "build_scheduler", "compose"]
+
 
 @dataclass(frozen=True, eq=False)
 class Components:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from thunder_mw.middleware.types import Send
 from thunder_mw.schemas.views import ErrorBody, ErrorDetail, encode
 
+__all__ = ["error_body", "send_error", "send_json"]
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",

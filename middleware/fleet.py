@@ -23,6 +23,18 @@ from thunder_mw.middleware.live_scheduler import LiveScheduler
 from thunder_mw.schemas.config import BackendSettings
 from thunder_mw.schemas.rollout_views import EngineAnswer, GenerationState, PauseMode
 
+__all__ = [
+    "EngineCall",
+    "Fleet",
+    "FleetError",
+    "flush_call",
+    "pause_call",
+    "resume_call",
+    "sleep_call",
+    "update_call",
+    "wake_call",
+]
+
 log = logging.getLogger("thunder_mw.fleet")
 
 # (method, path, query, JSON body) of one control call to one engine.

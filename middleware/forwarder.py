@@ -32,6 +32,8 @@ from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.config import ServerSettings
 
+__all__ = ["HOP_BY_HOP", "Forwarder"]
+
 log = logging.getLogger("thunder_mw.forwarder")
 
 HOP_BY_HOP = frozenset(

@@ -41,6 +41,8 @@ from thunder_mw.schemas.config import ThunderConfig
 from thunder_mw.schemas.context_parsing import H_LITELLM_SESSION, ContextError
 from thunder_mw.tools.refusal import ToolRefused
 
+__all__ = ["SCHEDULED_CALLS", "ThunderScheduling"]
+
 log = logging.getLogger("thunder_mw.litellm")
 
 # LiteLLM's call types that run a model (the sync spellings too: the proxy passes either).

@@ -44,6 +44,8 @@ from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.program_table import ProgramSnapshot, Usage
 from thunder_mw.schemas.config import ServerSettings
 
+__all__ = ["RETRY_AFTER_S", "HoldLimits", "LiveScheduler", "request_info", "shared_prefix"]
+
 log = logging.getLogger("thunder_mw.scheduler")
 RETRY_AFTER_S = b"5"
 

@@ -45,6 +45,19 @@ from thunder_mw.schemas.views import (
     SandboxView,
 )
 
+__all__ = [
+    "ALIASES",
+    "FAMILIES",
+    "OPENAPI_PATH",
+    "OPERATIONS",
+    "ROUTES",
+    "Alias",
+    "Operation",
+    "Param",
+    "admin_openapi",
+    "admin_openapi_json",
+]
+
 OPENAPI_PATH = "/openapi.json"
 _JSON = "application/json"
 _REF = "#/components/schemas/{name}"

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from thunder_mw.policies.core import Action, Released
 from thunder_mw.policies.program_owners import Claim, ProgramOwners
 
+__all__ = ["Headers", "OwnerRefusal", "ProgramOwnership"]
+
 Headers = list[tuple[bytes, bytes]]
 
 

@@ -46,6 +46,8 @@ from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import StateSettings
 from thunder_mw.state.store import ProgramRecord, SchedulerStore, StoreUnavailable, SyncItem
 
+__all__ = ["FLUSH_DELAY_S", "RETRY_AFTER_DOWN_S", "ReplicaSettings", "Replication"]
+
 log = logging.getLogger("thunder_mw.scheduler")
 # Background writes wait this long first: a program's next call, arriving meanwhile, writes
 # its state through the gate anyway (one round trip instead of two on the request path's loop).

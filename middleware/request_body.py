@@ -14,6 +14,8 @@ import msgspec
 
 from thunder_mw.middleware.types import Receive, Scope
 
+__all__ = ["BodyError", "ClientLeft", "decode_object", "read_body"]
+
 _decode = msgspec.json.Decoder().decode
 
 

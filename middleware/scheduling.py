@@ -22,6 +22,15 @@ from thunder_mw.tools.refusal import ToolRefused
 if TYPE_CHECKING:
     from thunder_mw.middleware.program_ownership import ProgramOwnership
 
+__all__ = [
+    "ClientGone",
+    "Rejected",
+    "Scheduler",
+    "SchedulingMiddleware",
+    "ToolGate",
+    "until_disconnect",
+]
+
 
 class Rejected(Exception):
     def __init__(

@@ -30,6 +30,16 @@ from thunder_mw.policies.speculative_prefill import SpeculativePrefill
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import SpeculativePrefillSettings
 
+__all__ = [
+    "CHAT_PATH",
+    "COMPLETIONS_PATH",
+    "WARMABLE_PATHS",
+    "AnswerRecorder",
+    "PromptMemory",
+    "SpeculativePrefiller",
+    "warming_body",
+]
+
 log = logging.getLogger("thunder_mw.speculative_prefill")
 
 CHAT_PATH = "/v1/chat/completions"

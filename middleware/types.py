@@ -3,6 +3,8 @@
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+__all__ = ["ASGIApp", "Message", "Receive", "Scope", "Send"]
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]

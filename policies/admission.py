@@ -23,6 +23,8 @@ from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
 from thunder_mw.policies.views import BackendView, ProgramView
 from thunder_mw.schemas.stage_params import AdmissionParams
 
+__all__ = ["Admission", "host_tier_tokens"]
+
 
 def host_tier_tokens(backend: BackendView) -> int:
     """The backend's host (and disk) KV tier: the engine's own report, else what the config

@@ -18,6 +18,8 @@ usual gaps. Pure: the caller passes the time.
 
 from __future__ import annotations
 
+__all__ = ["ArrivalPace"]
+
 
 class ArrivalPace:
     """EMA of the gaps between new programs' first requests, and whether they keep coming."""

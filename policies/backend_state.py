@@ -9,6 +9,8 @@ from thunder_mw.policies.lazy_heap import LazyHeap
 from thunder_mw.policies.program_table import Program, ProgramState
 from thunder_mw.policies.shared_prefix import SharedPrefixes
 
+__all__ = ["BackendState", "is_live", "learn_from_engine"]
+
 
 class BackendState:
     """One engine as the scheduler sees it."""

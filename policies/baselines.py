@@ -38,6 +38,18 @@ from thunder_mw.schemas.stage_params import ProgramGateParams as ProgramGatePara
 from thunder_mw.schemas.stage_params import ProgressTtlParams as ProgressTtlParams
 from thunder_mw.schemas.stage_params import StageParams as StageParams
 
+__all__ = [
+    "BASELINE_STAGES",
+    "BatchGain",
+    "ContinuumTtl",
+    "Direct",
+    "KvAware",
+    "ProgramBinding",
+    "ProgramGate",
+    "ProgressTtl",
+    "SessionAffinity",
+]
+
 
 # ---------------------------------------------------------------------------- kv_aware
 class KvAware(Stage):

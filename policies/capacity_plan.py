@@ -10,6 +10,31 @@ from __future__ import annotations
 
 import msgspec
 
+__all__ = [
+    "DEFAULT_GPU_MEMORY_UTILIZATION",
+    "DTYPE_ALIASES",
+    "KV_DTYPE_BYTES",
+    "MISMATCH_TOLERANCE",
+    "CapacityPlan",
+    "GiB",
+    "KvShape",
+    "PlanError",
+    "ReplicaMemory",
+    "Workload",
+    "capacity_tokens",
+    "check_grouping",
+    "derive_head_dim",
+    "differs",
+    "kv_budget_bytes",
+    "kv_bytes_per_token",
+    "normalise_dtype",
+    "plan_capacity",
+    "programs_fit",
+    "relative_difference",
+    "resident_tokens",
+    "stored_kv_heads",
+]
+
 GiB = 1024**3
 # Bytes per element of the KV cache, by the names `--kv-dtype` accepts.
 KV_DTYPE_BYTES: dict[str, int] = {"fp8": 1, "bf16": 2, "fp16": 2, "fp32": 4}

@@ -21,6 +21,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+__all__ = [
+    "MAX_CHARS_PER_TOKEN",
+    "PROMPT_FIELDS",
+    "EngineLimits",
+    "Refusal",
+    "Unplanned",
+    "check",
+    "engine_limit",
+    "prompt_chars_bound",
+    "prompt_floor",
+    "prompt_text_chars",
+]
+
 # Characters per token an estimate may never exceed when it must be a LOWER bound on the
 # prompt's tokens. Ordinary BPE text averages ~4 characters a token (English, code) and the
 # longest merges of common vocabularies (runs of spaces or of one character in Llama-3's and

@@ -40,6 +40,22 @@ from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usag
 from thunder_mw.policies.stage_contract import Stage
 from thunder_mw.schemas.agent_context import AgentContext
 
+__all__ = [
+    "Action",
+    "BackendMetrics",
+    "Decision",
+    "Forward",
+    "Hold",
+    "Paused",
+    "Prefill",
+    "ReclaimTools",
+    "Reject",
+    "Released",
+    "RequestInfo",
+    "Resumed",
+    "SchedulerCore",
+]
+
 
 class SchedulerCore(FleetEvents):
     """Programs and backends; `handle(event)` applies an event and returns its `Outcome`

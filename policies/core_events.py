@@ -15,6 +15,28 @@ from thunder_mw.policies.events import BackendMetrics, ProgramHistory, RequestIn
 from thunder_mw.policies.program_table import ProgramSnapshot, Usage
 from thunder_mw.schemas.agent_context import AgentContext
 
+__all__ = [
+    "BackendAdded",
+    "BackendChanged",
+    "BackendDrained",
+    "BackendRemoved",
+    "CachesFlushed",
+    "CallFinished",
+    "ClientLeft",
+    "ConnectionRefused",
+    "DecisionsApplied",
+    "Event",
+    "ForeignReservations",
+    "HoldExpired",
+    "HostTierDeclared",
+    "Outcome",
+    "ProgramAdopted",
+    "ReleaseRequested",
+    "RequestArrived",
+    "TakenOver",
+    "Tick",
+]
+
 
 class RequestArrived(msgspec.Struct, frozen=True):
     """A request of `ctx.program_id` arrived; the outcome's `decision` answers it."""

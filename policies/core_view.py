@@ -28,6 +28,8 @@ from thunder_mw.policies.program_table import (
 from thunder_mw.policies.reservations import Ledger
 from thunder_mw.policies.stage_contract import HOOKS, Stage, overriding
 
+__all__ = ["CoreView"]
+
 
 class CoreView:
     """Programs, backends, the indexes over them, and the queries stages may ask."""

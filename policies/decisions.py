@@ -11,6 +11,27 @@ import msgspec
 
 from thunder_mw.policies.views import ProgramView
 
+__all__ = [
+    "Action",
+    "Count",
+    "Decision",
+    "Footprint",
+    "Forward",
+    "Hold",
+    "Pause",
+    "Paused",
+    "PlanBackend",
+    "Prefill",
+    "ReclaimTools",
+    "Reject",
+    "Release",
+    "Released",
+    "Reorder",
+    "Resume",
+    "Resumed",
+    "StageDecision",
+]
+
 
 # ---------------------------------------------------------------- answers and actions
 class Forward(msgspec.Struct, frozen=True):

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "DEFAULT_CHARS_PER_TOKEN",
+    "EMA_ALPHA",
+    "MAX_SESSION_TYPES",
+    "TokenEstimator",
+    "ToolTimeModel",
+    "ema",
+]
+
 DEFAULT_CHARS_PER_TOKEN = 4.0
 EMA_ALPHA = 0.3
 # Session types are a handful of agent kinds; a client that sends an id there instead must

@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 
+__all__ = ["BackendMetrics", "ProgramHistory", "RequestInfo"]
+
 
 class RequestInfo(msgspec.Struct, frozen=True):
     """What the middleware knows of a request before it runs."""

@@ -12,6 +12,8 @@ from thunder_mw.policies.lazy_heap import LazyHeap
 from thunder_mw.policies.program_table import ProgramState
 from thunder_mw.policies.views import ProgramView
 
+__all__ = ["FailedExpiry"]
+
 
 def _unanswered(program: ProgramView, last_active_at: float) -> bool:
     # An entry stands for the program's latest event only: a later one pushed a new entry.

@@ -11,6 +11,8 @@ from thunder_mw.policies.events import BackendMetrics
 from thunder_mw.policies.placement import Placement
 from thunder_mw.policies.program_table import ProgramState
 
+__all__ = ["FleetEvents"]
+
 
 class FleetEvents(Placement):
     """Each `_on_*` method is one event `handle` dispatches: it changes state and returns

@@ -22,6 +22,8 @@ from thunder_mw.policies.views import BackendView, ProgramView
 from thunder_mw.schemas.stage_params import KvPlacementParams as KvPlacementParams
 from thunder_mw.schemas.stage_params import StageParams as StageParams
 
+__all__ = ["KvPlacement"]
+
 
 class KvPlacement(Stage):
     """Places programs that have no home engine by room plus cached prefix; list it before

@@ -6,6 +6,8 @@ import heapq
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+__all__ = ["LazyHeap", "T"]
+
 T = TypeVar("T")
 _COMPACT_EVERY = 4096
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+__all__ = ["Bounds", "OperatingPoint"]
+
 # The order of one round's four phases (+1 the upper probe, -1 the lower); odd rounds reverse
 # it, so a workload drifting linearly over a round favours neither arm.
 _ROUND: tuple[int, ...] = (1, -1, -1, 1)

@@ -40,6 +40,22 @@ from dataclasses import dataclass, field
 
 from thunder_mw.policies.estimates import ema
 
+__all__ = [
+    "COST_EMA_ALPHA",
+    "MIN_PREFILL_SAMPLE_TOKENS",
+    "Counters",
+    "EngineCosts",
+    "OverflowView",
+    "admit_past_capacity",
+    "allowance",
+    "budget",
+    "duty",
+    "keeps_idle_context",
+    "move_pays",
+    "tier_has_room",
+    "tier_pays",
+]
+
 # Calls shorter than this many uncached prompt tokens say too little about the per-token cost
 # (the step's fixed cost dominates their time to first token).
 MIN_PREFILL_SAMPLE_TOKENS = 256

@@ -25,6 +25,8 @@ from thunder_mw.policies.decisions import (
 )
 from thunder_mw.policies.program_table import Phase, Program, ProgramState
 
+__all__ = ["Placement"]
+
 
 class Placement(CoreView):
     """The mechanics the pipeline's stages share: reservations, the global queue, pause and

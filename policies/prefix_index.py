@@ -12,6 +12,8 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 
+__all__ = ["PrefixIndex"]
+
 
 class PrefixIndex:
     """Per engine, an LRU map from a prefix key to the tokens of it the engine is believed to

@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 import hmac
 
+__all__ = ["Claim", "ProgramOwners"]
+
 
 class Claim(enum.Enum):
     BOUND = "bound"  # the program had no owner; it is this key's now

@@ -14,6 +14,8 @@ import msgspec
 
 from thunder_mw.schemas.agent_context import AgentContext
 
+__all__ = ["Phase", "Program", "ProgramSnapshot", "ProgramState", "ProgramTable", "Usage"]
+
 
 class ProgramState(enum.StrEnum):
     ACTIVE = "active"  # placed on a backend, its tokens reserved there

@@ -11,6 +11,8 @@ from thunder_mw.policies.backend_state import BackendState
 from thunder_mw.policies.program_table import Program, ProgramState
 from thunder_mw.policies.shared_prefix import SharedPrefixes
 
+__all__ = ["Ledger"]
+
 
 class Ledger:
     """The programs' reservations on the backends, and how a footprint is sized."""

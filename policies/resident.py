@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from thunder_mw.policies.estimates import ema
 
+__all__ = ["MIN_RUNNING_TOKENS", "RESIDENT_EMA_ALPHA", "resident_ratio"]
+
 RESIDENT_EMA_ALPHA = 0.3
 # Too few reserved tokens say nothing about a ratio (an engine between calls).
 MIN_RUNNING_TOKENS = 1024

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = ["SharedPrefixes"]
+
 
 @dataclass(slots=True)
 class _Prefix:

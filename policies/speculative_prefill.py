@@ -27,6 +27,8 @@ from thunder_mw.policies.views import ProgramView
 from thunder_mw.schemas.stage_params import SpeculativePrefillParams as SpeculativePrefillParams
 from thunder_mw.schemas.stage_params import StageParams as StageParams
 
+__all__ = ["SpeculativePrefill", "SpeculativePrefillParams"]
+
 
 class SpeculativePrefill(Stage):
     """Emits `Prefill(program, backend)` whenever a program is placed while ACTING."""

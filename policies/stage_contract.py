@@ -43,6 +43,8 @@ from thunder_mw.policies.program_table import Usage
 from thunder_mw.policies.views import BackendView, ProgramView
 from thunder_mw.schemas.stage_params import StageParams
 
+__all__ = ["HOOKS", "Decisions", "Stage", "StageView", "overriding"]
+
 
 class StageView(Protocol):
     """The scheduler core as its stages see it (policies/core.py's `SchedulerCore`)."""

@@ -38,6 +38,18 @@ from thunder_mw.schemas.stage_params import MigrationParams as MigrationParams
 from thunder_mw.schemas.stage_params import PauseParams as PauseParams
 from thunder_mw.schemas.stage_params import StageParams as StageParams
 
+__all__ = [
+    "BUILTIN_STAGES",
+    "Admission",
+    "AdmissionParams",
+    "GcHooks",
+    "Migration",
+    "RoundRobin",
+    "StageParams",
+    "StateAwarePause",
+    "Sticky",
+]
+
 # ---------------------------------------------------------------------------- pausing
 _STREAM_HOOKS = frozenset({"on_request", "on_release"})
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+__all__ = ["percentile"]
+
 
 def percentile(values: Iterable[float], q: float) -> float:
     """The `q`-th percentile (0 < q <= 100) of `values` by the nearest-rank rule.

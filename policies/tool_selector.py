@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+__all__ = ["BUILTIN_HOOKS", "Selector", "reclaim_steps", "retry_delay_s"]
+
 BUILTIN_HOOKS = ("stop", "remove", "remove_image")
 
 

@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from thunder_mw.policies.events import BackendMetrics
-from thunder_mw.policies.program_table import Phase, ProgramState
+from thunder_mw.policies.program_table import Phase, ProgramSnapshot, ProgramState
+
+__all__ = ["BackendView", "ProgramSnapshot", "ProgramView"]
 
 
 class ProgramView(Protocol):

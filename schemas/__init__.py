@@ -1,1 +1,3 @@
 """thunder_mw.schemas"""
+
+__all__: list[str] = []

@@ -8,6 +8,8 @@ import msgspec
 
 from thunder_mw.schemas.config import Convention
 
+__all__ = ["AgentContext", "DynamoAgentContext", "DynamoAgentHints", "VllmAgenticContext"]
+
 
 class AgentContext(msgspec.Struct, frozen=True, kw_only=True):
     """Agent context of one request, after parsing and validation.

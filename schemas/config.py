@@ -25,6 +25,30 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from thunder_mw.schemas.stage_settings import Pipeline
 
+__all__ = [
+    "DEFAULT_CONVENTIONS",
+    "DEFAULT_JOURNAL_PATH",
+    "EXPOSED_WITHOUT_ADMIN_TOKEN",
+    "KNOWN_AGENT_HINTS",
+    "AgentContextSettings",
+    "BackendSettings",
+    "CapacityPlanSettings",
+    "Convention",
+    "DockerToolSettings",
+    "ObservabilitySettings",
+    "ProfileSettings",
+    "SandboxTemplate",
+    "ServerSettings",
+    "SimEngineSettings",
+    "SpeculativePrefillSettings",
+    "StateSettings",
+    "ThunderConfig",
+    "ToolSettings",
+    "is_loopback",
+    "masked_url",
+    "per_user_state_path",
+]
+
 log = logging.getLogger("thunder_mw.config")
 
 

@@ -12,6 +12,8 @@ from pydantic.fields import FieldInfo
 from thunder_mw.schemas.config import ThunderConfig
 from thunder_mw.schemas.stage_settings import STAGE_SETTINGS
 
+__all__ = ["config_reference"]
+
 
 def _default(field: FieldInfo) -> str:
     if field.is_required():

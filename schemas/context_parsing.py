@@ -27,6 +27,25 @@ from thunder_mw.schemas.agent_context import (
 )
 from thunder_mw.schemas.config import AgentContextSettings, Convention
 
+__all__ = [
+    "H_CLAUDE_AGENT",
+    "H_CLAUDE_PARENT",
+    "H_CLAUDE_SESSION",
+    "H_CODEX_SESSION",
+    "H_CODEX_THREAD",
+    "H_DYNAMO_FINAL",
+    "H_DYNAMO_PARENT",
+    "H_DYNAMO_PARENT_TRAJECTORY",
+    "H_DYNAMO_SESSION",
+    "H_DYNAMO_TRAJECTORY",
+    "H_DYNAMO_TRAJECTORY_FINAL",
+    "H_LITELLM_SESSION",
+    "H_OPENCODE_PARENT",
+    "H_OPENCODE_SESSION",
+    "ContextError",
+    "ContextParser",
+]
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Docker's own rule for container names (and a hex id is a valid name too).
 _CONTAINER_REF = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")

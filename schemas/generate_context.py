@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["RID_SEPARATOR", "RidError", "program_from_rid"]
+
 RID_SEPARATOR = "::"
 
 

@@ -9,6 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = [
+    "BASELINE_PRESETS",
+    "CORE_PRESETS",
+    "DEFAULT_PIPELINE",
+    "PRESETS",
+    "THUNDERAGENT_PIPELINE",
+    "VLLM_ROUTER_PROGRAM_BINARY_READING",
+    "VLLM_ROUTER_PROGRAM_PIPELINE",
+]
+
 # The original ThunderAgent scheduler's documented rules, as a pipeline (a baseline):
 # capacity check only every 5 s tick, shortest-first victims, marking without lowering the
 # projection, 100 tokens per program, no home preference, 1,800 s force-resume.

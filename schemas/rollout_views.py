@@ -10,6 +10,28 @@ from msgspec import Meta, Struct
 
 from thunder_mw.schemas.views import BackendView
 
+__all__ = [
+    "BackendChange",
+    "BackendList",
+    "BackendRequest",
+    "BackendType",
+    "EngineAnswer",
+    "GenerationState",
+    "IsPaused",
+    "IsSleeping",
+    "PauseMode",
+    "PauseRequest",
+    "TimeoutS",
+    "WeightUpdateRequest",
+    "WorkerAccepted",
+    "WorkerChanged",
+    "WorkerInfo",
+    "WorkerList",
+    "WorkerRequest",
+    "WorkerStats",
+    "WorkerUrls",
+]
+
 BackendType = Literal["vllm", "sglang", "sim"]
 
 

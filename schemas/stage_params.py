@@ -14,6 +14,23 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+__all__ = [
+    "STAGE_PARAMS",
+    "AdmissionParams",
+    "BatchGainParams",
+    "ContinuumTtlParams",
+    "GcParams",
+    "KvAwareParams",
+    "KvPlacementParams",
+    "MigrationParams",
+    "PauseParams",
+    "ProgramBindingParams",
+    "ProgramGateParams",
+    "ProgressTtlParams",
+    "SpeculativePrefillParams",
+    "StageParams",
+]
+
 
 # ---------------------------------------------------------------------------- thunder-mw's stages
 class StageParams(BaseModel):

@@ -32,6 +32,20 @@ from pydantic_core import PydanticCustomError
 from thunder_mw.schemas.pipeline_presets import PRESETS
 from thunder_mw.schemas.stage_params import STAGE_PARAMS, StageParams
 
+__all__ = [
+    "DEFAULT_STAGES",
+    "PIPELINE",
+    "STAGE_SETTINGS",
+    "CustomStageSetting",
+    "Pipeline",
+    "PipelineEntry",
+    "PresetReference",
+    "StageEntry",
+    "StageSetting",
+    "entry_error",
+    "expand_presets",
+]
+
 
 # ---------------------------------------------------------------------------- pipeline entries
 class StageSetting(BaseModel):

@@ -12,6 +12,35 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+__all__ = [
+    "ID_RULES",
+    "BackendView",
+    "ContainerView",
+    "DashboardBackend",
+    "DashboardState",
+    "Decision",
+    "ErrorBody",
+    "ErrorDetail",
+    "HealthView",
+    "PendingProgram",
+    "ProfileList",
+    "ProfileSummary",
+    "ProfileView",
+    "ProgramDetail",
+    "ProgramList",
+    "ProgramStateName",
+    "ProgramView",
+    "QueuedProgram",
+    "ReleaseRequest",
+    "Released",
+    "SandboxRequest",
+    "SandboxView",
+    "StepProfile",
+    "ToolsView",
+    "TopProgram",
+    "encode",
+]
+
 ID_RULES = (
     "Non-empty, not only whitespace, no control characters, at most "
     "`agent_context.max_id_length` characters (256 by default)."

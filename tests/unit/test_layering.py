@@ -405,3 +405,100 @@ def test_the_core_boundary_checker_sees_a_reach_past_it() -> None:
     assert not _reaches_into_the_core("program = self.scheduler.program(pid)\n")
     assert not _reaches_into_the_core("out = self.core.handle(event)\nself._apply(out.actions)\n")
     assert not _reaches_into_the_core("out['counters'] = result.counters\n")
+
+
+# httpx-style: every module of the layers the rest is built on says what it exports in
+# `__all__`, a list of names it binds; a name another package (or a test) imports from it is
+# one of them. Read from the source: importing every module would import the optional
+# integrations too (litellm's hook).
+_EXPORTING = ("policies", "schemas", "middleware")
+
+
+def _bound_names(body: list[ast.stmt]) -> set[str]:
+    """The names a module's top level binds (through `if`/`try` branches too)."""
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.If | ast.Try):
+            handlers = [h.body for h in node.handlers] if isinstance(node, ast.Try) else []
+            for part in (node.body, node.orelse, *handlers):
+                names |= _bound_names(part)
+    return names
+
+
+def _exports(source: str) -> list[str] | None:
+    """A module's `__all__`, a literal list of names at its top level (None: it has none)."""
+    for node in ast.parse(source).body:
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            assert isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None
+            value = ast.literal_eval(node.value)
+            assert isinstance(value, list) and all(isinstance(n, str) for n in value)
+            return value
+    return None
+
+
+def _export_problems(source: str) -> list[str]:
+    exported = _exports(source)
+    if exported is None:
+        return ["no __all__"]
+    bound = _bound_names(ast.parse(source).body)
+    return [
+        f"__all__ names {name!r}, which it does not bind" for name in exported if name not in bound
+    ]
+
+
+@pytest.mark.parametrize("folder", _EXPORTING)
+def test_every_module_says_what_it_exports(folder: str) -> None:
+    wrong = {
+        f"{path.relative_to(ROOT)}: {problem}"
+        for path in (ROOT / folder).rglob("*.py")
+        for problem in _export_problems(path.read_text())
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_what_other_packages_import_from_a_module_is_in_its_exports() -> None:
+    paths = {_module_name(p): p for folder in _EXPORTING for p in (ROOT / folder).rglob("*.py")}
+    importers = [*(p for f in sorted(TOP_LEVEL) for p in (ROOT / f).rglob("*.py"))]
+    importers += [*ROOT.glob("*.py"), *(ROOT / "scripts").rglob("*.py")]
+    importers += [*(ROOT / "tests").rglob("*.py")]
+    wrong = set()
+    for importer in importers:
+        here = importer.relative_to(ROOT).parts[0]
+        for node in ast.walk(ast.parse(importer.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.module not in paths:
+                continue
+            if node.module.split(".")[1] == here:
+                continue  # within its own package
+            exported = _exports(paths[node.module].read_text()) or []
+            wrong |= {
+                f"{importer.relative_to(ROOT)} imports {alias.name} from {node.module}"
+                for alias in node.names
+                if not alias.name.startswith("_")
+                and alias.name not in exported
+                and not (paths[node.module].parent / f"{alias.name}.py").exists()
+            }
+    assert not wrong, sorted(wrong)
+
+
+def test_the_export_checker_sees_a_missing_or_unbound_export() -> None:
+    assert _export_problems("X = 1\n") == ["no __all__"]
+    assert _export_problems('__all__ = ["X", "Y"]\nX = 1\n') == [
+        "__all__ names 'Y', which it does not bind"
+    ]
+    bound = 'from a import B\n__all__ = ["B", "C", "D"]\nif x:\n    C = 1\nelse:\n    D = 2\n'
+    assert _export_problems(bound) == []
+    assert _export_problems("__all__: list[str] = []\n") == []

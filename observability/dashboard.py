@@ -13,13 +13,14 @@ import collections
 import contextlib
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from thunder_mw.observability.decisions import DecisionLog
 from thunder_mw.observability.scheduler_metrics import hit_rate
 from thunder_mw.policies.core import SchedulerCore
-from thunder_mw.policies.program_table import Phase, ProgramSnapshot, ProgramState
+from thunder_mw.policies.program_table import Phase, ProgramState
+from thunder_mw.policies.views import ProgramView
 from thunder_mw.schemas.views import (
     BackendView,
     DashboardBackend,
@@ -37,16 +38,26 @@ def page() -> bytes:
     return Path(__file__).with_name("dashboard.html").read_bytes()
 
 
-def _counts(programs: list[ProgramSnapshot]) -> dict[str, int]:
-    counts = {"reasoning": 0, "acting": 0, "paused": 0, "queued": 0}
-    for p in programs:
-        if p.state is ProgramState.ACTIVE:
-            counts["reasoning" if p.phase is Phase.REASONING else "acting"] += 1
-        elif p.state is ProgramState.PAUSED:
-            counts["paused"] += 1
-            if p.waiting:
-                counts["queued"] += 1
-    return counts
+def _counts(core: SchedulerCore) -> dict[str, int]:
+    """Programs reasoning, acting (ACTIVE), paused and queued (PAUSED with requests held),
+    counted by the core: no program is copied for them."""
+    by_state = core.state_counts()
+    active = by_state[ProgramState.ACTIVE]
+    return {
+        "reasoning": active[Phase.REASONING],
+        "acting": active[Phase.ACTING],
+        "paused": sum(by_state[ProgramState.PAUSED].values()),
+        "queued": core.held_count(),
+    }
+
+
+def _longest_queued(programs: Iterable[ProgramView]) -> list[ProgramView]:
+    queued = (p for p in programs if p.queued_at is not None)
+    return heapq.nsmallest(QUEUE_ROWS, queued, key=lambda p: p.queued_at or 0.0)
+
+
+def _most_tokens(programs: Iterable[ProgramView]) -> list[ProgramView]:
+    return heapq.nlargest(TOP_ROWS, programs, key=lambda p: p.prompt_tokens + p.completion_tokens)
 
 
 class Dashboard:
@@ -95,14 +106,13 @@ class Dashboard:
             self.sample()
 
     def sample(self) -> None:
-        c = _counts(self.core.snapshots())
+        c = _counts(self.core)
         self.history.append(
             (round(self.wall(), 3), c["reasoning"], c["acting"], c["paused"], c["queued"])
         )
 
     def snapshot(self) -> DashboardState:
         core, now = self.core, self.clock()
-        programs = core.snapshots()
         health = self.health()
         backends = []
         for b in core.backends.values():
@@ -126,20 +136,15 @@ class Dashboard:
                     engine_preemptions=m.preemptions_total,
                 )
             )
-        queued = heapq.nsmallest(
-            QUEUE_ROWS,
-            (p for p in programs if p.queued_at is not None),
-            key=lambda p: p.queued_at or 0.0,
-        )
-        top = heapq.nlargest(
-            TOP_ROWS, programs, key=lambda p: p.prompt_tokens + p.completion_tokens
-        )
+        # Only the rows shown are copied out of the core.
+        queued = core.snapshots(_longest_queued)
+        top = core.snapshots(_most_tokens)
         recent = list(self.decisions.recent)[-DECISION_ROWS:]
         recent.reverse()
         return DashboardState(
             now=self.wall(),
             backends=backends,
-            counts={**_counts(programs), "total": len(programs)},
+            counts={**_counts(core), "total": core.program_count()},
             counters=dict(core.counts()),
             history=list(self.history),
             queue=[

@@ -14,6 +14,7 @@ from thunder_mw.policies import (
     DecisionsApplied,
     ForeignReservations,
     Pause,
+    Phase,
     ProgramAdopted,
     ProgramSnapshot,
     ProgramView,
@@ -159,6 +160,30 @@ def test_a_snapshot_has_every_field_of_the_program_but_the_cores_bookkeeping() -
     for name in fields:
         expected = getattr(live, name)
         assert getattr(snapshot, name) == (tuple(expected) if name == "docker_ids" else expected)
+
+
+def test_a_pick_copies_only_the_programs_it_chooses_in_its_order() -> None:
+    core = make()
+    for i, tokens in enumerate((100, 300, 200)):
+        run_step(core, f"p{i}", tokens, float(i))
+    picked = core.snapshots(lambda programs: sorted(programs, key=lambda p: -p.context_tokens)[:2])
+    assert [p.program_id for p in picked] == ["p1", "p2"]
+    assert all(isinstance(p, ProgramSnapshot) for p in picked)
+
+
+def test_the_counts_the_gauges_read_agree_with_the_snapshots() -> None:
+    core = make()
+    run_step(core, "a", 600, 0.0)
+    core.handle(RequestArrived(ctx("b"), info(300), 1.0))  # in flight: REASONING
+    core.handle(RequestArrived(ctx("c"), info(600), 2.0))  # no room: held, PAUSED
+    programs = core.snapshots()
+    counts = core.state_counts()
+    for state in ProgramState:
+        for phase in Phase:
+            expected = sum(1 for p in programs if (p.state, p.phase) == (state, phase))
+            assert counts[state][phase] == expected, (state, phase)
+    assert core.held_count() == 1 and counts[ProgramState.ACTIVE][Phase.REASONING] == 1
+    assert core.knows("c") and not core.knows("gone")
 
 
 def test_decisions_from_outside_name_their_program_by_its_snapshot() -> None:

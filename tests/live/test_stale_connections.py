@@ -35,6 +35,7 @@ from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.benchmarks.workloads import Call, ProgramSpec, generate
 from thunder_mw.cli.main import build_parser
 from thunder_mw.conformance.session import Session
+from thunder_mw.engines import pool as pool_module
 from thunder_mw.engines.pool import BackendPool
 from thunder_mw.engines.pooled_connections import keep_alive_timeout
 from thunder_mw.middleware.app import ThunderGateway, create_app
@@ -213,7 +214,13 @@ def test_one_failed_call_makes_the_engine_suspect_not_down() -> None:
     assert next_call.status_code == 200 and other.status_code == 200
 
 
-def test_failures_to_open_calls_failing_in_a_row_take_the_engine_down() -> None:
+def test_failures_to_open_calls_failing_in_a_row_take_the_engine_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No recheck within the test: a recheck is a new probe, started after the third failure,
+    # and would rightly bring back an engine whose /health answers; on a loaded machine the
+    # three calls outlast the first recheck's second (seen once with both cores busy).
+    monkeypatch.setattr(pool_module, "SUSPECT_RECHECKS_S", (3600.0,))
     with ClosingEngine(drop_fresh=100) as engine:
         with gateway(engine, failures_to_open=3) as gw:
             statuses, health = [], []

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -19,7 +20,13 @@ from support.fake_engine import FakeEngine
 from support.held_requests import BIG, start_hog, wait_for
 from support.polling import wait_until
 
-from thunder_mw.engines.pool import SUSPECT_RECHECK_S, SUSPECT_RECHECKS_S, BackendPool
+from thunder_mw.engines.pool import (
+    SCRAPED_SAMPLES,
+    SUSPECT_RECHECK_S,
+    SUSPECT_RECHECKS_S,
+    BackendPool,
+    restricted_page_target,
+)
 from thunder_mw.middleware.app import ThunderGateway, create_app
 from thunder_mw.policies import (
     BackendChanged,
@@ -336,6 +343,30 @@ def test_core_paused_and_held_programs_of_a_dead_engine_resume_on_the_other() ->
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_an_engine_that_ignores_the_restricted_page_is_read_whole(
+    engine: FakeEngine,
+) -> None:
+    # The fake answers /metrics/ as /metrics, with no usage sample: the probe falls back to
+    # the whole page, reads its capacity there, and asks by name no more.
+    pool = BackendPool(
+        [BackendSettings(name="e", url=engine.url)], ServerSettings(probe_interval_s=3600)
+    )
+    await pool.start()
+    try:
+        backend = pool.get("e")
+        assert backend is not None
+        await pool.probe(backend)
+        assert backend.restricted_metrics is False
+        assert backend.discovered_capacity == engine.num_blocks * engine.block_size
+        asked, *then = (urlsplit(page) for page in engine.pages)
+        wanted = urlsplit(restricted_page_target(SCRAPED_SAMPLES["vllm"]))
+        assert (asked.path, parse_qs(asked.query)) == (wanted.path, parse_qs(wanted.query))
+        assert [page.geturl() for page in then] == ["/metrics", "/metrics"]
+    finally:
+        await pool.stop()
 
 
 @pytest.mark.anyio

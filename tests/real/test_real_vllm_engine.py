@@ -166,3 +166,40 @@ def test_engine_refuses_the_vllm_routers_agentic_context_object(vllm_engine: Rea
     response = httpx.post(f"{vllm_engine.url}/v1/completions", json=body, timeout=TIMEOUT)
     assert response.status_code == 400, response.text
     assert "vllm_xargs" in response.text
+
+
+@pytest.mark.real_vllm
+def test_the_metrics_page_restricted_by_name_carries_what_the_probe_reads(
+    vllm_engine: RealVllm,
+) -> None:
+    # The gateway's probe (engines/pool.py `_read_page`) asks for its samples by name on
+    # prometheus_client's own mount, /metrics/; vLLM's /metrics route renders the whole page
+    # whatever is asked. Both read the same signals and capacity.
+    from thunder_mw.engines.capacity import exposition_capacity
+    from thunder_mw.engines.exposition import read_exposition
+    from thunder_mw.engines.pool import SCRAPED_SAMPLES, restricted_page_target, signals
+
+    body = {"model": "tiny", "messages": CHAT_MESSAGES, "max_tokens": 4}
+    _post(vllm_engine, "/v1/chat/completions", body)
+    names = SCRAPED_SAMPLES["vllm"]
+
+    def read(target: str) -> httpx.Response:
+        answer = httpx.get(f"{vllm_engine.url}{target}", timeout=TIMEOUT)
+        assert answer.status_code == 200
+        return answer
+
+    for _ in range(20):  # between two equal whole pages: the counters settled after the call
+        before = read("/metrics")
+        asked = read(restricted_page_target(names))
+        whole = read("/metrics")
+        full = read_exposition(whole.content, names)
+        if signals("vllm", read_exposition(before.content, names)) == signals("vllm", full):
+            break
+    ignored = read("/metrics?name%5B%5D=vllm%3Anum_requests_running")
+    assert len(asked.content) * 10 < len(whole.content)  # only the samples asked for
+    assert len(ignored.content) * 10 > len(whole.content) * 9  # the whole page
+    restricted = read_exposition(asked.content)
+    assert set(restricted.totals) <= names
+    assert signals("vllm", restricted) == signals("vllm", full)
+    assert signals("vllm", full).prefill_seconds_total  # the call's counters are read
+    assert exposition_capacity(restricted) == exposition_capacity(full) == 24 * 128

@@ -53,10 +53,35 @@ class FakeEngine:
     headers_first: bool = False
     abandoned: threading.Event = field(default_factory=threading.Event)
     received: list[Received] = field(default_factory=list)
+    pages: list[str] = field(default_factory=list)  # the /metrics reads, path and query
     url: str = ""  # where it listens, once served (conftest's `engine` fixture sets it)
 
     def last(self) -> Received:
         return self.received[-1]
+
+    async def _metrics(self, scope: Scope, send: Send) -> None:
+        """vLLM's page at /metrics and at prometheus_client's own mount, /metrics/ (the name
+        filter ignored): its KV cache config, or nothing where `report_capacity` is off."""
+        query = scope.get("query_string", b"").decode()
+        self.pages.append(f"{scope['path']}?{query}" if query else scope["path"])
+        if not self.report_capacity:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"# no cache_config_info\n"})
+            return
+        text = (
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            f'vllm:cache_config_info{{block_size="{self.block_size}",'
+            f'enable_prefix_caching="True",num_gpu_blocks="{self.num_blocks}"}} 1.0\n'
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/plain; version=0.0.4")],
+            }
+        )
+        await send({"type": "http.response.body", "body": text.encode()})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -78,25 +103,8 @@ class FakeEngine:
         if path == "/health":
             await _json(send, self.health_status, {})
             return
-        if path == "/metrics" and not self.report_capacity:
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"# no cache_config_info\n"})
-            return
-        if path == "/metrics":
-            text = (
-                "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
-                "# TYPE vllm:cache_config_info gauge\n"
-                f'vllm:cache_config_info{{block_size="{self.block_size}",'
-                f'enable_prefix_caching="True",num_gpu_blocks="{self.num_blocks}"}} 1.0\n'
-            )
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [(b"content-type", b"text/plain; version=0.0.4")],
-                }
-            )
-            await send({"type": "http.response.body", "body": text.encode()})
+        if path in ("/metrics", "/metrics/"):
+            await self._metrics(scope, send)
             return
         if path == "/v1/models":
             await _json(

@@ -158,7 +158,12 @@ class ServerSettings(_Section):
         512, gt=0, description="Pooled keep-alive connections per engine."
     )
     probe_interval_s: float = Field(
-        5.0, gt=0, description="How often engines' health, capacity and metrics are read."
+        5.0,
+        gt=0,
+        description="How often engines' health, capacity and metrics are read. A read asks "
+        "the engine's Prometheus page for the samples the gateway uses (`/metrics/?name[]=...`, "
+        "prometheus_client's own filter, which vLLM and SGLang serve there); an engine that "
+        "answers that without them is read whole at `/metrics` from then on.",
     )
     failures_to_open: int = Field(
         3,

@@ -1,1 +1,3 @@
 """thunder_mw.benchmarks"""
+
+__all__: list[str] = []

@@ -21,6 +21,8 @@ import aiohttp
 import httpx
 import uvicorn
 
+__all__ = ["CLIENTS", "Message", "PassthroughApp", "main", "serve"]
+
 CLIENTS = ("httpx", "httpx-aiohttp", "aiohttp")
 _DROP = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection", b"keep-alive"})
 

@@ -55,6 +55,32 @@ from thunder_mw.benchmarks.workloads import (
 from thunder_mw.benchmarks.workloads import PRESETS as WORKLOADS
 from thunder_mw.schemas.stage_params import AdmissionParams, MigrationParams, PauseParams
 
+__all__ = [
+    "FUZZ",
+    "IDLE_GAPS",
+    "LIVE_PEERS",
+    "LIVE_PEERS_REGIMES",
+    "LIVE_TIME_SCALE",
+    "MINI_SWE_AGENT",
+    "PROXY_OVERHEAD",
+    "ROLLOUT",
+    "TABLE_COLUMNS",
+    "Job",
+    "add_bench_arguments",
+    "cap_values",
+    "cluster_for",
+    "engine_counters",
+    "engine_options",
+    "format_table",
+    "plan_jobs",
+    "resolved_rules",
+    "run_bench",
+    "run_live_scenario",
+    "run_scenario",
+    "scenario_config",
+    "write_plots",
+]
+
 PROXY_OVERHEAD = "proxy-overhead"
 IDLE_GAPS = "idle-gaps"
 ROLLOUT = "rollout"  # benchmarks/rollout.py: RL rollout waves through the live gateway

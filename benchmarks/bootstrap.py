@@ -12,6 +12,18 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+__all__ = [
+    "BOOTSTRAP_SEED",
+    "LEVEL",
+    "RESAMPLES",
+    "compare",
+    "mean",
+    "mean_ci",
+    "ratio_ci",
+    "summary",
+    "verdict",
+]
+
 RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 LEVEL = 0.95

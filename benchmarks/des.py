@@ -57,6 +57,17 @@ from thunder_mw.sim.engine import (
 from thunder_mw.sim.program_chains import ProgramChains
 from thunder_mw.sim.tokenizer import RuleTokenizer
 
+__all__ = [
+    "CHARS_PER_BODY",
+    "CHARS_PER_MESSAGE",
+    "CHARS_PER_TOKEN",
+    "Arrivals",
+    "ClusterConfig",
+    "RunResult",
+    "Simulation",
+    "simulate",
+]
+
 # What the live gateway's RequestInfo.prompt_chars would be: the JSON body's length. Text
 # runs ~4 characters per token; each message adds its JSON envelope, the body its own.
 CHARS_PER_TOKEN = 4

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+__all__ = ["COUNTERS", "counters_of", "delta", "hit_rate", "parse_metrics", "read_counters"]
+
 # counter -> sample names that carry it (vLLM v1, SGLang)
 COUNTERS: dict[str, tuple[str, ...]] = {
     "queries": ("vllm:prefix_cache_queries_total", "sglang:prompt_tokens_total"),

@@ -17,6 +17,8 @@ from typing import Any, cast
 
 import msgspec
 
+__all__ = ["MODEL", "STREAM_CHUNKS", "main", "new_event_loop", "serve"]
+
 STREAM_CHUNKS = 20
 MODEL = "fake-model"
 

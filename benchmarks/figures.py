@@ -20,6 +20,19 @@ from typing import Any
 from thunder_mw.benchmarks.bootstrap import compare, mean, summary
 from thunder_mw.benchmarks.scenarios import CAPPED, VLLM_CAPPED, WINDOW_COMPLETIONS, Scenario
 
+__all__ = [
+    "EXTRA",
+    "FIGURES",
+    "NOT_BASELINES",
+    "OURS",
+    "capped_rows",
+    "choose_caps",
+    "figures",
+    "format_figures",
+    "is_baseline",
+    "main_point",
+]
+
 OURS = "thunder-mw"
 # (metric, higher is better, the runs it comes from: the fixed batch or the long window)
 FIGURES = (

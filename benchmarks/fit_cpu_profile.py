@@ -45,6 +45,25 @@ from thunder_mw.benchmarks.vllm_cpu import DEAR_MODEL_DIR, MODEL_DIR, RealVllm, 
 from thunder_mw.sim.cost_model import StepCost
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams
 
+__all__ = [
+    "BLOCK_SIZE",
+    "FEATURES",
+    "HISTOGRAMS",
+    "MAX_BATCHED_TOKENS",
+    "MAX_MODEL_LEN",
+    "MAX_NUM_SEQS",
+    "MODEL_DIRS",
+    "NUM_BLOCKS",
+    "REPEATS",
+    "SCENARIOS",
+    "features",
+    "fit",
+    "main",
+    "measure",
+    "nnls",
+    "profile_of",
+]
+
 # vLLM's CPU defaults for the API server (its log: max_num_batched_tokens=2048, max_num_seqs=128)
 MAX_BATCHED_TOKENS = 2048
 MAX_NUM_SEQS = 128

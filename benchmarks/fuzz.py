@@ -48,6 +48,27 @@ from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.benchmarks.server_process import stop_process, wait_until_healthy
 from thunder_mw.sim.ports import free_port
 
+__all__ = [
+    "BOUND_S",
+    "DEFAULT_OUTPUT",
+    "HOST",
+    "KEEPS_CONTRACT",
+    "STRIPPED_FIELDS",
+    "Answer",
+    "Tally",
+    "add_arguments",
+    "fuzz_engine",
+    "gateway_config",
+    "health_after",
+    "main",
+    "run_cases",
+    "run_sim",
+    "run_vllm",
+    "send",
+    "sim_engine",
+    "verdict",
+]
+
 DEFAULT_OUTPUT = RESULTS_DIR / "fuzz.json"
 HOST = "127.0.0.1"
 BOUND_S = 10.0  # every call is answered within this, or counted unanswered

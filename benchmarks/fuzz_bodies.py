@@ -28,6 +28,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = [
+    "CHAT",
+    "COMPLETIONS",
+    "FAMILIES",
+    "RESPONSES",
+    "ROUTES",
+    "FuzzCase",
+    "generate",
+    "make_case",
+]
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 RESPONSES = "/v1/responses"

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+__all__ = ["LoadResult", "Response", "closed_loop", "connect", "fetch"]
+
 
 @dataclass
 class LoadResult:

@@ -47,6 +47,19 @@ from thunder_mw.benchmarks.soak import MODEL as SIM_MODEL
 from thunder_mw.benchmarks.soak import sim_engines
 from thunder_mw.sim.ports import free_port
 
+__all__ = [
+    "DEFAULT_OUTPUT",
+    "HOST",
+    "NO_RESPONSE",
+    "Part",
+    "drive",
+    "log_uniform",
+    "main",
+    "run_part",
+    "run_sim",
+    "run_vllm",
+]
+
 DEFAULT_OUTPUT = RESULTS_DIR / "idle-gaps.json"
 HOST = "127.0.0.1"
 NO_RESPONSE = "no response"

@@ -28,6 +28,15 @@ from thunder_mw.benchmarks.workloads import ProgramSpec
 from thunder_mw.policies.stats import percentile
 from thunder_mw.sim.ports import free_port
 
+__all__ = [
+    "Gateway",
+    "engines_gateway_config",
+    "gateway_config",
+    "live_metrics",
+    "run_live",
+    "steady_metrics",
+]
+
 
 def gateway_config(
     cluster: ClusterConfig, pipeline: list[dict[str, Any]], time_scale: float, port: int

@@ -41,6 +41,30 @@ from thunder_mw.benchmarks.engine_counters import delta, hit_rate
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.policies.stats import percentile
 
+__all__ = [
+    "DEFAULT_OUTPUT",
+    "IMAGE",
+    "MANAGED_LABEL",
+    "MODEL",
+    "POLICIES",
+    "RUN_LABEL",
+    "AgentRun",
+    "End",
+    "add_arguments",
+    "agent_config",
+    "environment_config",
+    "forget_containers",
+    "gateway_config",
+    "leftover_containers",
+    "main",
+    "ratio_interval",
+    "run_agent",
+    "run_agents",
+    "run_bench",
+    "task_text",
+    "write_plot",
+]
+
 DEFAULT_OUTPUT = RESULTS_DIR / "mini-swe-agent.json"
 IMAGE = os.environ.get("THUNDER_MW_SANDBOX_IMAGE", "thunder-mw/sandbox:test")
 MANAGED_LABEL = "thunder-mw.managed=true"

@@ -16,6 +16,8 @@ from aiohttp import web
 
 from thunder_mw.benchmarks.fake_engine import new_event_loop
 
+__all__ = ["main", "make_app", "serve"]
+
 _HOP_BY_HOP = frozenset(
     {
         "connection",

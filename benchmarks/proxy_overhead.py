@@ -39,6 +39,21 @@ from thunder_mw.benchmarks.server_process import stop_process, wait_until_health
 from thunder_mw.policies.stats import percentile
 from thunder_mw.sim.ports import free_port
 
+__all__ = [
+    "ALL_TARGETS",
+    "DEFAULT_OUTPUT",
+    "HOST",
+    "REFERENCE_TARGETS",
+    "SCENARIO",
+    "TARGETS",
+    "add_arguments",
+    "chat_body",
+    "format_table",
+    "http_request",
+    "main",
+    "run",
+]
+
 SCENARIO = "proxy-overhead"
 TARGETS = ("direct", "aiohttp-passthrough", "thunder-mw")
 # Opt-in reference points: a bare ASGI pass-through on uvicorn, per HTTP client.

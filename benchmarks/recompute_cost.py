@@ -21,6 +21,8 @@ import httpx
 
 from thunder_mw.benchmarks.engine_counters import parse_metrics
 
+__all__ = ["DECODE", "PREFILL", "measure"]
+
 PREFILL = "vllm:request_prefill_time_seconds_sum"
 DECODE = "vllm:request_decode_time_seconds_sum"
 

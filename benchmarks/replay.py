@@ -39,6 +39,18 @@ from thunder_mw.engines.pooled_connections import (
     lost_on_a_reused_connection,
 )
 
+__all__ = [
+    "CLIENT_KEEP_ALIVE_S",
+    "CallRecord",
+    "Identity",
+    "ProgramRecord",
+    "ReplayResult",
+    "Replayer",
+    "render",
+    "single_token_words",
+    "thunder_identity",
+]
+
 # Below the 5 s after which uvicorn (vLLM, SGLang) closes an idle connection.
 CLIENT_KEEP_ALIVE_S = 4.0
 

@@ -34,6 +34,8 @@ from thunder_mw.benchmarks.workloads import (
     scaled_preset,
 )
 
+__all__ = ["ProgressBar", "add_replay_arguments", "discover_engines", "run_replay"]
+
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `thunder-mw replay`."""

@@ -15,6 +15,17 @@ from typing import Any
 
 from thunder_mw.benchmarks.scenarios import Scenario
 
+__all__ = [
+    "HOST_KV_BYTES",
+    "REPRODUCED_WITHIN",
+    "SPREAD_METRICS",
+    "best_baseline",
+    "format_reproduction",
+    "host_tier_options",
+    "host_tier_tokens",
+    "summarise_runs",
+]
+
 REPRODUCED_WITHIN = 0.30
 SPREAD_METRICS = (
     "steps_per_min_steady",

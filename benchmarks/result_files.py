@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+__all__ = ["RESULTS_DIR", "write_result"]
+
 RESULTS_DIR = Path("results")
 
 

@@ -19,6 +19,21 @@ from typing import Any
 
 from thunder_mw.benchmarks.scenarios import CAPPED
 
+__all__ = [
+    "LEGACY_CLUSTER_DEFAULTS",
+    "LEGACY_PAUSE_VICTIM",
+    "LEGACY_QUEUE_ORDER",
+    "LEGACY_RESUME_PLACEMENT",
+    "PER_POLICY",
+    "ROW_KEYS",
+    "ReuseError",
+    "check_config",
+    "recorded_order",
+    "recorded_placement",
+    "recorded_victim",
+    "reused_output",
+]
+
 # A row's identity in a result file's `sweep` (the rest are the run's metrics).
 ROW_KEYS: tuple[str, ...] = ("policy", "engines", "programs_per_engine", "concurrency")
 ROW_KEYS += ("programs", "main", "seed", "wave", "cap")

@@ -37,6 +37,8 @@ from thunder_mw.benchmarks.live import Gateway
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.sim.ports import free_port
 
+__all__ = ["DEFAULT_OUTPUT", "SIM", "Wave", "drive", "main"]
+
 DEFAULT_OUTPUT = RESULTS_DIR / "rollout.json"
 SIM = {
     "flavor": "sglang",

@@ -23,6 +23,35 @@ from thunder_mw.schemas.pipeline_presets import DEFAULT_PIPELINE
 from thunder_mw.schemas.pipeline_presets import PRESETS as PIPELINE_PRESETS
 from thunder_mw.sim.cost_model import get_profile
 
+__all__ = [
+    "CAPPED",
+    "CAP_FRACTIONS",
+    "DEFAULT_POLICIES",
+    "DYNAMO",
+    "FLEET_POLICIES",
+    "LAUNCH",
+    "MEASURED",
+    "OFFLOAD_CAPPED",
+    "PAPER",
+    "POLICIES",
+    "POLICY_ENGINE_OPTIONS",
+    "PUBLISHED_SCENARIOS",
+    "SCENARIOS",
+    "SEEDS",
+    "SINGLE_ENGINE_POLICIES",
+    "STEADY_FACTOR",
+    "TABLE2",
+    "TEST_SCENARIOS",
+    "TIERED_FLEET_POLICIES",
+    "VLLM_CAPPED",
+    "WINDOW_COMPLETIONS",
+    "Published",
+    "Scenario",
+    "Target",
+    "engine_kv_tokens",
+    "kv_tokens_of",
+]
+
 DEFAULT_POLICIES = ("round_robin", "sticky", "thunderagent", "thunder-mw")
 VLLM_CAPPED = "vllm_capped"
 # The same client-side cap over engines with the host KV tier (the `offload` baseline's):

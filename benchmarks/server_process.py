@@ -9,6 +9,8 @@ from pathlib import Path
 
 import httpx
 
+__all__ = ["ServerNotReady", "stop_process", "wait_until_healthy"]
+
 
 class ServerNotReady(RuntimeError):
     """The server exited, or did not answer in time; the message carries its log's tail."""

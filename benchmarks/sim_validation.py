@@ -26,6 +26,16 @@ from typing import Any
 
 import httpx
 
+__all__ = [
+    "RunResult",
+    "Script",
+    "Turn",
+    "all_at_once",
+    "build_script",
+    "program_text",
+    "run_script",
+]
+
 _WORDS = (
     "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud "
     "forest ember quartz signal vector kernel socket thread buffer packet module branch "

@@ -37,6 +37,22 @@ from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.sim.ports import free_port
 
+__all__ = [
+    "DEFAULT_OUTPUT",
+    "HOST",
+    "MIB",
+    "MODEL",
+    "Load",
+    "gateway_config",
+    "main",
+    "plot",
+    "rss_mib",
+    "sample",
+    "sim_engines",
+    "soak",
+    "summarize",
+]
+
 DEFAULT_OUTPUT = RESULTS_DIR / "soak.json"
 HOST = "127.0.0.1"
 MODEL = "sim-model"

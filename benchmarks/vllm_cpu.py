@@ -28,6 +28,25 @@ from thunder_mw.benchmarks.engine_counters import parse_metrics
 from thunder_mw.benchmarks.server_process import ServerNotReady, wait_until_healthy
 from thunder_mw.sim.ports import free_port
 
+__all__ = [
+    "DEAR_MODEL_DIR",
+    "MODEL_DIR",
+    "MODEL_READY_MARKER",
+    "ROOT",
+    "SERVED_MODEL_NAME",
+    "SETUP_HINT",
+    "VENV_DIR",
+    "VENV_READY_MARKER",
+    "EngineStartError",
+    "EngineUnavailable",
+    "RealVllm",
+    "attach_vllm",
+    "cache_config",
+    "missing_prerequisites",
+    "parse_ignored_fields",
+    "start_vllm",
+]
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_DIR = Path(os.environ.get("THUNDER_MW_VLLM_VENV", ROOT / ".cache" / "vllm-venv"))
 MODEL_DIR = Path(os.environ.get("THUNDER_MW_TINY_MODEL", ROOT / ".cache" / "tiny-model"))

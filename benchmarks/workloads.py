@@ -31,6 +31,26 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "MIX_PREFIX",
+    "PRESETS",
+    "Call",
+    "LogNormal",
+    "ProgramSpec",
+    "WorkloadPreset",
+    "WorkloadSummary",
+    "generate",
+    "generate_mix",
+    "growth_ids",
+    "load_trace",
+    "program_from_json",
+    "program_to_json",
+    "save_trace",
+    "scaled_preset",
+    "summarise",
+    "system_ids",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class Call:

@@ -1,1 +1,3 @@
 """thunder_mw.cli"""
+
+__all__: list[str] = []

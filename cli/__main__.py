@@ -4,4 +4,6 @@ import sys
 
 from thunder_mw.cli.main import main
 
+__all__: list[str] = []
+
 sys.exit(main())

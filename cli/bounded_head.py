@@ -19,6 +19,8 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from thunder_mw.middleware.errors import error_body
 
+__all__ = ["bounded_httptools", "raw_head_limit"]
+
 
 def raw_head_limit(max_header_bytes: int, max_headers: int) -> int:
     """Raw bytes a head within both limits may take on the wire: each header adds `: ` and

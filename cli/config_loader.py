@@ -15,6 +15,8 @@ from thunder_mw.policies.pipeline import custom_stage_problems
 from thunder_mw.schemas.config import ThunderConfig
 from thunder_mw.schemas.stage_settings import entry_error
 
+__all__ = ["ConfigError", "load_config", "location"]
+
 
 class ConfigError(Exception):
     """Every problem in a config file, each as `location: message`."""

@@ -13,6 +13,22 @@ from typing import Any
 from thunder_mw._version import __version__
 from thunder_mw.cli.config_loader import ConfigError, load_config
 
+__all__ = [
+    "EXTRA_IMPORTS",
+    "SUBCOMMANDS",
+    "SUBCOMMAND_TABLE",
+    "MissingExtra",
+    "Subcommand",
+    "build_parser",
+    "check_config",
+    "check_config_arguments",
+    "main",
+    "run_check_config",
+    "run_config_reference",
+    "run_serve",
+    "serve_arguments",
+]
+
 log = logging.getLogger("thunder_mw")
 
 

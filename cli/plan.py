@@ -41,6 +41,18 @@ from thunder_mw.policies.capacity_plan import (
 )
 from thunder_mw.schemas.config import CapacityPlanSettings
 
+__all__ = [
+    "DEFAULT_BUFFER_TOKENS",
+    "DEFAULT_HIGH_WATERMARK",
+    "DEFAULT_LOW_WATERMARK",
+    "EXIT_INPUT",
+    "EXIT_MISMATCH",
+    "EXIT_OK",
+    "add_plan_arguments",
+    "plan_settings",
+    "run_plan",
+]
+
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT = 0, 1, 2
 # Emitted admission watermarks unless told otherwise (the admission stage's own defaults).
 DEFAULT_HIGH_WATERMARK = 0.95

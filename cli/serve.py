@@ -22,6 +22,17 @@ from thunder_mw.cli.config_loader import ConfigError, load_config
 from thunder_mw.cli.shutdown import AnswerCutOffCalls, exit_now
 from thunder_mw.schemas.config import ThunderConfig
 
+__all__ = [
+    "DEMO_CONFIG",
+    "STOP_RESERVE_S",
+    "YOUNG_GC_THRESHOLD",
+    "GatewayServer",
+    "base_url",
+    "calls_shutdown_s",
+    "listening_socket",
+    "serve",
+]
+
 log = logging.getLogger("thunder_mw")
 
 # Allocations between young-generation collections (CPython's default is 700).

@@ -14,6 +14,8 @@ from thunder_mw.middleware.call_state import STATE_KEY, CallState
 from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 
+__all__ = ["AnswerCutOffCalls", "exit_now"]
+
 log = logging.getLogger("thunder_mw")
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from thunder_mw.conformance.session import Session
 
+__all__ = ["CHECKS", "PEER_CONTRACTS", "PROFILES", "PROFILE_MEANING", "Check", "CheckBody", "check"]
+
 PROFILES = ("thunderagent", "dynamo-body", "dynamo-headers", "vllm-router", "smg", "full")
 PROFILE_MEANING = {
     "thunderagent": "what ThunderAgent promises: program_id (top level or in extra_body) is "

@@ -11,6 +11,8 @@ from typing import Any
 from thunder_mw.conformance.catalogue import check
 from thunder_mw.conformance.session import Fail, NotApplicable, Session, clip
 
+__all__ = ["CONTROL_FIELD", "CONTROL_HEADER", "FORMS", "INVALID", "Built", "Form", "Invalid"]
+
 T, DB, DH = "thunderagent", "dynamo-body", "dynamo-headers"
 
 # (body, headers, body paths that must not reach the engine, headers that must not either)

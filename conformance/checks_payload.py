@@ -13,6 +13,8 @@ from thunder_mw.conformance.compare import first_difference
 from thunder_mw.conformance.recording_backend import MODEL
 from thunder_mw.conformance.session import Fail, NotApplicable, Reply, Session, clip
 
+__all__ = ["ANY_FORWARDER", "LARGE_BODY_BYTES", "record_json"]
+
 T, DB, DH = "thunderagent", "dynamo-body", "dynamo-headers"
 ANY_FORWARDER = (T, DB, DH)
 LARGE_BODY_BYTES = 1024 * 1024

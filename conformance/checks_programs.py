@@ -11,6 +11,8 @@ from thunder_mw.conformance.compare import first_difference
 from thunder_mw.conformance.session import Fail, NotApplicable, Session, clip, tag_of
 from thunder_mw.conformance.views import parent_of, steps_of
 
+__all__ = ["OVERLAP"]
+
 T, DB, DH = "thunderagent", "dynamo-body", "dynamo-headers"
 # Held by the recording backend so requests of different programs overlap in flight.
 OVERLAP = "recorder-delay-ms=150"

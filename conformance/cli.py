@@ -26,6 +26,15 @@ from thunder_mw.conformance.report import (
 from thunder_mw.conformance.runner import SuiteResult, TargetUnavailable, run_conformance_suite
 from thunder_mw.middleware.types import Receive, Scope, Send
 
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_SETUP",
+    "add_conformance_arguments",
+    "catalogue",
+    "run_conformance",
+    "write_records",
+]
+
 EXIT_FAILED = 1
 EXIT_SETUP = 2
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+__all__ = ["first_difference"]
+
 
 def first_difference(
     expected: Any, actual: Any, *, ordered: bool = True, path: str = "$"

@@ -26,6 +26,19 @@ import uvicorn
 from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.sim import responses_api
 
+__all__ = [
+    "BLOCK_SIZE",
+    "INFERENCE_PATHS",
+    "KV_BLOCKS",
+    "MODEL",
+    "STREAM_PIECES",
+    "BackendServer",
+    "Flavor",
+    "Recorded",
+    "RecordingBackend",
+    "recording_backend",
+]
+
 Flavor = Literal["vllm", "sglang"]
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 MODEL = "conformance-model"

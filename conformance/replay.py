@@ -17,6 +17,17 @@ import httpx
 from thunder_mw.conformance.recording_backend import Recorded
 from thunder_mw.conformance.runner import CheckResult
 
+__all__ = [
+    "MAX_REPLAY_BODY_BYTES",
+    "Replayed",
+    "as_checks",
+    "engine_model",
+    "origin_check",
+    "prepared",
+    "replay",
+    "replayable",
+]
+
 _TAG = re.compile(r"\[conformance (\S+) #\d+ [0-9a-f]+\]")
 MAX_REPLAY_BODY_BYTES = 16 * 1024
 

@@ -13,6 +13,19 @@ from typing import Any
 from thunder_mw.conformance.registry import PROFILE_MEANING, PROFILES, checks_for
 from thunder_mw.conformance.runner import CheckResult, SuiteResult
 
+__all__ = [
+    "format_table",
+    "profile_rows",
+    "to_html",
+    "to_json",
+    "to_markdown",
+    "verdict",
+    "write_html",
+    "write_json",
+    "write_junit",
+    "write_markdown",
+]
+
 _MARK = {"pass": "PASS", "fail": "FAIL", "n/a": "N/A "}
 
 

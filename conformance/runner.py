@@ -28,6 +28,18 @@ from thunder_mw.conformance.self_target import thunder_mw_target
 from thunder_mw.conformance.session import Fail, NotApplicable, Session, WithoutContext
 from thunder_mw.sim.ports import free_port
 
+__all__ = [
+    "CHECK_TIMEOUT_S",
+    "CheckResult",
+    "Status",
+    "SuiteResult",
+    "TargetUnavailable",
+    "run_checks",
+    "run_conformance_suite",
+    "serving_backend",
+    "wait_for_target",
+]
+
 Status = Literal["pass", "fail", "n/a"]
 CHECK_TIMEOUT_S = 30.0
 

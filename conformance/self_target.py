@@ -13,6 +13,8 @@ import yaml
 
 from thunder_mw.sim.ports import free_port
 
+__all__ = ["ThunderMwProcess", "self_config", "thunder_mw_target"]
+
 
 def self_config(backend_port: int, flavor: str, port: int) -> dict[str, object]:
     """The one-backend configuration the self run serves: default agent-context settings plus

@@ -20,6 +20,17 @@ import httpx
 from thunder_mw.conformance.recording_backend import MODEL, Recorded, RecordingBackend
 from thunder_mw.conformance.views import read_program_views
 
+__all__ = [
+    "Fail",
+    "NotApplicable",
+    "Reply",
+    "Session",
+    "WithoutContext",
+    "clip",
+    "parse_sse",
+    "tag_of",
+]
+
 WithoutContext = Literal["forward", "reject"]
 _PAYLOAD_LIMIT = 600
 # What a request meets on a pooled connection the server closed while it went out.

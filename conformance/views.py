@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 
+__all__ = ["PARENT_KEYS", "STEP_KEYS", "Views", "parent_of", "read_program_views", "steps_of"]
+
 Views = dict[str, dict[str, Any]]
 
 # Keys that name a program in an item of a list, in the order they are tried.

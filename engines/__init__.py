@@ -1,1 +1,3 @@
 """thunder_mw.engines"""
+
+__all__: list[str] = []

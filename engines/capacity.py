@@ -33,6 +33,23 @@ from thunder_mw.policies.capacity_plan import (
 )
 from thunder_mw.schemas.config import CapacityPlanSettings
 
+__all__ = [
+    "CAPACITY_SERIES",
+    "EngineCapacity",
+    "ModelFacts",
+    "capacity_from_exposition",
+    "capacity_from_metrics",
+    "capacity_from_server_info",
+    "exposition_capacity",
+    "model_facts",
+    "models_max_len",
+    "plan_inputs",
+    "planned_capacity",
+    "read_engine_capacity",
+    "read_model",
+    "server_info_capacity",
+]
+
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 

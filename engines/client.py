@@ -23,6 +23,16 @@ from thunder_mw.engines.pooled_connections import (
     lost_on_a_reused_connection,
 )
 
+__all__ = [
+    "STREAM_ERRORS",
+    "ControlAnswer",
+    "EngineClient",
+    "UpstreamError",
+    "UpstreamResponse",
+    "as_upstream_error",
+    "control_request",
+]
+
 
 class UpstreamError(Exception):
     """The engine failed; `before_any_byte` is True when nothing reached it (safe to retry)."""

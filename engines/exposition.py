@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+__all__ = ["Exposition", "read_exposition"]
+
 
 @dataclass(slots=True)
 class Exposition:

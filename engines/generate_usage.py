@@ -13,6 +13,8 @@ import msgspec
 
 from thunder_mw.policies.program_table import Usage
 
+__all__ = ["StreamUsage", "usage_of_answer"]
+
 
 class _Meta(msgspec.Struct):
     prompt_tokens: int = 0

@@ -33,6 +33,17 @@ from thunder_mw.policies.core import BackendMetrics
 from thunder_mw.schemas.config import BackendSettings, ServerSettings
 from thunder_mw.schemas.views import BackendView
 
+__all__ = [
+    "SCRAPED_SAMPLES",
+    "SUSPECT_RECHECKS_S",
+    "SUSPECT_RECHECK_S",
+    "Backend",
+    "BackendPool",
+    "parse_signals",
+    "restricted_page_target",
+    "signals",
+]
+
 log = logging.getLogger("thunder_mw.backends")
 
 # The live signals the scheduler reads, by engine flavour: (field, metric names in preference).

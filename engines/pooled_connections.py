@@ -23,6 +23,13 @@ from aiohttp.client_reqrep import ClientRequest
 from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
 
+__all__ = [
+    "KeepAliveConnector",
+    "forget_reuse",
+    "keep_alive_timeout",
+    "lost_on_a_reused_connection",
+]
+
 # Whether the request being sent in this task went out on a connection from the pool (set by
 # the connector as it hands the connection over, read by the sender when the request fails).
 _went_out_reused: contextvars.ContextVar[bool] = contextvars.ContextVar(

@@ -2,3 +2,5 @@
 committed file under results/: not part of the wheel (pyproject.toml lists the packages it
 ships), and never imported by the package; what `thunder-mw bench` and `replay` run lives in
 benchmarks/."""
+
+__all__: list[str] = []

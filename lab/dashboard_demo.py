@@ -31,6 +31,8 @@ from typing import Any
 
 import httpx
 
+__all__ = ["CHROMIUM_NAMES", "WORDS", "agent", "chromium", "drive", "find_chromium", "main"]
+
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # Words of ~4 characters: the simulator counts about four characters per token.
 WORDS = ("tool", "diff", "file", "line", "pass", "fail", "test", "code", "data", "repo")

@@ -15,6 +15,8 @@ import time
 from thunder_mw.benchmarks import bench_cli
 from thunder_mw.benchmarks.scenarios import SCENARIOS
 
+__all__ = ["digest", "main"]
+
 
 def digest(spec: str) -> str:
     name, policy, *rest = spec.split(":")

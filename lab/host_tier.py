@@ -23,6 +23,8 @@ from thunder_mw.benchmarks.bootstrap import compare
 from thunder_mw.benchmarks.figures import is_baseline
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 
+__all__ = ["FIGURES", "THEIRS", "TIERED", "caps", "main", "pair", "per_seed", "tiered_baselines"]
+
 # The tiered thunder-mw rows, in the order the table lists them.
 TIERED = ("thunder-mw/host-tier", "thunder-mw/tier-admit", "thunder-mw/tier-min-waste")
 # The tiered baselines `pair` takes where none is named: offload, and behind its best cap.

@@ -35,6 +35,8 @@ from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention, ObservabilitySettings, ThunderConfig
 from thunder_mw.schemas.views import encode
 
+__all__ = ["BACKENDS", "OUTPUT", "TARGET_MS", "fleet", "main", "timed_ms"]
+
 OUTPUT = RESULTS_DIR / "metrics-scrape.json"
 TARGET_MS = 50.0
 BACKENDS = 8

@@ -25,6 +25,22 @@ from thunder_mw.benchmarks.live import Gateway
 from thunder_mw.benchmarks.server_process import stop_process
 from thunder_mw.sim.ports import free_port
 
+__all__ = [
+    "LISTEN",
+    "NGINX_CONFIG",
+    "UPSTREAMS",
+    "Nginx",
+    "RedisServer",
+    "holders",
+    "kill_replica",
+    "missing_binaries",
+    "nginx_or",
+    "replica_config",
+    "reservations",
+    "sim_engine",
+    "started",
+]
+
 NGINX_CONFIG = Path(__file__).resolve().parents[1] / "config" / "nginx-replicas.conf"
 # The shipped file's own ports, replaced by free ones.
 LISTEN, UPSTREAMS = "127.0.0.1:8300", ("127.0.0.1:8301", "127.0.0.1:8302")

@@ -55,6 +55,19 @@ from thunder_mw.lab.replica_stack import (
 from thunder_mw.policies.stats import percentile
 from thunder_mw.sim.ports import free_port
 
+__all__ = [
+    "DEFAULT_OUTPUT",
+    "RETRY_STATUSES",
+    "SCENARIO",
+    "ReservationSampler",
+    "RetryingReplayer",
+    "header_identity",
+    "main",
+    "proxy_cost",
+    "run",
+    "run_live",
+]
+
 SCENARIO = "replicas"
 DEFAULT_OUTPUT = RESULTS_DIR / "replicas.json"
 RETRY_STATUSES = frozenset({502, 503, 504, 599})

@@ -29,6 +29,8 @@ from thunder_mw.policies.stats import percentile
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import Convention
 
+__all__ = ["BLOCKS", "OUTPUT", "TARGET_US", "main", "measure", "run"]
+
 OUTPUT = RESULTS_DIR / "scheduler-cost.json"
 TARGET_US = 50.0
 BLOCKS = 20  # contiguous stretches of a run the mean's interval is taken over

@@ -19,6 +19,8 @@ from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams
 from thunder_mw.sim.tokenizer import RuleTokenizer
 
+__all__ = ["OUTPUT", "engine_steps_per_second", "http_requests_per_second", "main"]
+
 OUTPUT = RESULTS_DIR / "sim-perf.json"
 
 

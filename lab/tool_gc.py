@@ -29,6 +29,8 @@ from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.sim.ports import free_port
 
+__all__ = ["IMAGE", "LABEL", "RESULTS", "drive", "main", "managed_disk", "one_program"]
+
 IMAGE = "thunder-mw/sandbox:test"
 RESULTS = RESULTS_DIR / "tool-gc.json"
 LABEL = "thunder-mw.managed=true"

@@ -1,1 +1,3 @@
 """thunder_mw.observability"""
+
+__all__: list[str] = []

@@ -29,6 +29,8 @@ from thunder_mw.schemas.views import (
     TopProgram,
 )
 
+__all__ = ["DECISION_ROWS", "QUEUE_ROWS", "TOP_ROWS", "Dashboard", "page"]
+
 QUEUE_ROWS = 50
 TOP_ROWS = 10
 DECISION_ROWS = 60

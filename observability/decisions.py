@@ -26,6 +26,8 @@ from thunder_mw.policies.core import (
 )
 from thunder_mw.schemas.views import Decision
 
+__all__ = ["DecisionLog"]
+
 log = logging.getLogger("thunder_mw.decisions")
 
 

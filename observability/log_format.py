@@ -6,6 +6,8 @@ import json
 import logging
 from typing import Any
 
+__all__ = ["TEXT_FORMAT", "JsonFormatter", "configure_logging"]
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

@@ -12,6 +12,8 @@ from prometheus_client.registry import Collector
 from thunder_mw.engines.pool import BackendPool
 from thunder_mw.policies.program_table import Phase, ProgramState
 
+__all__ = ["KNOWN_ROUTES", "GatewayMetrics", "ProgramCounts"]
+
 # `_created` series double the scrape for nothing an operator reads.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 

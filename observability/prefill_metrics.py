@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+__all__ = ["PrefillMetrics"]
+
 
 class PrefillMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:

@@ -27,6 +27,8 @@ from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import ProfileSettings
 from thunder_mw.schemas.views import StepProfile
 
+__all__ = ["ProfileStore", "Timing", "TraceExport", "trace_line"]
+
 log = logging.getLogger("thunder_mw.profiles")
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 from thunder_mw.schemas.config import ThunderConfig
 
+__all__ = ["MASK", "SecretRedactor", "config_secrets", "install", "redact"]
+
 MASK = "***"
 _PATTERNS = (
     # `Authorization: Bearer sk-...`, `authorization=...`, `"authorization": "..."`

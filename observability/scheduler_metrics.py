@@ -16,6 +16,8 @@ from prometheus_client.registry import Collector
 
 from thunder_mw.policies.core import SchedulerCore
 
+__all__ = ["OVERHEAD_BUCKETS", "QUEUE_WAIT_BUCKETS", "SchedulerMetrics", "hit_rate"]
+
 QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 

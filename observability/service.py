@@ -21,6 +21,8 @@ from thunder_mw.observability.scheduler_metrics import SchedulerMetrics
 from thunder_mw.policies.core import Action, SchedulerCore
 from thunder_mw.schemas.config import ObservabilitySettings
 
+__all__ = ["Observability"]
+
 
 class Observability:
     def __init__(

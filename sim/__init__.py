@@ -1,1 +1,3 @@
 """The engine simulator: a vLLM/SGLang stand-in with paged KV, prefix caching and preemption."""
+
+__all__: list[str] = []

@@ -424,8 +424,25 @@ PROFILES.update(
 )
 
 __all__ = [
+    "ACTIVATION_BYTES",
+    "ALLREDUCE_LATENCY_S",
+    "ATTENTION_EFFICIENCY",
+    "BANDWIDTH_EFFICIENCY",
+    "BLOCK_SIZE",
+    "COMPUTE_EFFICIENCY",
+    "GLM46_FP8",
+    "GPU_MEMORY_UTILIZATION",
+    "H100X4_FP8",
+    "H100X8_FP8",
+    "H100_BF16",
+    "LLAMA3_8B",
+    "MINIMAX_M2_FP8",
     "PROFILES",
+    "QWEN3_8B",
+    "QWEN3_235B_FP8",
+    "REFERENCE_BATCH",
     "REGIMES",
+    "RTX5090_BF16",
     "HardwareFacts",
     "ModelFacts",
     "StepCost",
@@ -433,6 +450,8 @@ __all__ = [
     "get_profile",
     "prefill_positions",
     "roofline",
+    "touched_expert_share",
+    "weights_read_bytes",
 ]
 
 

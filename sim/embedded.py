@@ -14,6 +14,8 @@ import uvicorn
 from thunder_mw.schemas.config import SimEngineSettings
 from thunder_mw.sim.server import create_sim_app
 
+__all__ = ["STOP_GRACE_S", "STOP_MARGIN_S", "EmbeddedEngine"]
+
 log = logging.getLogger("thunder_mw.sim")
 
 # When an engine stops, its open requests are the host's, which has already given up on

@@ -49,6 +49,18 @@ from thunder_mw.sim.cost_model import StepCost, get_profile, prefill_positions
 from thunder_mw.sim.kv_cache import ROOT_HASH, BlockHash, BlockPool, KvTier
 from thunder_mw.sim.program_chains import ProgramChains
 
+__all__ = [
+    "PROGRAMS_REMEMBERED",
+    "Engine",
+    "EngineConfig",
+    "EngineStats",
+    "Listener",
+    "SamplingParams",
+    "Sequence",
+    "Status",
+    "StepResult",
+]
+
 # Programs whose latest request an engine remembers (Engine._reuse_hashes), oldest dropped.
 PROGRAMS_REMEMBERED = 4096
 

@@ -25,6 +25,8 @@ from itertools import compress, repeat
 from operator import eq, not_
 from typing import Any, cast
 
+__all__ = ["NEW_HASHES_KEPT", "ROOT_HASH", "BlockHash", "BlockPool", "KvTier", "block_hashes"]
+
 BlockHash = int
 
 ROOT_HASH: BlockHash = 0x74_68_75_6E_64_65_72  # any fixed int: the parent of a first block

@@ -15,6 +15,8 @@ from prometheus_client.core import (
 
 from thunder_mw.sim.engine import Engine
 
+__all__ = ["CONTENT_TYPE", "SimService", "render"]
+
 
 class SimService(Protocol):
     """What the exposition reads of the simulated engine's service (sim/server.py's

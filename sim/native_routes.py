@@ -22,6 +22,8 @@ from starlette.routing import Route
 
 from thunder_mw.sim.engine import SamplingParams, Sequence
 
+__all__ = ["EngineControl", "native_routes"]
+
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 

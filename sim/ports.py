@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+__all__ = ["free_port"]
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (another process may take it since).

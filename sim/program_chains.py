@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
+__all__ = ["ProgramChains"]
+
 # A request as the engine keeps it (sim/engine.py's `Sequence`): held here, never read, so
 # this module needs nothing of the engine that imports it.
 Request = TypeVar("Request")

@@ -28,6 +28,24 @@ import msgspec
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
 
+__all__ = [
+    "AGENTIC_CONTEXT",
+    "Accepted",
+    "BodyProblem",
+    "ChatBody",
+    "CompletionBody",
+    "Int64",
+    "ResponsesBody",
+    "Stop",
+    "TopLogprobs",
+    "check_prompt_text",
+    "check_token_ids",
+    "validate_chat",
+    "validate_completion",
+    "validate_messages",
+    "validate_responses",
+]
+
 # `vllm_xargs.agentic_context`: the vLLM router's per-request program context (sim/server.py).
 AGENTIC_CONTEXT = "agentic_context"
 _INT64_MIN = -(2**63)

@@ -17,6 +17,18 @@ from typing import Any
 
 import msgspec
 
+__all__ = [
+    "RESPONSES_FIELDS",
+    "BadInput",
+    "ResponseEvents",
+    "encode_json",
+    "input_messages",
+    "message_item",
+    "response_object",
+    "status_of",
+    "usage",
+]
+
 _msgspec_encode = msgspec.json.Encoder().encode
 
 

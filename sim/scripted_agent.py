@@ -17,6 +17,17 @@ from typing import Any
 
 import msgspec
 
+__all__ = [
+    "MAX_STEPS",
+    "MIN_STEPS",
+    "SUBMIT_MARKER",
+    "ScriptError",
+    "ScriptedCall",
+    "message",
+    "next_call",
+    "script_for",
+]
+
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 MIN_STEPS = 2
 MAX_STEPS = 4

@@ -36,6 +36,14 @@ from thunder_mw.sim.request_validation import (
 )
 from thunder_mw.sim.tokenizer import Tokenizer, load_tokenizer
 
+__all__ = [
+    "SimService",
+    "add_sim_engine_arguments",
+    "create_sim_app",
+    "run_sim_engine",
+    "settings_from_args",
+]
+
 _json_encode = responses_api.encode_json
 _json_decode = msgspec.json.Decoder().decode
 

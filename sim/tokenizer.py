@@ -6,6 +6,8 @@ import re
 import zlib
 from typing import Protocol
 
+__all__ = ["FILLER_TEXT", "FileTokenizer", "RuleTokenizer", "Tokenizer", "load_tokenizer"]
+
 # About four characters per token, like common BPE vocabularies on English text and code.
 _PIECE = re.compile(r" ?[A-Za-z0-9_]{1,4}| ?[^\sA-Za-z0-9_]|\s+")
 _FIRST_WORD_ID = 1000

@@ -37,6 +37,8 @@ from thunder_mw.state.store import StoreUnavailable as StoreUnavailable
 from thunder_mw.state.store import SyncItem as SyncItem
 from thunder_mw.state.store import SyncResult as SyncResult
 
+__all__ = ["RETRY_AFTER_DOWN_S", "SNAPSHOT", "SYNC", "RedisStore"]
+
 log = logging.getLogger("thunder_mw.state")
 RETRY_AFTER_DOWN_S = 1.0
 

@@ -19,6 +19,16 @@ from typing import Protocol
 
 import msgspec
 
+__all__ = [
+    "MemoryState",
+    "MemoryStore",
+    "ProgramRecord",
+    "SchedulerStore",
+    "StoreUnavailable",
+    "SyncItem",
+    "SyncResult",
+]
+
 
 class StoreUnavailable(Exception):
     """Redis did not answer (or answered with an error): the caller applies on_unavailable."""

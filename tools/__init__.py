@@ -1,1 +1,3 @@
 """thunder_mw.tools"""
+
+__all__: list[str] = []

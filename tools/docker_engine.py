@@ -18,6 +18,15 @@ import requests.exceptions
 
 from thunder_mw.schemas.config import SandboxTemplate
 
+__all__ = [
+    "ContainerGone",
+    "ContainerInfo",
+    "CustomHook",
+    "DockerEngine",
+    "EngineDown",
+    "load_hook",
+]
+
 T = TypeVar("T")
 _PROVISIONAL_API_VERSION = "1.41"  # replaced by the engine's own before the first real call
 CustomHook = Callable[[Any, str, str], None]

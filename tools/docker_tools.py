@@ -32,6 +32,8 @@ from thunder_mw.tools.docker_engine import (
 from thunder_mw.tools.journal import Entry, ToolJournal
 from thunder_mw.tools.refusal import ToolRefused
 
+__all__ = ["DEFAULT_HOOKS", "TEMPLATE_LABEL", "DockerTools"]
+
 log = logging.getLogger("thunder_mw.tools")
 
 TEMPLATE_LABEL = "thunder-mw.template"

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+__all__ = ["STATES", "Entry", "ToolJournal"]
+
 # creating: about to be started under `name` (key "name:<name>"); pool: ready, nobody's;
 # owned: a program's; reclaiming: its program ended, the reclaim is under way or pending.
 STATES = ("creating", "pool", "owned", "reclaiming")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["ToolRefused"]
+
 
 class ToolRefused(Exception):
     """A request names containers its program may not own: answered with this error."""

@@ -78,6 +78,7 @@ __all__ = [
     "Router",
     "System",
     "agreement",
+    "answers_ok",
     "des_stand_in",
     "describe",
     "describe_tuning",
@@ -95,6 +96,8 @@ __all__ = [
     "run_peers",
     "run_system",
     "scaled_down",
+    "scenario_cluster",
+    "scenario_programs",
     "sim_engines",
     "simulate_stand_ins",
     "smg_key_identity",
@@ -380,7 +383,7 @@ class Process:
         self._dir.cleanup()
 
 
-def _ok(url: str) -> bool:
+def answers_ok(url: str) -> bool:
     return httpx.get(url, timeout=2).status_code == 200
 
 
@@ -409,7 +412,7 @@ def sim_engines(
             if pids is not None:
                 pids.append(proc.proc.pid)
         for proc, url in zip(procs, urls, strict=True):
-            proc.wait_ready(partial(_ok, f"{url}/health"))
+            proc.wait_ready(partial(answers_ok, f"{url}/health"))
         yield urls
 
 
@@ -482,7 +485,7 @@ def start_router(
 
 def _serves(url: str, system: System) -> bool:
     """Ready = its readiness route answers 200 and it lists a model (its workers are in)."""
-    if not _ok(f"{url}/readiness"):
+    if not answers_ok(f"{url}/readiness"):
         return False
     models = httpx.get(f"{url}/v1/models", timeout=2)
     return models.status_code == 200 and bool(models.json().get("data"))
@@ -774,7 +777,7 @@ class LiveRegime:
     def tuning(self, time_scale: float) -> PeerTuning | None:
         if not self.tune_peers:
             return None
-        cluster = _cluster(self.scenario, 0)
+        cluster = scenario_cluster(self.scenario, 0)
         return PeerTuning(time_scale, get_profile(cluster.profile), cluster.max_num_batched_tokens)
 
 
@@ -875,7 +878,7 @@ def peer_versions() -> dict[str, str | None]:
     return found
 
 
-def _cluster(scenario: Scenario, seed: int) -> ClusterConfig:
+def scenario_cluster(scenario: Scenario, seed: int) -> ClusterConfig:
     return ClusterConfig(
         engines=scenario.engines,
         kv_tokens=kv_tokens_of(scenario),
@@ -885,7 +888,7 @@ def _cluster(scenario: Scenario, seed: int) -> ClusterConfig:
     )
 
 
-def _programs(scenario: Scenario, seed: int) -> list[ProgramSpec]:
+def scenario_programs(scenario: Scenario, seed: int) -> list[ProgramSpec]:
     count = round(scenario.concurrency * scenario.total_factor)
     return generate(scenario.workload, count, seed=seed, max_context_tokens=scenario.max_model_len)
 
@@ -900,7 +903,11 @@ def des_stand_in(scenario: Scenario, policy: str, seed: int) -> dict[str, Any]:
         "closed", scenario.concurrency, stop_at_window_end=scenario.stop_at_window_end
     )
     result = simulate(
-        _programs(scenario, seed), POLICIES[policy], _cluster(scenario, seed), arrivals, policy
+        scenario_programs(scenario, seed),
+        POLICIES[policy],
+        scenario_cluster(scenario, seed),
+        arrivals,
+        policy,
     )
     return result.metrics
 
@@ -930,8 +937,8 @@ def run_peers(
     started = time.perf_counter()
     runs: list[dict[str, Any]] = []
     for r in range(repeats):
-        programs = _programs(scenario, seed + r)
-        cluster = _cluster(scenario, seed + r)
+        programs = scenario_programs(scenario, seed + r)
+        cluster = scenario_cluster(scenario, seed + r)
         order = systems[r % len(systems) :] + systems[: r % len(systems)]  # rotate the order
         for name in order:
             run = run_system(
@@ -970,7 +977,7 @@ def run_peers(
             "stop_at_window_end": scenario.stop_at_window_end,
             "published": regime.published,
             "kv_scale": scenario.kv_scale,
-            "kv_tokens_per_engine": _cluster(scenario, seed).kv_tokens,
+            "kv_tokens_per_engine": scenario_cluster(scenario, seed).kv_tokens,
             "profile": scenario.profile,
             "max_model_len": scenario.max_model_len,
             "time_scale": time_scale,
@@ -979,7 +986,7 @@ def run_peers(
             "stream": stream,
             "peer_versions": peer_versions(),
             "systems": {n: describe(SYSTEMS[n]) for n in systems},
-            "peer_tuning": describe_tuning(tuning, _cluster(scenario, seed).kv_tokens),
+            "peer_tuning": describe_tuning(tuning, scenario_cluster(scenario, seed).kv_tokens),
             "stand_ins": {p: POLICIES[p] for p in stand_ins},
             "tolerance": regime.tolerance,
         },

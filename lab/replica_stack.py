@@ -225,7 +225,7 @@ def sim_engine(
     import sys
     from functools import partial
 
-    from thunder_mw.benchmarks.peers import Process, _ok
+    from thunder_mw.benchmarks.peers import Process, answers_ok
 
     port = free_port()
     argv = [sys.executable, "-m", "thunder_mw.cli.main", "sim-engine", "--flavor", "vllm"]
@@ -235,7 +235,7 @@ def sim_engine(
     proc = Process(argv, f"sim-engine-{port}")
     try:
         url = f"http://127.0.0.1:{port}"
-        proc.wait_ready(partial(_ok, f"{url}/health"))
+        proc.wait_ready(partial(answers_ok, f"{url}/health"))
         yield url
     finally:
         proc.close()

@@ -40,7 +40,7 @@ from thunder_mw.benchmarks import proxy_overhead as po
 from thunder_mw.benchmarks.des import ClusterConfig
 from thunder_mw.benchmarks.engine_counters import read_counters
 from thunder_mw.benchmarks.live import Gateway, engines_gateway_config, live_metrics
-from thunder_mw.benchmarks.peers import _cluster, _programs, sim_engines
+from thunder_mw.benchmarks.peers import scenario_cluster, scenario_programs, sim_engines
 from thunder_mw.benchmarks.replay import Identity, Replayer, thunder_identity
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS
@@ -301,8 +301,8 @@ def proxy_cost(duration_s: float, repeats: int) -> dict[str, Any]:
 # ------------------------------------------------------------------ the scenario
 def run(args: argparse.Namespace) -> dict[str, Any]:
     scenario = SCENARIOS["live-small"]
-    cluster = _cluster(scenario, args.seed)
-    programs = _programs(scenario, args.seed)
+    cluster = scenario_cluster(scenario, args.seed)
+    programs = scenario_programs(scenario, args.seed)
     pipeline = POLICIES["thunder-mw"]
     names = [name for name in args.runs.split(",") if name]
     runs = []

@@ -26,7 +26,7 @@ def test_a_regime_keeps_its_published_capacity_per_program(name: str) -> None:
     assert regime.published is not None
     published = PUBLISHED_SCENARIOS[regime.published]
     scenario = regime.scenario
-    kv = peers._cluster(scenario, 0).kv_tokens
+    kv = peers.scenario_cluster(scenario, 0).kv_tokens
     capacity = get_profile(published.profile).capacity_tokens
     assert capacity
     assert (scenario.profile, scenario.workload, scenario.engines) == (

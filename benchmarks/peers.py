@@ -98,6 +98,7 @@ __all__ = [
     "scaled_down",
     "scenario_cluster",
     "scenario_programs",
+    "serves_requests",
     "sim_engines",
     "simulate_stand_ins",
     "smg_key_identity",
@@ -471,7 +472,7 @@ def start_router(
     proc = Process(argv, system.name)
     try:
         url = f"http://127.0.0.1:{port}"
-        proc.wait_ready(lambda: _serves(url, system))
+        proc.wait_ready(lambda: serves_requests(url, system))
         yield Router(
             system,
             url,
@@ -483,7 +484,7 @@ def start_router(
         proc.close()
 
 
-def _serves(url: str, system: System) -> bool:
+def serves_requests(url: str, system: System) -> bool:
     """Ready = its readiness route answers 200 and it lists a model (its workers are in)."""
     if not answers_ok(f"{url}/readiness"):
         return False

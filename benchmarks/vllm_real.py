@@ -396,7 +396,7 @@ def front(system: RealSystem, engine_url: str, kv_tokens: int, cost: StepCost) -
         return evidence
 
     try:
-        process.wait_ready(lambda: peers._serves(url, peers.SYSTEMS["smg/cache_aware"]))
+        process.wait_ready(lambda: peers.serves_requests(url, peers.SYSTEMS["smg/cache_aware"]))
         yield _Front(url, collect)
     finally:
         process.close()

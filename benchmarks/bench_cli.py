@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, simulate
+from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, simulate
 from thunder_mw.benchmarks.figures import capped_rows, choose_caps, figures, format_figures
 from thunder_mw.benchmarks.reproduction import (
     format_reproduction,
@@ -576,6 +576,12 @@ class Job:
     cap: int | None = None  # vllm_capped: the client runs at most this many programs at once
 
 
+# programs, pipeline, cluster, arrivals, policy: Simulation's arguments, in its order.
+SimulationInputs = tuple[
+    list[ProgramSpec], list[dict[str, Any]] | None, ClusterConfig, Arrivals, str
+]
+
+
 def _workload(
     scenario: Scenario, programs: int, seed: int, trace: Path | None
 ) -> list[ProgramSpec]:
@@ -632,9 +638,9 @@ def cluster_for(scenario: Scenario, policy: str, engines: int, seed: int) -> Clu
     )
 
 
-def _run_job(
-    scenario: Scenario, job: Job, trace: Path | None, base_seed: int = 0
-) -> tuple[Job, dict[str, Any]]:
+def job_inputs(scenario: Scenario, job: Job, trace: Path | None = None) -> SimulationInputs:
+    """What `Simulation` takes for `job`: lab/sim_perf.py builds one from it to read its
+    engines' step counts after the run."""
     programs = _workload(scenario, job.programs, job.seed, trace)
     cluster = cluster_for(scenario, job.policy, job.engines, job.seed)
     concurrency = job.cap or job.engines * job.per_engine
@@ -649,8 +655,15 @@ def _run_job(
             stop_at_window_end=closed and scenario.stop_at_window_end,
             burst=min(scenario.burst, concurrency) if closed else 1,
         )
+    return programs, POLICIES[job.policy], cluster, arrivals, job.policy
+
+
+def _run_job(
+    scenario: Scenario, job: Job, trace: Path | None, base_seed: int = 0
+) -> tuple[Job, dict[str, Any]]:
+    inputs = job_inputs(scenario, job, trace)
     started = time.perf_counter()
-    result = simulate(programs, POLICIES[job.policy], cluster, arrivals, job.policy)
+    result = Simulation(*inputs).run()
     out: dict[str, Any] = {
         "metrics": result.metrics,
         "wall_s": round(time.perf_counter() - started, 2),

@@ -72,9 +72,12 @@ __all__ = [
     "engine_counters",
     "engine_options",
     "format_table",
+    "job_inputs",
+    "main_jobs",
     "plan_jobs",
     "resolved_rules",
     "run_bench",
+    "run_job",
     "run_live_scenario",
     "run_scenario",
     "scenario_config",
@@ -658,7 +661,7 @@ def job_inputs(scenario: Scenario, job: Job, trace: Path | None = None) -> Simul
     return programs, POLICIES[job.policy], cluster, arrivals, job.policy
 
 
-def _run_job(
+def run_job(
     scenario: Scenario, job: Job, trace: Path | None, base_seed: int = 0
 ) -> tuple[Job, dict[str, Any]]:
     inputs = job_inputs(scenario, job, trace)
@@ -727,6 +730,17 @@ def plan_jobs(
     # Largest first, so the pool's last straggler is a small run.
     work.sort(key=lambda j: -j.programs * j.engines)
     return work
+
+
+def main_jobs(spec: str) -> tuple[Scenario, list[Job], int]:
+    """`SCENARIO:POLICY[:SEED]` (seed 0 if left out): the scenario, POLICY's main runs as
+    `thunder-mw bench` plans them (no sweep point, no wave; one per cap of a capped policy)
+    and the seed; for the tools that rerun one run (lab/des_digest.py, lab/sim_perf.py)."""
+    name, policy, *rest = spec.split(":")
+    seed = int(rest[0]) if rest else 0
+    scenario = SCENARIOS[name]
+    jobs = plan_jobs(scenario, [policy], seed=seed, sweep=False, seeds=1)
+    return scenario, [j for j in jobs if j.main and not j.wave], seed
 
 
 def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[str, str]]:
@@ -842,10 +856,10 @@ def run_scenario(
     if jobs > 1 and len(work) > 1:
         portable = replace(scenario, targets=())  # targets hold closures; workers need none
         with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
-            futures = [pool.submit(_run_job, portable, j, trace, seed) for j in work]
+            futures = [pool.submit(run_job, portable, j, trace, seed) for j in work]
             done += [f.result() for f in futures]
     else:
-        done += [_run_job(scenario, j, trace, seed) for j in work]
+        done += [run_job(scenario, j, trace, seed) for j in work]
 
     all_rows = [
         {

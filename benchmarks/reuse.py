@@ -190,7 +190,7 @@ def _matches(row: dict[str, Any], key: tuple[Any, ...]) -> bool:
 
 
 def reused_output(old: dict[str, Any], job: Any, base_seed: int) -> dict[str, Any]:
-    """What `bench_cli._run_job` returned for `job` (a bench_cli.Job, typed Any: bench_cli
+    """What `bench_cli.run_job` returned for `job` (a bench_cli.Job, typed Any: bench_cli
     imports this module) when the old file was made: its metrics (a capped run at a cap that
     was not chosen kept only the figures the choice reads), and for the main seed's runs
     their JCT samples and time series."""

@@ -13,22 +13,14 @@ import sys
 import time
 
 from thunder_mw.benchmarks import bench_cli
-from thunder_mw.benchmarks.scenarios import SCENARIOS
 
 __all__ = ["digest", "main"]
 
 
 def digest(spec: str) -> str:
-    name, policy, *rest = spec.split(":")
-    seed = int(rest[0]) if rest else 0
-    scenario = SCENARIOS[name]
-    jobs = [
-        j
-        for j in bench_cli.plan_jobs(scenario, [policy], seed=seed, sweep=False, seeds=1)
-        if j.main and not j.wave
-    ]
+    scenario, jobs, seed = bench_cli.main_jobs(spec)
     started = time.perf_counter()
-    _, out = bench_cli._run_job(scenario, jobs[0], None, seed)
+    _, out = bench_cli.run_job(scenario, jobs[0], None, seed)
     out.pop("wall_s", None)
     text = json.dumps(out, sort_keys=True, default=str)
     took = time.perf_counter() - started

@@ -26,7 +26,7 @@ from typing import Any
 from thunder_mw.benchmarks import bench_cli
 from thunder_mw.benchmarks.des import Simulation
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
-from thunder_mw.benchmarks.scenarios import CAPPED, SCENARIOS
+from thunder_mw.benchmarks.scenarios import CAPPED
 from thunder_mw.benchmarks.server_process import wait_until_healthy
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams
 from thunder_mw.sim.tokenizer import RuleTokenizer
@@ -142,14 +142,8 @@ def time_run(spec: str) -> dict[str, Any]:
     wall seconds of building and running the simulation (as the result files'
     `run_wall_s`), the engine steps its engines took, and the 1-minute load average before
     and after (the machine is shared)."""
-    name, policy, *rest = spec.split(":")
-    seed = int(rest[0]) if rest else 0
-    scenario = SCENARIOS[name]
-    jobs = [
-        j
-        for j in bench_cli.plan_jobs(scenario, [policy], seed=seed, sweep=False, seeds=1)
-        if j.main and not j.wave
-    ]
+    scenario, jobs, seed = bench_cli.main_jobs(spec)
+    name, policy = spec.split(":")[:2]
     if not jobs:
         raise ValueError(f"{spec}: no main run (unknown policy?)")
     # A capped policy is a sweep of caps: its largest cap stands for it here.

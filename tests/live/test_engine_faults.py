@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -24,6 +24,7 @@ from thunder_mw.engines.pool import (
     SCRAPED_SAMPLES,
     SUSPECT_RECHECK_S,
     SUSPECT_RECHECKS_S,
+    Backend,
     BackendPool,
     restricted_page_target,
 )
@@ -345,47 +346,44 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@asynccontextmanager
+async def one_engine_pool(url: str) -> AsyncIterator[tuple[BackendPool, Backend]]:
+    """A started pool of the one engine at `url`, probed only at start and when told."""
+    pool = BackendPool([BackendSettings(name="e", url=url)], ServerSettings(probe_interval_s=3600))
+    await pool.start()
+    try:
+        backend = pool.get("e")
+        assert backend is not None
+        yield pool, backend
+    finally:
+        await pool.stop()
+
+
 @pytest.mark.anyio
 async def test_an_engine_that_ignores_the_restricted_page_is_read_whole(
     engine: FakeEngine,
 ) -> None:
     # The fake answers /metrics/ as /metrics, with no usage sample: the probe falls back to
     # the whole page, reads its capacity there, and asks by name no more.
-    pool = BackendPool(
-        [BackendSettings(name="e", url=engine.url)], ServerSettings(probe_interval_s=3600)
-    )
-    await pool.start()
-    try:
-        backend = pool.get("e")
-        assert backend is not None
+    async with one_engine_pool(engine.url) as (pool, backend):
         await pool.probe(backend)
         assert backend.restricted_metrics is False
         assert backend.discovered_capacity == engine.num_blocks * engine.block_size
-        asked, *then = (urlsplit(page) for page in engine.pages)
-        wanted = urlsplit(restricted_page_target(SCRAPED_SAMPLES["vllm"]))
-        assert (asked.path, parse_qs(asked.query)) == (wanted.path, parse_qs(wanted.query))
-        assert [page.geturl() for page in then] == ["/metrics", "/metrics"]
-    finally:
-        await pool.stop()
+    asked, *then = (urlsplit(page) for page in engine.pages)
+    wanted = urlsplit(restricted_page_target(SCRAPED_SAMPLES["vllm"]))
+    assert (asked.path, parse_qs(asked.query)) == (wanted.path, parse_qs(wanted.query))
+    assert [page.geturl() for page in then] == ["/metrics", "/metrics"]
 
 
 @pytest.mark.anyio
 async def test_pool_probes_an_engine_at_once_after_a_failed_call(engine: FakeEngine) -> None:
-    pool = BackendPool(
-        [BackendSettings(name="e", url=engine.url)], ServerSettings(probe_interval_s=3600)
-    )
     probed = asyncio.Event()
-    await pool.start()
-    try:
+    async with one_engine_pool(engine.url) as (pool, backend):
         pool.listeners.append(lambda backend, metrics: probed.set())
-        backend = pool.get("e")
-        assert backend is not None
         pool.record_failure(backend, "injected")
         assert backend.healthy  # one failure makes it suspect, not down
         await asyncio.wait_for(probed.wait(), 5)
         assert backend.healthy  # the engine answers its probe: it stays in service
-    finally:
-        await pool.stop()
 
 
 @pytest.mark.anyio
@@ -406,19 +404,11 @@ async def test_a_suspect_engine_that_still_answers_is_checked_again(
     later look finds it gone, with no further call and no periodic probe."""
     engine = FakeEngine()
     with serving(engine) as es:
-        pool = BackendPool(
-            [BackendSettings(name="e", url=es.url)], ServerSettings(probe_interval_s=3600)
-        )
-        await pool.start()
-        try:
-            backend = pool.get("e")
-            assert backend is not None
+        async with one_engine_pool(es.url) as (pool, backend):
             pool.suspect(backend)
             await asyncio.sleep(well_for_s)
             still_up = backend.healthy
             engine.health_status = 503  # it dies
             await asyncio.sleep(dead_within_s)
             down = not backend.healthy
-        finally:
-            await pool.stop()
     assert still_up and down

@@ -278,8 +278,7 @@ class SpeculativePrefiller:
             # The request's hint, else the one its program sent before, else the default.
             hint = ctx.speculative_prefill
             if hint is None:
-                program = core.snapshot(ctx.program_id)
-                hint = program.speculative_prefill if program is not None else None
+                hint = core.speculative_prefill_hint(ctx.program_id)
             return stage.params.default if hint is None else hint
 
         return cls(pool, settings, metrics, enabled_for)

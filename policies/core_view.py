@@ -139,6 +139,12 @@ class CoreView:
     def knows(self, program_id: str) -> bool:
         return program_id in self.table
 
+    def speculative_prefill_hint(self, program_id: str) -> bool | None:
+        """The speculative-prefill hint `program_id` last sent (None: none, or no such
+        program). One field for the request path, where a snapshot would copy them all."""
+        program = self.table.get(program_id)
+        return None if program is None else program.speculative_prefill
+
     def held_count(self) -> int:
         """PAUSED programs with requests held: the queue as their clients see it."""
         return sum(

@@ -800,21 +800,15 @@ def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     steps/min and hit-rate ratios, and each figure's ratio of means with its `ci95` and
     verdict (`steps_per_min_ratio`, `prefix_hit_rate_ratio`). An interval holding 1.0 is a
     tie."""
-    mine = {r["repeat"]: r for r in runs.get("thunder-mw", []) if "error" not in r}
+    if not any("error" not in r for r in runs.get("thunder-mw", [])):
+        return {}
     out: dict[str, Any] = {}
-    for name, rs in runs.items():
-        if name == "thunder-mw" or not mine:
+    for name in runs:
+        if name == "thunder-mw":
             continue
-        steps, hits = [], []
-        for r in rs:
-            m = mine.get(r["repeat"])
-            if m and r.get("steps_per_min"):
-                steps.append(round(m["steps_per_min"] / r["steps_per_min"], 3))
-            if m and r.get("prefix_hit_rate"):
-                hits.append(round(m["prefix_hit_rate"] / r["prefix_hit_rate"], 3))
         out[f"thunder-mw/{name}"] = {
-            "steps_per_min": spread(steps),
-            "prefix_hit_rate": spread(hits),
+            "steps_per_min": spread(_paired_ratios(runs, "thunder-mw", name)),
+            "prefix_hit_rate": spread(_paired_ratios(runs, "thunder-mw", name, "prefix_hit_rate")),
             "steps_per_min_ratio": paired_compare(runs, "thunder-mw", name),
             "prefix_hit_rate_ratio": paired_compare(runs, "thunder-mw", name, "prefix_hit_rate"),
         }
@@ -911,13 +905,15 @@ def _outside(
     return [f"{what} simulated {simulated}, real {low}-{high}"]
 
 
-def _paired_ratios(runs: dict[str, list[dict[str, Any]]], a: str, b: str) -> list[float]:
-    """`a`'s steps/min over `b`'s in each repeat both ran."""
-    by_b = {r["repeat"]: r.get("steps_per_min") for r in runs[b]}
+def _paired_ratios(
+    runs: dict[str, list[dict[str, Any]]], a: str, b: str, key: str = "steps_per_min"
+) -> list[float]:
+    """`a`'s `key` over `b`'s in each repeat both ran (a failed run has no figure)."""
+    by_b = {r["repeat"]: r.get(key) for r in runs[b]}
     return [
-        round(r["steps_per_min"] / by_b[r["repeat"]], 3)
+        round(r[key] / by_b[r["repeat"]], 3)
         for r in runs[a]
-        if r.get("steps_per_min") and by_b.get(r["repeat"])
+        if r.get(key) is not None and by_b.get(r["repeat"])
     ]
 
 

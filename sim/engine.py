@@ -458,6 +458,16 @@ class Engine:
             self._expire_pins()
         self.step_no += 1
         s = self.step_no
+        if (
+            self._running
+            and not self._prefilling
+            and not self._streams
+            and s not in self._finish_events
+            and self._decode_only(s)
+        ):
+            # Most steps of a long run: decoders only, none finishing, nobody admitted. The
+            # phases below would find nothing more to do (no prefill, no token to hand out).
+            return self._forward_pass(s, [], 0, 0)
         scheduled: list[tuple[Sequence, int]] = []
         budget, preempted = self._schedule_running(s, scheduled)
         # Waiting requests join only in a step that preempted nothing.
@@ -532,6 +542,36 @@ class Engine:
             budget = self.config.max_num_batched_tokens - self._n_decoding
             budget -= sum(n for _, n in scheduled)
         return budget, preempted
+
+    def _decode_only(self, s: int) -> bool:
+        """Phases 1 and 2 of step `s` where every running request decodes (none prefills):
+        when no decoder due a block could preempt and no waiting request could be admitted,
+        give the due decoders their blocks and return True; else change nothing, return
+        False (the full phases run)."""
+        pool = self.pool
+        due = self._alloc_events.get(s)
+        if due is not None and len(due) > pool.num_free:
+            return False  # blocks may run out: who preempts whom needs the running order
+        waiting = self._waiting
+        if (
+            waiting
+            and self._n_decoding < self.config.max_num_batched_tokens
+            and len(self._running) < self.config.max_num_seqs
+        ):
+            # Phase 2 would look at the head: only a refusal that still holds skips it.
+            # Giving decoders blocks neither frees blocks nor caches hashes, so the check
+            # holds after them as it does here.
+            head = waiting[0]
+            if head._refused_epoch != pool.free_epoch or head._refused_at != len(pool.new_hashes):
+                return False
+        if due is not None:
+            del self._alloc_events[s]
+            # In event order, as `_due_in_step` leaves them with blocks enough; entries of
+            # requests that left running since are stale (a running request decodes here).
+            for seq in due:
+                if seq.decoding and seq._alloc_at == s:
+                    self._grow_decoder(seq, s)
+        return True
 
     def _due_in_step(self, s: int) -> list[Sequence]:
         """The running requests phase 1 visits: decoders whose block fills at step `s`, and

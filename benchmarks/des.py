@@ -594,15 +594,34 @@ class Simulation:
             self._step(backend)
 
     def _step(self, backend: _Backend) -> None:
-        backend.engine.advance(self.now)
-        result = backend.engine.step()
-        if result is None:
-            return
-        backend.busy = True
-        self.prefill_tokens += result.prefill_tokens
-        self._batch_time += result.decode_seqs * result.duration
-        self._busy_time += result.duration
-        self._at(self.now + result.duration, _STEP_END, (backend, result))
+        engine = backend.engine
+        events = self._events
+        while True:
+            engine.advance(self.now)
+            result = engine.step()
+            if result is None:
+                return
+            backend.busy = True
+            self.prefill_tokens += result.prefill_tokens
+            self._batch_time += result.decode_seqs * result.duration
+            self._busy_time += result.duration
+            t = self.now + result.duration
+            if (
+                result.progressed
+                or result.finished
+                or not events
+                or t >= events[0][0]
+                or t > self.cluster.horizon_s
+                or backend.kick_pending
+                or (self.arrivals.stop_at_window_end and self._steps_at_last_start is not None)
+            ):
+                self._at(t, _STEP_END, (backend, result))
+                return
+            # Its end would be the next event (no other comes first, nor at the same time),
+            # and `_on_step_end` would only step again (nothing progressed or finished):
+            # done here, without the queue (most steps of a run with one engine).
+            self.now = t
+            backend.busy = False
 
     def _on_step_end(self, payload: Any) -> None:
         backend, result = payload

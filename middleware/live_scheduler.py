@@ -393,7 +393,7 @@ class LiveScheduler:
 
     def _declare_host_tier(self, backend: Backend) -> None:
         tokens, speed = backend.host_tier
-        if tokens and backend.label in self.core.backends:
+        if tokens and backend.label in self.core.backend_views():
             self.core.handle(ev.HostTierDeclared(backend.label, tokens, speed))
 
     def drain_backend(self, label: str) -> None:

@@ -277,13 +277,15 @@ def test_the_module_cycle_finder_sees_a_cycle() -> None:
 
 # The core's state and its event methods, which nothing outside policies/ may reach: the
 # middleware, the harnesses and the lab speak to the core through `handle(event)` and read it
-# through its queries (`program`, `programs_on`, `counts`, `pipeline`...). A receiver is the
+# through its queries (`snapshot`, `programs_on`, `counts`, `pipeline`, `backend_views`: the
+# engines read-only, never the live `backends`...). A receiver is the
 # core when its last name is `core` (`core`, `self.core`, `scheduler.core`): every holder of
 # one names it so, and other objects may keep fields of these names (a DES result's
 # `counters`).
 _CORE_INTERNALS = frozenset(
     {
         "table",
+        "backends",
         "counters",
         "stages",
         "_apply",
@@ -401,6 +403,8 @@ def test_the_core_boundary_checker_sees_a_reach_past_it() -> None:
     assert _reaches_into_the_core("scheduler._apply(actions)\n")
     assert _reaches_into_the_core("program = self.core.program(pid)\n")
     assert _reaches_into_the_core("metrics = GatewayMetrics(core.programs, pool)\n")
+    assert _reaches_into_the_core("for b in self.core.backends.values():\n    pass\n")
+    assert not _reaches_into_the_core("for b in self.core.backend_views().values():\n    pass\n")
     assert not _reaches_into_the_core("program = self.core.snapshot(pid)\n")
     assert not _reaches_into_the_core("program = self.scheduler.program(pid)\n")
     assert not _reaches_into_the_core("out = self.core.handle(event)\nself._apply(out.actions)\n")

@@ -320,16 +320,16 @@ def test_the_gateway_times_streamed_calls_only_to_their_first_token() -> None:
     import time
 
     from thunder_mw.middleware.call_state import CallState, RequestBody
-    from thunder_mw.middleware.live_scheduler import _timed
+    from thunder_mw.middleware.live_scheduler import timed_usage
 
     call = CallState()
-    assert _timed(call, Usage(10, 2, 0)) == Usage(10, 2, 0)  # never forwarded: untimed
+    assert timed_usage(call, Usage(10, 2, 0)) == Usage(10, 2, 0)  # never forwarded: untimed
     call.forwarded_at = time.perf_counter() - 2.0
     call.first_body_at = call.forwarded_at + 0.5
-    unstreamed = _timed(call, Usage(10, 2, 0))
+    unstreamed = timed_usage(call, Usage(10, 2, 0))
     assert unstreamed is not None and unstreamed.ttft_s is None
     assert unstreamed.duration_s is not None and unstreamed.duration_s >= 2.0
     call.body = RequestBody({"stream": True}, b"{}")
-    streamed = _timed(call, Usage(10, 2, 0))
+    streamed = timed_usage(call, Usage(10, 2, 0))
     assert streamed is not None and streamed.ttft_s == pytest.approx(0.5)
-    assert _timed(call, None) is None
+    assert timed_usage(call, None) is None

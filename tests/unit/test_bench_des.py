@@ -258,10 +258,17 @@ def test_scrapes_carry_the_engine_cost_counters_when_asked_as_live_ones_do(
         last.prefill_tokens_total,
         last.decode_seconds_total,
         last.decode_tokens_total,
+        last.steps_total,
+        last.inter_token_seconds_total,
+        last.inter_tokens_total,
     )
     if not counters:
-        assert fields == (None, None, None, None)
+        assert fields == (None,) * 7
         return
+    assert last.steps_total is not None and 0 < last.steps_total <= stats.steps
+    assert last.inter_tokens_total is not None and last.inter_token_seconds_total is not None
+    assert 0 < last.inter_tokens_total < stats.generation_tokens  # first tokens not counted
+    assert 0 < last.inter_token_seconds_total <= last.inter_tokens_total * stats.busy_seconds
     assert stats.request_prefill_kv_computed_tokens > 0  # something was timed
     assert last.prefill_tokens_total is not None and last.decode_tokens_total is not None
     assert 0 < last.prefill_tokens_total <= stats.request_prefill_kv_computed_tokens

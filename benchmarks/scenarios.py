@@ -141,17 +141,18 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "thunder-mw/no-host-tier": _thunder_mw(admission={"host_tier": False}),
     # The default pipeline in front of the engines `offload` runs on (the host KV tier,
     # POLICY_ENGINE_OPTIONS): what a user with that tier would deploy, the same hardware
-    # as the `offload` baseline. Its tier rules (tier-aware placement, `tier_reload`
-    # admission, the min-waste idle fate on tiered backends) price a reload against a
-    # recompute from the engine's counters, as live learns them.
+    # as the `offload` baseline. Its tier rules (tier-aware placement, the min-waste idle
+    # fate on tiered backends) price a reload against a recompute from the engine's
+    # counters, as live learns them.
     "thunder-mw/host-tier": _thunder_mw(),
     # Their ablation: the same engines with the rules before them (resume wherever there
-    # is room, the GPU's caps on the tier too, idle contexts at the acting weight).
+    # is room, idle contexts at the acting weight).
     "thunder-mw/tier-fixed-rules": _thunder_mw(
-        admission={"tier_reload": False},
-        migration={"tier_aware": False},
-        **{"state-aware-pause": {"idle_fate": "weight"}},
+        migration={"tier_aware": False}, **{"state-aware-pause": {"idle_fate": "weight"}}
     ),
+    # The default on the tier with admission pricing an overflow the tier holds at its
+    # reload alone, the GPU's caps on calls in flight lifted (`tier_reload`, opt-in).
+    "thunder-mw/tier-reload": _thunder_mw(admission={"tier_reload": True}),
     # An ACTING program's reservation by InferCept's min-waste rule on every backend, not
     # only tiered ones (pausing `idle_fate: min_waste`), costs from the engine's counters.
     "thunder-mw/min-waste": _thunder_mw(**{"state-aware-pause": {"idle_fate": "min_waste"}}),
@@ -183,6 +184,7 @@ POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     OFFLOAD_CAPPED: {"host_tier": True},
     "thunder-mw/host-tier": {"host_tier": True, "engine_counters": True},
     "thunder-mw/tier-fixed-rules": {"host_tier": True, "engine_counters": True},
+    "thunder-mw/tier-reload": {"host_tier": True, "engine_counters": True},
     "thunder-mw/min-waste": {"engine_counters": True},
     "continuum": {"program_fcfs": True},
 }

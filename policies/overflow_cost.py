@@ -32,7 +32,7 @@ overflow stays within the host tier plus `max_overflow` x capacity (beyond the i
 evictable KV the engine would preempt running sequences, which recompute whole contexts),
 and the programs with a call in the engine still fit its GPU cache by themselves, now and on
 average (reserved x duty <= capacity, duty = mean call time / (call + tool time)). With
-AdmissionParams `tier_reload` (on by default), an overflow the host tier holds drops those
+AdmissionParams `tier_reload` (off by default), an overflow the host tier holds drops those
 two caps and pays its reload alone (`tier_pays`).
 Why: holding costs the batch one sequence for H seconds. Admitting costs, per cycle while the
 overflow lasts (about H), the recompute of about F tokens (an LRU cache smaller than a cyclic

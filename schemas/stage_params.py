@@ -79,12 +79,12 @@ class AdmissionParams(StageParams):
         "its reload cost (false: plan with the GPU cache alone).",
     )
     tier_reload: bool = Field(
-        True,
+        False,
         description="cost_aware: where the host KV tier holds the overflow, price it at its "
         "reload alone: admit past the GPU while a reload of the program's context, stalling "
         "the batch, costs less than the hold it spares, with no cap on the calls in flight "
         "(the engine queues and preempts to the tier; no effect on a backend without one; "
-        "false: the GPU's caps apply to the tier too; docs/scheduling.md).",
+        "docs/scheduling.md).",
     )
     shared_prefix: bool = Field(
         False,

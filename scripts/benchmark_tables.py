@@ -508,11 +508,13 @@ def _fixed_ratio(variants: Record | None) -> str:
 
 # Rows of a `*-variants.json` that change what runs, not a rule: `host-tier` is thunder-mw on
 # offload's engines (docs/benchmarks.md's host-tier table compares it there), and
-# `tier-fixed-rules` runs on those engines too (its ablation, compared with it and offload);
+# `tier-fixed-rules` and `tier-reload` run on those engines too (its ablation and an opt-in,
+# compared with it and offload);
 # `min-waste` learns from the engine's counters, which the default's rows do not.
 NOT_A_RULE = (
     "thunder-mw/host-tier",
     "thunder-mw/tier-fixed-rules",
+    "thunder-mw/tier-reload",
     "thunder-mw/min-waste",
 )
 
@@ -554,7 +556,7 @@ DEFAULT_RULES = {"admission_overflow": "adaptive", "pause_victim": "auto"}
 # they act), on engines with a host KV tier and without: (resume placement, idle fate,
 # tier reload). Files written before they were recorded ran the untiered row's.
 DEFAULT_TIER_RULES = {
-    True: ("tier_aware", "min_waste", "on"),
+    True: ("tier_aware", "min_waste", "off"),
     False: ("home_if_room", "weight", "off"),
 }
 # The default's cost source in the simulator (its scrapes without the engine's counters).

@@ -34,9 +34,8 @@ BUSY = OverflowView(
 CHEAP_RELOAD = EngineCosts(prefill_s_per_token=1e-2, host_s_per_token=1e-5)
 
 
-def test_without_the_tiers_rule_the_gpu_caps_what_runs() -> None:
-    # `tier_reload: false` (the default is on; a backend without a tier is unchanged by it).
-    assert AdmissionParams().tier_reload is True
+def test_off_by_default_the_gpu_caps_what_runs() -> None:
+    assert AdmissionParams().tier_reload is False
     assert not admit_past_capacity(CHEAP_RELOAD, BUSY, 400, budget_s=10.0)
     assert allowance(CHEAP_RELOAD, BUSY, 400, budget_s=10.0) == 0  # duty 1: no room
 

@@ -754,27 +754,41 @@ def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[st
     unless its pipeline said otherwise); `resume_placement`, where the migration stage
     resumes a paused program (`home_if_room`: its previous backend when that has room now,
     else the most room; `tier_aware`: where its host tier holds its context unless a move
-    pays; a file that does not say ran `home_if_room`)."""
+    pays; a file that does not say ran `home_if_room`); `idle_fate`, what an idle program's
+    reservation counts (`weight` or `min_waste`; a file that does not say ran `weight`);
+    `tier_reload`, whether admission prices an overflow the host tier holds at its reload
+    (`on` / `off`; a file that does not say ran `off`). The three tier rules are recorded as
+    they act: without a host tier they change nothing, and are recorded off."""
     rules: dict[str, dict[str, str]] = {
         "admission_overflow": {},
         "pause_victim": {},
         "queue_order": {},
         "resume_placement": {},
+        "idle_fate": {},
+        "tier_reload": {},
     }
     for policy in policies:
+        tiered = "host_kv_tokens" in dict(engine_options(scenario, policy))
         for stage in POLICIES[policy]:
             if "admission" in stage:
-                rules["admission_overflow"][policy] = AdmissionParams(**stage["admission"]).overflow
+                admission = AdmissionParams(**stage["admission"])
+                rules["admission_overflow"][policy] = admission.overflow
+                reload = admission.tier_reload and admission.host_tier and tiered
+                rules["tier_reload"][policy] = "on" if reload else "off"
             if "state_aware_pause" in stage:
                 pause = PauseParams(**stage["state_aware_pause"])
                 rules["pause_victim"][policy] = pause.victim
+                fate = pause.idle_fate
+                if fate == "tiered_min_waste":
+                    fate = "min_waste" if tiered else "weight"
+                rules["idle_fate"][policy] = fate
             if "migration" in stage:
                 migration = MigrationParams(**stage["migration"])
                 first = migration.started_first
                 if first is None:
-                    first = "host_kv_tokens" in dict(engine_options(scenario, policy))
+                    first = tiered
                 rules["queue_order"][policy] = "started_first" if first else "arrival"
-                placement = "tier_aware" if migration.tier_aware else "home_if_room"
+                placement = "tier_aware" if migration.tier_aware and tiered else "home_if_room"
                 rules["resume_placement"][policy] = placement
     return rules
 

@@ -131,12 +131,16 @@ class ClusterConfig:
 def _counters(stats: EngineStats) -> dict[str, float]:
     """The engine's cost counters as live reads them from vLLM's metrics (engines/pool.py:
     `request_prefill_time_seconds` and `request_prefill_kv_computed_tokens` sums,
-    `request_decode_time_seconds` sum, `generation_tokens`), in simulated seconds."""
+    `request_decode_time_seconds` sum, `generation_tokens`, `iteration_tokens_total`'s
+    count, `inter_token_latency_seconds` sum and count), in simulated seconds."""
     return {
         "prefill_seconds_total": stats.request_prefill_seconds,
         "prefill_tokens_total": float(stats.request_prefill_kv_computed_tokens),
         "decode_seconds_total": stats.request_decode_seconds,
         "decode_tokens_total": float(stats.generation_tokens),
+        "steps_total": float(stats.steps),
+        "inter_token_seconds_total": stats.inter_token_seconds,
+        "inter_tokens_total": float(stats.inter_tokens),
     }
 
 

@@ -42,11 +42,13 @@ from thunder_mw.engines.pooled_connections import (
 __all__ = [
     "CLIENT_KEEP_ALIVE_S",
     "CallRecord",
+    "ClosedLoopQueue",
     "Identity",
     "ProgramRecord",
     "ReplayResult",
     "Replayer",
     "render",
+    "run_until",
     "single_token_words",
     "thunder_identity",
 ]
@@ -109,7 +111,7 @@ class ReplayResult:
     stale_retries: int = 0  # requests resent because the server had closed their connection
 
 
-class _Queue:
+class ClosedLoopQueue:
     """A closed loop's programs, handed out in order; `emptied` is set as the last one is."""
 
     def __init__(self, programs: Sequence[ProgramSpec]) -> None:
@@ -128,7 +130,7 @@ class _Queue:
         return spec
 
 
-async def _until(runs: asyncio.Future[Any], event: asyncio.Event) -> None:
+async def run_until(runs: asyncio.Future[Any], event: asyncio.Event) -> None:
     """Await `runs` until `event` is set, then cancel what is left of them."""
     waiter = asyncio.ensure_future(event.wait())
     try:
@@ -210,12 +212,12 @@ class Replayer:
             if concurrency is None:
                 await asyncio.gather(*(self._program(session, spec, started) for spec in programs))
             else:
-                queue = _Queue(programs)
+                queue = ClosedLoopQueue(programs)
                 runs = asyncio.gather(
                     *(self._loop(session, queue, started) for _ in range(concurrency))
                 )
                 if stop_at_last_start:
-                    await _until(runs, queue.emptied)
+                    await run_until(runs, queue.emptied)
                 else:
                     await runs
         return self.partial_result()
@@ -243,7 +245,9 @@ class Replayer:
             self.stale_retries += 1
             return await self._fresh.post(url, json=body, headers=headers)
 
-    async def _loop(self, session: aiohttp.ClientSession, queue: _Queue, t0: float) -> None:
+    async def _loop(
+        self, session: aiohttp.ClientSession, queue: ClosedLoopQueue, t0: float
+    ) -> None:
         while (spec := queue.next()) is not None:
             await self._program(session, spec, t0, closed=True)
 

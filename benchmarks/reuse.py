@@ -21,15 +21,20 @@ from thunder_mw.benchmarks.scenarios import CAPPED
 
 __all__ = [
     "LEGACY_CLUSTER_DEFAULTS",
+    "LEGACY_IDLE_FATE",
+    "LEGACY_PARAMS",
     "LEGACY_PAUSE_VICTIM",
     "LEGACY_QUEUE_ORDER",
     "LEGACY_RESUME_PLACEMENT",
+    "LEGACY_TIER_RELOAD",
     "PER_POLICY",
     "ROW_KEYS",
     "ReuseError",
     "check_config",
+    "recorded_idle_fate",
     "recorded_order",
     "recorded_placement",
+    "recorded_tier_reload",
     "recorded_victim",
     "reused_output",
 ]
@@ -40,6 +45,7 @@ ROW_KEYS += ("programs", "main", "seed", "wave", "cap")
 # Config keys that say what a policy ran on, not which policies ran.
 PER_POLICY: tuple[str, ...] = ("policies", "admission_overflow", "pause_victim", "host_tier")
 PER_POLICY += ("queue_order", "description", "engine_counters", "resume_placement")
+PER_POLICY += ("idle_fate", "tier_reload")
 # The pause victim of `state_aware_pause: {}` until `auto` replaced it after 0.2.0; files of that
 # time do not record the rule a pipeline resolved to.
 LEGACY_PAUSE_VICTIM = "cost_benefit"
@@ -50,6 +56,17 @@ LEGACY_QUEUE_ORDER = "arrival"
 # Where the migration stage resumed a paused program before `tier_aware` existed: its
 # previous backend when that had room, else the most room.
 LEGACY_RESUME_PLACEMENT = "home_if_room"
+# What an idle program's reservation counted, and whether admission priced an overflow the
+# host tier holds at its reload, before the tier rules became the default (2026-12-04).
+LEGACY_IDLE_FATE = "weight"
+LEGACY_TIER_RELOAD = "off"
+# Params every stage of a pipeline meant before a preset had to say them (their defaults
+# moved since): a preset that now names one matches its old runs that did not.
+LEGACY_PARAMS: dict[str, frozenset[tuple[str, Any]]] = {
+    "migration": frozenset({("started_first", False), ("tier_aware", False)}),
+    "admission": frozenset({("tier_reload", False)}),
+    "state_aware_pause": frozenset({("idle_fate", "weight")}),
+}
 # Harness constants added since some files were written, at the value those files ran
 # with: the simulator's scrapes carried no engine cost counters.
 LEGACY_CLUSTER_DEFAULTS: dict[str, Any] = {"engine_counters": False}
@@ -91,12 +108,18 @@ def check_config(old: dict[str, Any], new: dict[str, Any], reused: Iterable[str]
                 f"{policy}'s queue order resolved to {then} when the file was written, "
                 f"to {now} now (a default changed): rerun it"
             )
-        then, now = recorded_placement(old, policy), new.get("resume_placement", {}).get(policy)
-        if then != now:
-            raise ReuseError(
-                f"{policy}'s resume placement resolved to {then} when the file was written, "
-                f"to {now} now (a default changed): rerun it"
-            )
+        for what, recorded in (
+            ("resume placement", recorded_placement),
+            ("idle fate", recorded_idle_fate),
+            ("tier reload", recorded_tier_reload),
+        ):
+            key = what.replace(" ", "_")
+            then, now = recorded(old, policy), new.get(key, {}).get(policy)
+            if then != now:
+                raise ReuseError(
+                    f"{policy}'s {what} resolved to {then} when the file was written, "
+                    f"to {now} now (a default changed): rerun it"
+                )
         then_counted = bool(old.get("engine_counters", {}).get(policy, False))
         if then_counted != bool(new.get("engine_counters", {}).get(policy, False)):
             learned = "the engine's counters" if then_counted else "call timings"
@@ -107,16 +130,19 @@ def check_config(old: dict[str, Any], new: dict[str, Any], reused: Iterable[str]
 
 
 def _as_written(pipeline: Any) -> Any:
-    """A pipeline without `started_first: false`, which every migration stage meant before a
-    preset had to say it (the default became `null` after 0.2.0; `queue_order` tells the
-    runs apart where the new default orders otherwise)."""
+    """A pipeline without the params every stage meant before a preset had to say them
+    (`LEGACY_PARAMS`: `started_first: false` until the default became `null` after 0.2.0,
+    the tier rules off until they became the default; the recorded rules tell the runs
+    apart where a new default acts otherwise)."""
     if not isinstance(pipeline, list):
         return pipeline
     return [
         {
-            name: {k: v for k, v in params.items() if (k, v) != ("started_first", False)}
-            if name == "migration"
-            else params
+            name: {
+                k: v
+                for k, v in params.items()
+                if (k, v) not in LEGACY_PARAMS.get(name, frozenset())
+            }
             for name, params in stage.items()
         }
         for stage in pipeline
@@ -144,6 +170,30 @@ def recorded_placement(config: dict[str, Any], policy: str) -> str | None:
         "resume_placement",
         "migration",
         lambda params: "tier_aware" if params.get("tier_aware") else LEGACY_RESUME_PLACEMENT,
+    )
+
+
+def recorded_idle_fate(config: dict[str, Any], policy: str) -> str | None:
+    """What an idle program's reservation counted in `policy`'s runs, as the file records it
+    or, for a file written before it did, as its pipeline said (else `weight`)."""
+    return _recorded(
+        config,
+        policy,
+        "idle_fate",
+        "state_aware_pause",
+        lambda params: str(params.get("idle_fate", LEGACY_IDLE_FATE)),
+    )
+
+
+def recorded_tier_reload(config: dict[str, Any], policy: str) -> str | None:
+    """Whether `policy`'s admission priced a tier-held overflow at its reload, as the file
+    records it or, for a file written before it did, as its pipeline said (else `off`)."""
+    return _recorded(
+        config,
+        policy,
+        "tier_reload",
+        "admission",
+        lambda params: "on" if params.get("tier_reload") else LEGACY_TIER_RELOAD,
     )
 
 

@@ -141,35 +141,21 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "thunder-mw/no-host-tier": _thunder_mw(admission={"host_tier": False}),
     # The default pipeline in front of the engines `offload` runs on (the host KV tier,
     # POLICY_ENGINE_OPTIONS): what a user with that tier would deploy, the same hardware
-    # as the `offload` baseline.
+    # as the `offload` baseline. Its tier rules (tier-aware placement, the min-waste idle
+    # fate on tiered backends) price a reload against a recompute from the engine's
+    # counters, as live learns them.
     "thunder-mw/host-tier": _thunder_mw(),
-    # The same, with placement that keeps a paused program on the engine whose tier holds
-    # its context unless a move pays after a full recompute (migration `tier_aware`), and
-    # costs learned from the engine's own counters, as live learns them
-    # (POLICY_ENGINE_OPTIONS' `engine_counters`): issue 42's opt-ins together.
-    "thunder-mw/tier-aware": _thunder_mw(migration={"tier_aware": True}),
-    # Each of the two alone, on the tiered engines: which part does what.
-    "thunder-mw/tier-placement": _thunder_mw(migration={"tier_aware": True}),
-    "thunder-mw/tier-counters": _thunder_mw(),
-    # tier-aware with one queue order for paused and new programs: with programs waiting for
-    # their home and the rest going on elsewhere, does the started-first order still pay?
-    "thunder-mw/tier-aware+arrival-order": _thunder_mw(
-        migration={"tier_aware": True, "started_first": False}
+    # Their ablation: the same engines with the rules before them (resume wherever there
+    # is room, idle contexts at the acting weight).
+    "thunder-mw/tier-fixed-rules": _thunder_mw(
+        migration={"tier_aware": False}, **{"state-aware-pause": {"idle_fate": "weight"}}
     ),
-    # tier-aware with admission that prices an overflow the host tier holds at its reload
-    # alone (admission `tier_reload`): no GPU cap on what is admitted while the tier has room.
-    "thunder-mw/tier-admit": _thunder_mw(
-        admission={"tier_reload": True}, migration={"tier_aware": True}
-    ),
-    # An ACTING program's reservation by InferCept's min-waste rule (pausing `idle_fate`):
-    # its whole context while keeping it costs less than letting it go, else none; costs
-    # from the engine's counters. With the tier-aware opt-ins on the tiered engines too.
+    # The default on the tier with admission pricing an overflow the tier holds at its
+    # reload alone, the GPU's caps on calls in flight lifted (`tier_reload`, opt-in).
+    "thunder-mw/tier-reload": _thunder_mw(admission={"tier_reload": True}),
+    # An ACTING program's reservation by InferCept's min-waste rule on every backend, not
+    # only tiered ones (pausing `idle_fate: min_waste`), costs from the engine's counters.
     "thunder-mw/min-waste": _thunder_mw(**{"state-aware-pause": {"idle_fate": "min_waste"}}),
-    "thunder-mw/tier-min-waste": _thunder_mw(
-        admission={"tier_reload": True},
-        migration={"tier_aware": True},
-        **{"state-aware-pause": {"idle_fate": "min_waste"}},
-    ),
     "thunder-mw/resident": _thunder_mw(admission={"resident_floor": 0.5}),
     "thunder-mw/hw-1.0+acting-0.5": _thunder_mw(
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
@@ -196,14 +182,10 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
 POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "offload": {"host_tier": True},
     OFFLOAD_CAPPED: {"host_tier": True},
-    "thunder-mw/host-tier": {"host_tier": True},
-    "thunder-mw/tier-aware": {"host_tier": True, "engine_counters": True},
-    "thunder-mw/tier-placement": {"host_tier": True},
-    "thunder-mw/tier-counters": {"host_tier": True, "engine_counters": True},
-    "thunder-mw/tier-aware+arrival-order": {"host_tier": True, "engine_counters": True},
-    "thunder-mw/tier-admit": {"host_tier": True, "engine_counters": True},
+    "thunder-mw/host-tier": {"host_tier": True, "engine_counters": True},
+    "thunder-mw/tier-fixed-rules": {"host_tier": True, "engine_counters": True},
+    "thunder-mw/tier-reload": {"host_tier": True, "engine_counters": True},
     "thunder-mw/min-waste": {"engine_counters": True},
-    "thunder-mw/tier-min-waste": {"host_tier": True, "engine_counters": True},
     "continuum": {"program_fcfs": True},
 }
 

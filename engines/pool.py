@@ -63,6 +63,9 @@ _SIGNALS: dict[str, dict[str, tuple[str, ...]]] = {
         "prefill_tokens_total": ("vllm:request_prefill_kv_computed_tokens_sum",),
         "decode_seconds_total": ("vllm:request_decode_time_seconds_sum",),
         "decode_tokens_total": ("vllm:generation_tokens_total",),
+        "steps_total": ("vllm:iteration_tokens_total_count",),
+        "inter_token_seconds_total": ("vllm:inter_token_latency_seconds_sum",),
+        "inter_tokens_total": ("vllm:inter_token_latency_seconds_count",),
     },
     "sglang": {
         "kv_usage": ("sglang:token_usage",),

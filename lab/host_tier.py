@@ -1,13 +1,14 @@
 """thunder-mw on the host-tier engines the tiered baselines run on, over each of them: the
 same hardware.
 
-The tiered thunder-mw rows (`TIERED`: the default pipeline on offload's engines, and issue
-42's tier-aware rules) run in a scenario's `<name>-variants.json`; the baselines that ran
-with the host tier (the file's `config.host_tier`: `offload`, `offload_capped` at the cap that
-was best on each figure, Continuum where its engines have the tier) in `<name>.json`; both
-files hold the same seeds' workloads and engines, so their runs pair by seed. This writes the
-paired ratios (fixed batch and long window, 95 % bootstrap interval, verdict) to
-results/host-tier.json, which docs/benchmarks.md's table is printed from:
+The tiered thunder-mw rows (`TIERED`: the default pipeline on offload's engines, its tier
+rules in force, their ablation, the rules before them, and `tier_reload` on) run in a
+scenario's `<name>-variants.json`; the baselines that ran with the host tier (the file's
+`config.host_tier`: `offload`, `offload_capped` at the cap that was best on each figure,
+Continuum where its engines have the tier) in `<name>.json`; both files hold the same seeds'
+workloads and engines, so their runs pair by seed. This writes the paired ratios (fixed batch
+and long window, 95 % bootstrap interval, verdict) to results/host-tier.json, which
+docs/benchmarks.md's table is printed from:
 
     python -m thunder_mw.lab.host_tier
 """
@@ -26,7 +27,7 @@ from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 __all__ = ["FIGURES", "THEIRS", "TIERED", "caps", "main", "pair", "per_seed", "tiered_baselines"]
 
 # The tiered thunder-mw rows, in the order the table lists them.
-TIERED = ("thunder-mw/host-tier", "thunder-mw/tier-admit", "thunder-mw/tier-min-waste")
+TIERED = ("thunder-mw/host-tier", "thunder-mw/tier-fixed-rules", "thunder-mw/tier-reload")
 # The tiered baselines `pair` takes where none is named: offload, and behind its best cap.
 THEIRS = ("offload", "offload_capped")
 FIGURES = (("makespan_s", True, False), ("steps_per_min_steady", False, True))

@@ -64,7 +64,7 @@ def fleet(programs: int, seed: int) -> tuple[GatewayMetrics, Observability, Live
         tick_listeners=(observability.on_tick,),
     )
     now = 0.0
-    for label in core.backends:
+    for label in core.backend_views():
         metrics_seen = BackendMetrics(0.8, 40, 3, 12.0, 9e6, 1.2e7)
         scheduler.apply(core.handle(BackendChanged(label, now, metrics=metrics_seen)).actions)
     for i, context in enumerate(contexts):

@@ -42,14 +42,14 @@ OUTPUT = RESULTS_DIR / "sim-perf.json"
 # run 1.1-7x faster (results/sim-perf.json). vllm-cpu-real and live-small are not DES.
 DEFAULT_RUNS = (
     "paper-openhands-glm46:offload",  # 356 s
-    "paper-openhands-glm46:thunder-mw/tier-min-waste",  # 150 s
+    "paper-openhands-glm46:thunder-mw/host-tier",  # 150 s
     "paper-rollout-2node:session_affinity",  # 257 s
     "dynamo-minimax:offload",  # 232 s
     "dynamo-minimax:thunder-mw/shared-prefix",  # 154 s
-    "paper-rollout-2node-openhands:thunder-mw/tier-min-waste",  # 232 s
+    "paper-rollout-2node-openhands:thunder-mw/host-tier",  # 232 s
     "paper-rollout-2node-openhands:offload",  # 188 s
     "test-bursty-swe-glm46:offload",  # 122 s
-    "paper-swe-glm46:thunder-mw/tier-min-waste",  # 120 s
+    "paper-swe-glm46:thunder-mw/host-tier",  # 120 s
     "hicache-batch192:vllm_capped",  # 115 s (at its best cap, 48; here its largest)
     "hicache-batch192:offload",  # 114 s
     "cluster-scaling:offload",  # 63 s

@@ -32,7 +32,7 @@ from thunder_mw.middleware.types import Receive, Scope, Send
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.schemas.config import ServerSettings
 
-__all__ = ["HOP_BY_HOP", "Forwarder"]
+__all__ = ["HOP_BY_HOP", "Forwarder", "sse_data"]
 
 log = logging.getLogger("thunder_mw.forwarder")
 
@@ -400,7 +400,7 @@ class Forwarder:
         """Capture usage from complete SSE events; drop the usage-only chunk we asked for."""
         kept: list[bytes] = []
         for event in ready.split(b"\n\n")[:-1]:
-            data = _data_of(event) if b'"usage"' in event else None
+            data = sse_data(event) if b'"usage"' in event else None
             if data is not None:
                 with contextlib.suppress(
                     msgspec.DecodeError, msgspec.ValidationError, RecursionError
@@ -473,7 +473,7 @@ class Forwarder:
             response.close()
 
 
-def _data_of(event: bytes) -> bytes | None:
+def sse_data(event: bytes) -> bytes | None:
     """The `data:` payload of one SSE event. Chat streams send only that line; the Responses
     API (vLLM) puts an `event: response.completed` line before it."""
     if event.startswith(b"data:"):

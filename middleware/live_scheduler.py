@@ -44,7 +44,14 @@ from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.program_table import ProgramSnapshot, Usage
 from thunder_mw.schemas.config import ServerSettings
 
-__all__ = ["RETRY_AFTER_S", "HoldLimits", "LiveScheduler", "request_info", "shared_prefix"]
+__all__ = [
+    "RETRY_AFTER_S",
+    "HoldLimits",
+    "LiveScheduler",
+    "request_info",
+    "shared_prefix",
+    "timed_usage",
+]
 
 log = logging.getLogger("thunder_mw.scheduler")
 RETRY_AFTER_S = b"5"
@@ -339,7 +346,7 @@ class LiveScheduler:
         program_id = call.context.program_id
         # Sent unplanned (past every engine's limit), the call was never counted by the core.
         if call.planned:
-            usage = _timed(call, call.usage)
+            usage = timed_usage(call, call.usage)
             ended = ev.CallFinished(program_id, usage, outcome == "ok", self.clock())
             self._apply(self.core.handle(ended).actions)
         if self.replication is not None:
@@ -393,7 +400,7 @@ class LiveScheduler:
 
     def _declare_host_tier(self, backend: Backend) -> None:
         tokens, speed = backend.host_tier
-        if tokens and backend.label in self.core.backends:
+        if tokens and backend.label in self.core.backend_views():
             self.core.handle(ev.HostTierDeclared(backend.label, tokens, speed))
 
     def drain_backend(self, label: str) -> None:
@@ -501,7 +508,7 @@ class LiveScheduler:
                 listener(action)
 
 
-def _timed(call: CallState, usage: Usage | None) -> Usage | None:
+def timed_usage(call: CallState, usage: Usage | None) -> Usage | None:
     """The call's usage with the gateway's timing of it (what the cost-aware overflow rule
     learns a prefill token's and a decode step's cost from where the engine reports none):
     from forwarding to its first body (streamed answers only) and to now."""

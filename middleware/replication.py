@@ -176,7 +176,7 @@ class Replication:
                     "program_owned_by_another_key",
                 )
         program = self._seed(record, ctx)
-        home = self.core.backends.get(record.backend or "")
+        home = self.core.backend_views().get(record.backend or "")
         if (
             record.state == ProgramState.ACTIVE.value
             and home is not None
@@ -210,7 +210,7 @@ class Replication:
                     return
                 item = self._item(program, "claim")
                 try:
-                    (result,) = await self.store.sync([item], list(self.core.backends))
+                    (result,) = await self.store.sync([item], list(self.core.backend_views()))
                 except StoreUnavailable:
                     if self.fail_closed:
                         raise _unavailable() from None
@@ -274,7 +274,7 @@ class Replication:
         self._wake.set()
 
     def _limit(self, label: str) -> float | None:
-        backend = self.core.backends.get(label)
+        backend = self.core.backend_views().get(label)
         if backend is None or backend.capacity is None or self._high is None:
             return None
         return backend.capacity * self._high
@@ -375,7 +375,7 @@ class Replication:
                 SyncItem(program_id, "drop") if program is None else self._item(program, "update")
             )
         try:
-            results = await self.store.sync(items, list(self.core.backends))
+            results = await self.store.sync(items, list(self.core.backend_views()))
         except StoreUnavailable:
             self._dirty |= dirty  # written once Redis answers again
             raise
@@ -443,7 +443,7 @@ class Replication:
             while True:
                 self._refresh_again = False
                 try:
-                    snapshot = await self.store.snapshot(list(self.core.backends))
+                    snapshot = await self.store.snapshot(list(self.core.backend_views()))
                 except StoreUnavailable:
                     self._was_down = True
                     return

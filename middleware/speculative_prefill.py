@@ -36,6 +36,7 @@ __all__ = [
     "WARMABLE_PATHS",
     "AnswerRecorder",
     "PromptMemory",
+    "Remembered",
     "SpeculativePrefiller",
     "warming_body",
 ]
@@ -164,7 +165,9 @@ class AnswerRecorder:
 
 
 # ---------------------------------------------------------------- what is remembered
-class _Remembered(msgspec.Struct):
+class Remembered(msgspec.Struct):
+    """A program's last request (its route and body) and the answer to it, `size` bytes."""
+
     path: str
     body: dict[str, Any]
     answer: dict[str, Any]
@@ -178,7 +181,7 @@ class PromptMemory:
     def __init__(self, budget: int, metrics: PrefillMetrics | None = None) -> None:
         self.budget = budget
         self.metrics = metrics
-        self._programs: collections.OrderedDict[str, _Remembered] = collections.OrderedDict()
+        self._programs: collections.OrderedDict[str, Remembered] = collections.OrderedDict()
         self.bytes_held = 0
         self.evictions = 0
 
@@ -206,7 +209,7 @@ class PromptMemory:
         self.forget(program_id)
         if size > self.budget:
             return
-        self._programs[program_id] = _Remembered(path, body, answer.message(), size)
+        self._programs[program_id] = Remembered(path, body, answer.message(), size)
         self.bytes_held += size
         while self.bytes_held > self.budget:
             _, dropped = self._programs.popitem(last=False)
@@ -215,7 +218,7 @@ class PromptMemory:
             if self.metrics is not None:
                 self.metrics.evictions.inc()
 
-    def get(self, program_id: str) -> _Remembered | None:
+    def get(self, program_id: str) -> Remembered | None:
         return self._programs.get(program_id)
 
     def forget(self, program_id: str) -> None:
@@ -224,7 +227,7 @@ class PromptMemory:
             self.bytes_held -= old.size
 
 
-def warming_body(remembered: _Remembered) -> dict[str, Any] | None:
+def warming_body(remembered: Remembered) -> dict[str, Any] | None:
     """The program's last request with its answer appended, asking for one token; None when
     its route or prompt cannot be extended (a prompt of token ids, several prompts)."""
     body = {k: v for k, v in remembered.body.items() if k not in _ANSWER_KEYS}

@@ -117,7 +117,7 @@ class Dashboard:
         core, now = self.core, self.clock()
         health = self.health()
         backends = []
-        for b in core.backends.values():
+        for b in core.backend_views().values():
             m = b.metrics
             described = health.get(b.label)
             backends.append(

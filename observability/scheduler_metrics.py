@@ -76,7 +76,7 @@ class _BackendGauges(Collector):
         )
         reserved_use: list[float] = []
         engine_use: list[float] = []
-        for b in core.backends.values():
+        for b in core.backend_views().values():
             label = [b.label]
             reserved.add_metric(label, b.reserved)
             programs.add_metric(label, core.programs_on(b.label))

@@ -201,11 +201,18 @@ class Admission(Stage):
         m = backend.metrics
         costs = self._costs(view, backend)
         if fresh:
+            computed = None
+            if m.prefix_queries_total is not None and m.prefix_hits_total is not None:
+                computed = m.prefix_queries_total - m.prefix_hits_total
             costs.observe_counters(
                 m.prefill_seconds_total,
                 m.prefill_tokens_total,
                 m.decode_seconds_total,
                 m.decode_tokens_total,
+                m.steps_total,
+                m.inter_token_seconds_total,
+                m.inter_tokens_total,
+                computed,
             )
         high = backend.limit(self.params.high_watermark)
         if high is None:

@@ -1,7 +1,9 @@
-"""One engine as the scheduler sees it: capacity, reservations, health, live signals."""
+"""One engine as the scheduler sees it: capacity, reservations, health, live signals; and the
+read-only view of it that stages and the layers outside the core read."""
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from thunder_mw.policies.events import BackendMetrics
@@ -9,7 +11,7 @@ from thunder_mw.policies.lazy_heap import LazyHeap
 from thunder_mw.policies.program_table import Program, ProgramState
 from thunder_mw.policies.shared_prefix import SharedPrefixes
 
-__all__ = ["BackendState", "is_live", "learn_from_engine"]
+__all__ = ["BackendState", "ReadOnlyBackend", "is_live", "learn_from_engine"]
 
 
 class BackendState:
@@ -39,6 +41,7 @@ class BackendState:
         "running_reserved",
         "scale",
         "shared",
+        "view",
     )
 
     def __init__(self, label: str, capacity: int | None, healthy: bool, is_live: Any) -> None:
@@ -82,6 +85,7 @@ class BackendState:
         # Prefixes its programs share, counted once (policies/shared_prefix.py; None: every
         # reservation counts its whole context).
         self.shared: SharedPrefixes | None = None
+        self.view = ReadOnlyBackend(self)
 
     @property
     def unused(self) -> int:
@@ -125,6 +129,54 @@ class BackendState:
             return None
         queries -= self.queries_baseline
         return (hits - self.hits_baseline) / queries if queries > 0 else None
+
+
+class ReadOnlyBackend:
+    """An engine as stages (`BackendView`, policies/views.py) and the layers outside the core
+    read it: read-only properties over the core's `BackendState`, always current; an
+    assignment raises AttributeError. One per engine, made with its state; only the core
+    follows its private back-reference."""
+
+    __slots__ = ("_backend",)
+
+    # Each field below becomes a property reading the state's attribute of that name (a
+    # C-level getter, installed after the class). `BackendView`'s, then the two the gauges
+    # and replication read.
+    label: str
+    capacity: int | None
+    healthy: bool
+    reserved: int
+    running_reserved: int
+    contexts: int
+    resident_ratio: float
+    overflow_tokens: int
+    host_kv_tokens: int
+    host_load_tokens_per_s: float | None
+    metrics: BackendMetrics
+    cold_since: float | None
+    unused: int
+    running_unused: int
+    shared_running_credit: int
+    projected: int
+    scale: float
+    draining: bool
+
+    def __init__(self, backend: BackendState) -> None:
+        self._backend = backend
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyBackend({self._backend.label!r})"
+
+    def limit(self, fraction: float) -> float | None:
+        backend = self._backend  # BackendState.limit's arithmetic, one call fewer per read
+        if backend.capacity is None:
+            return None
+        return backend.capacity * backend.scale * fraction
+
+
+for _field in ReadOnlyBackend.__annotations__:
+    setattr(ReadOnlyBackend, _field, property(attrgetter(f"_backend.{_field}")))
+del _field
 
 
 def is_live(program: Program, stamp: int) -> bool:

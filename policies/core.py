@@ -36,7 +36,7 @@ from thunder_mw.policies.events import BackendMetrics as BackendMetrics
 from thunder_mw.policies.events import ProgramHistory
 from thunder_mw.policies.events import RequestInfo as RequestInfo
 from thunder_mw.policies.fleet_events import FleetEvents
-from thunder_mw.policies.program_table import Phase, Program, ProgramState, Usage
+from thunder_mw.policies.program_table import Phase, Program, ProgramState, ReadOnlyProgram, Usage
 from thunder_mw.policies.stage_contract import Stage
 from thunder_mw.schemas.agent_context import AgentContext
 
@@ -71,7 +71,7 @@ class SchedulerCore(FleetEvents):
     ) -> None:
         super().__init__(backends, stages, default_output_tokens, chars_per_token)
         for stage in self.stages:
-            self._run(stage.bind(self), 0.0)
+            self._run(stage.bind(self._stage_view), 0.0)
         # One dict lookup per event: cheaper than a `match` over seventeen types.
         self._handlers: dict[type[ev.Event], Callable[[Any], ev.Outcome]] = {
             ev.RequestArrived: self._handle_request,
@@ -169,7 +169,7 @@ class SchedulerCore(FleetEvents):
         # Stages see the arriving request's footprint (route decides per request on it).
         program.request_tokens = request_tokens
         for on_request in self._request_hooks:
-            decisions = on_request(self, program, now)
+            decisions = on_request(self._stage_view, program.view, now)
             if decisions or self._consumed:  # most hooks decide nothing: ()
                 self._run(decisions, now)
         backend = self.backends.get(program.backend) if program.backend else None
@@ -229,7 +229,7 @@ class SchedulerCore(FleetEvents):
             program.phase = Phase.ACTING
             program.acting_since = now
         for on_finished in self._finished_hooks:
-            decisions = on_finished(self, program, usage, ok, now)
+            decisions = on_finished(self._stage_view, program.view, usage, ok, now)
             if decisions or self._consumed:  # most hooks decide nothing: ()
                 self._run(decisions, now)
         if program.in_flight == 0 and self._share_hooks:
@@ -305,7 +305,7 @@ class SchedulerCore(FleetEvents):
         self._actions = []
         self.ledger.room_epoch += 1
         for on_tick in self._tick_hooks:
-            self._run(on_tick(self, now), now)
+            self._run(on_tick(self._stage_view, now), now)
         self._resume_pass(now)
         self._drop_stale_entries()
         return self._take()
@@ -359,14 +359,17 @@ class SchedulerCore(FleetEvents):
         return self._take()
 
     def _on_live_program(self, decision: StageDecision) -> StageDecision | None:
-        """`decision` on the core's own program: one made outside the core names its program
-        by a snapshot, the only kind that leaves it (None: the program has gone since)."""
+        """`decision` on the core's own program, named as a stage's would (by its view): one
+        made outside the core names its program by a snapshot, the only kind that leaves it
+        (None: the program has gone since)."""
         if not isinstance(decision, Pause | Resume | Release):
             return decision
-        if isinstance(decision.program, Program):
+        if isinstance(decision.program, ReadOnlyProgram):
             return decision
         program = self.table.get(decision.program.program_id)
-        return None if program is None else msgspec.structs.replace(decision, program=program)
+        if program is None:
+            return None
+        return msgspec.structs.replace(decision, program=program.view)
 
     # ================================================================ request arithmetic
     def _too_large(

@@ -1,20 +1,24 @@
-"""The scheduler core's state and its read-only queries: what `StageView` promises stages.
+"""The scheduler core's state and its read-only queries, and `ReadOnlyCore`: the core as its
+stages see it, what `StageView` promises them.
 
-`SchedulerCore` (policies/core.py) is built on this class: the event handlers change the
-state declared here, stages read it through these queries only. Stages, inside the core,
-read the live programs (`program`, `programs`, `next_*`) through the read-only
-`ProgramView` type; what leaves the core is a frozen `ProgramSnapshot` (`snapshot`,
-`snapshots`), taken when it is asked for (docs/architecture.md, "The core's boundary").
+`SchedulerCore` (policies/core.py) is built on `CoreView`: the event handlers change the
+state declared here. Stages get the core's one `ReadOnlyCore`, which answers `StageView`'s
+queries and nothing else, with the live programs and engines behind read-only views
+(`ReadOnlyProgram`, `ReadOnlyBackend`, each made once with its record); what leaves the
+core is a frozen `ProgramSnapshot` (`snapshot`, `snapshots`), taken when it is asked for,
+and engines as their read-only views (`backend_views`; docs/architecture.md, "The core's
+boundary").
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any
 
-from thunder_mw.policies.backend_state import BackendState, is_live
+from thunder_mw.policies.backend_state import BackendState, ReadOnlyBackend, is_live
 from thunder_mw.policies.decisions import Action
 from thunder_mw.policies.estimates import TokenEstimator, ToolTimeModel
 from thunder_mw.policies.lazy_heap import LazyHeap
@@ -27,9 +31,9 @@ from thunder_mw.policies.program_table import (
 )
 from thunder_mw.policies.reservations import Ledger
 from thunder_mw.policies.stage_contract import HOOKS, Stage, overriding
-from thunder_mw.policies.views import ProgramView
+from thunder_mw.policies.views import BackendView, ProgramView
 
-__all__ = ["CoreView", "Pick"]
+__all__ = ["CoreView", "Pick", "ReadOnlyCore"]
 
 # A choice among the live programs, for `snapshots`: those to copy, in the order to keep.
 Pick = Callable[[Iterable[ProgramView]], Iterable[ProgramView]]
@@ -49,6 +53,12 @@ class CoreView:
         self.backends: dict[str, BackendState] = {
             label: BackendState(label, capacity, True, is_live) for label, capacity in backends
         }
+        # The engines' read-only views, kept in step with `backends` (an engine joins or
+        # leaves: policies/fleet_events.py), read through one read-only mapping.
+        self._backend_views: dict[str, ReadOnlyBackend] = {
+            label: backend.view for label, backend in self.backends.items()
+        }
+        self._read_backends: Mapping[str, ReadOnlyBackend] = MappingProxyType(self._backend_views)
         self.stages = list(stages)
         self.tokens = TokenEstimator(chars_per_token)
         self.tool_time = ToolTimeModel()
@@ -85,6 +95,8 @@ class CoreView:
         self._release_hooks = hooks["on_release"]
         self._resumed_hooks = hooks["on_resumed"]
         self._wait_hooks = hooks["on_queue_wait"]
+        # What every hook is given as its `view` (never the core itself).
+        self._stage_view = ReadOnlyCore(self)
 
     # ================================================================ footprint, as bound
     @property
@@ -102,6 +114,11 @@ class CoreView:
     # ================================================================ queries
     def program(self, program_id: str) -> Program | None:
         return self.table.get(program_id)
+
+    def backend_views(self) -> Mapping[str, ReadOnlyBackend]:
+        """The engines by label, each read-only and always current (the gauges, the
+        dashboard and replication read these; the live `BackendState`s stay the core's)."""
+        return self._read_backends
 
     def counts(self) -> Mapping[str, int]:
         """The core's event counters, read-only (the live Counter stays the core's own)."""
@@ -133,7 +150,7 @@ class CoreView:
         10,000 (3 ms instead of 27 per dashboard state)."""
         if pick is None:
             return [program.snapshot() for program in self.table]
-        chosen = (self.table.get(view.program_id) for view in pick(self.table))
+        chosen = (self.table.get(view.program_id) for view in pick(p.view for p in self.table))
         return [program.snapshot() for program in chosen if program is not None]
 
     def knows(self, program_id: str) -> bool:
@@ -169,7 +186,10 @@ class CoreView:
 
     def admits(self, program: Any, backend: Any, now: float) -> bool:
         tokens = self.ledger.admit_tokens(program, backend)
-        return all(admits(self, program, backend, tokens, now) for admits in self._admit_hooks)
+        if not self._admit_hooks:
+            return True
+        view, read, engine = self._stage_view, program.view, backend.view
+        return all(admits(view, read, engine, tokens, now) for admits in self._admit_hooks)
 
     def footprint_for_resume(self, program: Any) -> int:
         return self.ledger.footprint(program, for_resume=True)
@@ -187,7 +207,7 @@ class CoreView:
     def victim_key(self, program: Any, acting: bool = True) -> Any:
         """The pipeline's pause-order key for `program`."""
         for key_of in self._victim_hooks:
-            key = key_of(self, program, acting)
+            key = key_of(self._stage_view, program.view, acting)
             if key is not None:
                 return key
         return (program.reserved_tokens,)
@@ -233,3 +253,96 @@ class CoreView:
             fifo.popleft()
             return program
         return None
+
+
+class ReadOnlyCore:
+    """The core as its stages see it: `StageView`'s members and nothing else, one per core,
+    made with it and given to every hook. Each query answers from the core's live state, a
+    program as its `ReadOnlyProgram` and an engine as its `ReadOnlyBackend`; the views a
+    stage hands back (`admits(program, backend)`...) are followed to the core's own records
+    by their private back-references. No way to the core but its private `_core`: a stage
+    reads, and returns decisions."""
+
+    __slots__ = ("_core", "_stages")
+
+    def __init__(self, core: CoreView) -> None:
+        self._core = core
+        self._stages = tuple(core.stages)
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyCore({len(self._core.table)} programs)"
+
+    @property
+    def backends(self) -> Mapping[str, BackendView]:
+        return self._core._read_backends
+
+    @property
+    def stages(self) -> Sequence[Stage]:
+        return self._stages
+
+    @property
+    def acting_weight(self) -> float:
+        return self._core.ledger.acting_weight
+
+    @property
+    def tokens(self) -> TokenEstimator:
+        return self._core.tokens
+
+    @property
+    def tool_time(self) -> ToolTimeModel:
+        return self._core.tool_time
+
+    def program(self, program_id: str) -> ProgramView | None:
+        program = self._core.table.get(program_id)
+        return None if program is None else program.view
+
+    def program_count(self) -> int:
+        return len(self._core.table)
+
+    def programs(self) -> Sequence[ProgramView]:
+        return [program.view for program in self._core.table]
+
+    def programs_on(self, label: str) -> int:
+        return self._core.table.programs_on(label)
+
+    def healthy_backends(self) -> Sequence[BackendView]:
+        return [b.view for b in self._core.backends.values() if b.healthy]
+
+    def room(self, backend: BackendView, fraction: float = 1.0) -> float:
+        return self._core.room(_live_backend(backend), fraction)
+
+    def admits(self, program: ProgramView, backend: BackendView, now: float) -> bool:
+        # The core's `admits`, with the views at hand (stages ask it of many engines).
+        core = self._core
+        tokens = core.ledger.admit_tokens(_live_program(program), _live_backend(backend))
+        return all(admits(self, program, backend, tokens, now) for admits in core._admit_hooks)
+
+    def footprint_for_resume(self, program: ProgramView) -> int:
+        return self._core.ledger.footprint(_live_program(program), for_resume=True)
+
+    def expected_tool_time(self, program: ProgramView) -> float:
+        return self._core.tool_time.expected(program.session_type, program.tool_time_ema_s)
+
+    def queue_length(self) -> int:
+        return self._core.queued
+
+    def victim_key(self, program: ProgramView, acting: bool = True) -> Any:
+        return self._core.victim_key(_live_program(program), acting)
+
+    def next_victim(self, backend: BackendView, acting: bool) -> ProgramView | None:
+        program = self._core.next_victim(backend, acting)
+        return None if program is None else program.view
+
+    def next_idle(self, ttl_s: float, now: float) -> ProgramView | None:
+        program = self._core.next_idle(ttl_s, now)
+        return None if program is None else program.view
+
+    def next_overdue(self, timeout_s: float, now: float) -> ProgramView | None:
+        program = self._core.next_overdue(timeout_s, now)
+        return None if program is None else program.view
+
+
+# The core's own program and engine behind the views a stage hands back: their private
+# back-references, read by a C-level getter (stages ask `admits` and `room` per engine).
+_live_program: Callable[[ProgramView], Program] = attrgetter("_program")
+_live_backend: Callable[[BackendView], BackendState] = attrgetter("_backend")

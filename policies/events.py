@@ -43,6 +43,12 @@ class BackendMetrics(msgspec.Struct, frozen=True):
     prefill_tokens_total: float | None = None
     decode_seconds_total: float | None = None
     decode_tokens_total: float | None = None
+    # The marginal price of a prefill token by regression (policies/overflow_cost.py): the
+    # engine's steps (vLLM's `iteration_tokens_total` histogram's count) and its decode
+    # tokens' inter-token latencies (`inter_token_latency_seconds` sum and count).
+    steps_total: float | None = None
+    inter_token_seconds_total: float | None = None
+    inter_tokens_total: float | None = None
     # A host KV tier the engine reports (SGLang HiCache's host pool), tokens.
     host_kv_tokens: float | None = None
 

@@ -74,7 +74,8 @@ class FleetEvents(Placement):
         self._actions = []
         if label in self.backends:
             raise ValueError(f"backend {label!r} already exists")
-        self.backends[label] = BackendState(label, capacity, healthy, is_live)
+        backend = self.backends[label] = BackendState(label, capacity, healthy, is_live)
+        self._backend_views[label] = backend.view
         self.counters["backends_added"] += 1
         self.ledger.room_epoch += 1
         self._changed(label, now)
@@ -111,6 +112,7 @@ class FleetEvents(Placement):
                 self._unplace(program, now)
                 self._reindex(program)
         del self.backends[label]
+        del self._backend_views[label]
         self.counters["backends_removed"] += 1
         self.ledger.room_epoch += 1
         self._resume_pass(now)

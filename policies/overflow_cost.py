@@ -7,9 +7,16 @@ host tier, what no longer fits: every recomputed token stalls each step of the w
 This module learns, per engine, what those cost and says which is cheaper:
 
 - seconds of engine time per recomputed prompt token `p`, from the engine's own counters
-  (vLLM: `request_prefill_time_seconds` over `request_prefill_kv_computed_tokens`) or, where
-  it has none, from the gateway's timings of calls (time to first token, less one decode
-  step, over the prompt tokens the engine did not have cached);
+  or, where it has none, from the gateway's timings of calls (time to first token, less one
+  decode step, over the prompt tokens the engine did not have cached). From the counters,
+  by regression once enough scrapes vary (`StepFit`): each scrape interval's mean step
+  time as decoding sequences see it (vLLM's inter-token latency sum over its count) against
+  its prompt tokens computed per step (prefix-cache queries less hits, over the steps of
+  `iteration_tokens_total`); the slope is what one more prefill token adds to a step, i.e.
+  to every sequence in the batch. Until then, `request_prefill_time_seconds` over
+  `request_prefill_kv_computed_tokens`, which overstates it (about 2x in the simulator's
+  8B fleets): a request's prefill time counts every step its chunks ran in, the batch's
+  decoding and other requests' prefills included;
 - seconds per decode step `t_step` (vLLM: `request_decode_time_seconds` over generation
   tokens; else the call's time after its first token over its output tokens);
 - seconds a held program waits for room `H` (the queue's observed waits; until one is seen,
@@ -42,10 +49,15 @@ from thunder_mw.policies.estimates import ema
 
 __all__ = [
     "COST_EMA_ALPHA",
+    "FIT_DECAY",
+    "FIT_MIN_CV",
+    "FIT_MIN_STEPS",
+    "FIT_MIN_WEIGHT",
     "MIN_PREFILL_SAMPLE_TOKENS",
     "Counters",
     "EngineCosts",
     "OverflowView",
+    "StepFit",
     "admit_past_capacity",
     "allowance",
     "budget",
@@ -60,6 +72,15 @@ __all__ = [
 # (the step's fixed cost dominates their time to first token).
 MIN_PREFILL_SAMPLE_TOKENS = 256
 COST_EMA_ALPHA = 0.2
+# The regression's memory: each scrape interval's weight decays by this per interval after
+# it (a half-life of ~34 intervals), so the price follows the workload as an EMA does.
+FIT_DECAY = 0.98
+# An interval of fewer engine steps says too little (one step's noise is its mean); the fit
+# answers once its intervals weigh this much, and while their prefill tokens per step vary
+# by at least FIT_MIN_CV of their mean (a slope needs a spread of x).
+FIT_MIN_STEPS = 5
+FIT_MIN_WEIGHT = 8.0
+FIT_MIN_CV = 0.1
 
 
 @dataclass(slots=True)
@@ -70,6 +91,44 @@ class Counters:
     prefill_tokens: float | None = None
     decode_s: float | None = None
     decode_tokens: float | None = None
+    steps: float | None = None
+    inter_token_s: float | None = None
+    inter_tokens: float | None = None
+    computed: float | None = None
+
+
+@dataclass(slots=True)
+class StepFit:
+    """Exponentially weighted least squares of a scrape interval's mean step time `y` on its
+    prompt tokens computed per step `x`: y = t0 + p x, p the marginal price of a prefill
+    token. Why a regression: per-request prefill times charge a shared step to every
+    request in it, and a step's time to every token in it; only how step time moves with
+    the prefill load separates the prefill's share from the batch's decoding."""
+
+    w: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = FIT_DECAY
+        self.w = self.w * d + 1.0
+        self.x = self.x * d + x
+        self.y = self.y * d + y
+        self.xx = self.xx * d + x * x
+        self.xy = self.xy * d + x * y
+
+    def slope(self) -> float | None:
+        """p, once the intervals weigh enough and their x spread; None: not (yet), or a
+        slope that is not positive (no prefill price to learn from noise)."""
+        if self.w < FIT_MIN_WEIGHT:
+            return None
+        spread = self.w * self.xx - self.x * self.x  # w² x variance
+        if spread <= (FIT_MIN_CV * self.x) ** 2:
+            return None
+        p = (self.w * self.xy - self.x * self.y) / spread
+        return p if p > 0 else None
 
 
 @dataclass(slots=True)
@@ -84,6 +143,8 @@ class EngineCosts:
     samples: int = 0
     from_engine: bool = False  # the engine's own counters seen: call timings only fill gaps
     _last: Counters = field(default_factory=Counters)
+    _ratio: float | None = None  # per-request prefill seconds over tokens (an EMA)
+    _fit: StepFit = field(default_factory=StepFit)
 
     def observe_call(
         self,
@@ -117,25 +178,63 @@ class EngineCosts:
         prefill_tokens: float | None,
         decode_s: float | None,
         decode_tokens: float | None,
+        steps: float | None = None,
+        inter_token_s: float | None = None,
+        inter_tokens: float | None = None,
+        computed: float | None = None,
     ) -> None:
-        """Cumulative engine counters (a restart, seen as a counter going back, re-bases)."""
+        """Cumulative engine counters (a restart, seen as a counter going back, re-bases).
+        `steps`, `inter_token_s` / `inter_tokens` and `computed` (prompt tokens computed:
+        prefix-cache queries less hits) feed the regression (`StepFit`)."""
         last = self._last
         if prefill_s is not None and prefill_tokens is not None:
             if last.prefill_s is not None and last.prefill_tokens is not None:
                 dt, dn = prefill_s - last.prefill_s, prefill_tokens - last.prefill_tokens
                 if dt >= 0 and dn >= MIN_PREFILL_SAMPLE_TOKENS:
                     per_token = dt / dn
-                    old = self.prefill_s_per_token
-                    self.prefill_s_per_token = ema(old, per_token, COST_EMA_ALPHA)
+                    old = self._ratio if self.from_engine else self.prefill_s_per_token
+                    self._ratio = ema(old, per_token, COST_EMA_ALPHA)
+                    self.prefill_s_per_token = self._ratio
                     self.samples += 1
                     self.from_engine = True
             last.prefill_s, last.prefill_tokens = prefill_s, prefill_tokens
+        self._observe_steps(steps, inter_token_s, inter_tokens, computed)
+        slope = self._fit.slope()
+        if slope is not None:
+            self.prefill_s_per_token = slope
         if decode_s is not None and decode_tokens is not None:
             if last.decode_s is not None and last.decode_tokens is not None:
                 dt, dn = decode_s - last.decode_s, decode_tokens - last.decode_tokens
                 if dt >= 0 and dn > 0:
                     self.decode_step_s = ema(self.decode_step_s, dt / dn, COST_EMA_ALPHA)
             last.decode_s, last.decode_tokens = decode_s, decode_tokens
+
+    def _observe_steps(
+        self,
+        steps: float | None,
+        inter_token_s: float | None,
+        inter_tokens: float | None,
+        computed: float | None,
+    ) -> None:
+        """One scrape interval's point for the regression: (prompt tokens computed per step,
+        mean inter-token latency)."""
+        if steps is None or inter_token_s is None or inter_tokens is None or computed is None:
+            return
+        last = self._last
+        if (
+            last.steps is not None
+            and last.inter_token_s is not None
+            and last.inter_tokens is not None
+            and last.computed is not None
+        ):
+            n = steps - last.steps
+            tokens = inter_tokens - last.inter_tokens
+            seconds = inter_token_s - last.inter_token_s
+            prompt = computed - last.computed
+            if n >= FIT_MIN_STEPS and tokens > 0 and seconds >= 0 and prompt >= 0:
+                self._fit.add(prompt / n, seconds / tokens)
+        last.steps, last.inter_token_s = steps, inter_token_s
+        last.inter_tokens, last.computed = inter_tokens, computed
 
     def observe_hold(self, waited_s: float) -> None:
         """A queued program was placed on this engine after waiting this long."""

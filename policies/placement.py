@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterable
+from operator import attrgetter
 from typing import Any, cast
 
 from thunder_mw.policies.backend_state import BackendState
-from thunder_mw.policies.core_view import CoreView
+from thunder_mw.policies.core_view import CoreView, ReadOnlyCore
 from thunder_mw.policies.decisions import (
     Count,
     Footprint,
@@ -24,6 +25,7 @@ from thunder_mw.policies.decisions import (
     StageDecision,
 )
 from thunder_mw.policies.program_table import Phase, Program, ProgramState
+from thunder_mw.policies.views import ProgramView
 
 __all__ = ["Placement"]
 
@@ -51,10 +53,11 @@ class Placement(CoreView):
 
     def _apply(self, decision: StageDecision, now: float) -> None:
         kind = type(decision)
-        # The views stages hold are the core's own programs.
+        # A decision names a program by the view its stage was given (or, made outside the
+        # core, by the view `_on_decisions_applied` found): applied to the core's own.
         if kind is Pause:
             pause = cast(Pause, decision)
-            self._pause(cast(Program, pause.program), now, pause.reason)
+            self._pause(_program(pause.program), now, pause.reason)
         elif kind is PlanBackend:
             plan = cast(PlanBackend, decision)
             backend = self.backends[plan.label]
@@ -64,10 +67,10 @@ class Placement(CoreView):
                 backend.resident_ratio = plan.resident_ratio
         elif kind is Resume:
             resume = cast(Resume, decision)
-            self._resume(cast(Program, resume.program), resume.backend, now, resume.forced)
+            self._resume(_program(resume.program), resume.backend, now, resume.forced)
         elif kind is Release:
             release = cast(Release, decision)
-            self._release(cast(Program, release.program), release.reason, now)
+            self._release(_program(release.program), release.reason, now)
         elif kind is Count:
             self.counters[cast(Count, decision).name] += 1
         elif kind is Footprint:
@@ -135,12 +138,12 @@ class Placement(CoreView):
         ttl = self._kv_ttl(program, now) if program.in_flight else None
         self._actions.append(Resumed(program.program_id, backend, previous, forced, admitted, ttl))
         for resumed in self._resumed_hooks:
-            decisions = resumed(self, program, previous, now)
+            decisions = resumed(self._stage_view, program.view, previous, now)
             if decisions or self._consumed:  # most hooks decide nothing: ()
                 self._run(decisions, now)
         if waited is not None and not forced:
             for queue_wait in self._wait_hooks:
-                decisions = queue_wait(self, program, waited, now)
+                decisions = queue_wait(self._stage_view, program.view, waited, now)
                 if decisions or self._consumed:  # most hooks decide nothing: ()
                     self._run(decisions, now)
         self._changed(backend, now)
@@ -193,7 +196,7 @@ class Placement(CoreView):
         self.counters[f"released_{reason}"] += 1
         self._actions.append(Released(program.program_id, reason, tuple(program.docker_ids)))
         for released in self._release_hooks:
-            decisions = released(self, program, reason, now)
+            decisions = released(self._stage_view, program.view, reason, now)
             if decisions or self._consumed:  # most hooks decide nothing: ()
                 self._run(decisions, now)
         if backend is not None:
@@ -202,7 +205,7 @@ class Placement(CoreView):
     # ================================================================ the global queue
     def _place(self, program: Program, now: float) -> str | None:
         for place in self._place_hooks:
-            target: str | None = place(self, program, now)
+            target: str | None = place(self._stage_view, program.view, now)
             if target is not None:
                 return target if target != "" else None
         # Default: sticky, fewest programs, among backends that admit it.
@@ -232,7 +235,7 @@ class Placement(CoreView):
             if target is None:
                 # A stage may free room for the head (e.g. from programs idle in long tools).
                 for queue_blocked in self._blocked_hooks:
-                    if self._run(queue_blocked(self, program, now), now):
+                    if self._run(queue_blocked(self._stage_view, program.view, now), now):
                         target = self._place(program, now)
                         break
                 if target is None:
@@ -283,21 +286,21 @@ class Placement(CoreView):
     # ================================================================ stages' answers
     def _queue_key(self, program: Program) -> Any:
         for key_of in self._queue_hooks:
-            key = key_of(self, program)
+            key = key_of(self._stage_view, program.view)
             if key is not None:
                 return key
         return (program.queued_at,)
 
     def _route(self, program: Program, now: float) -> str | None:
-        target: str | None = _first_answer(self._route_hooks, self, program, now)
+        target: str | None = _first_answer(self._route_hooks, self._stage_view, program, now)
         return target
 
     def _idle_share(self, program: Program, now: float) -> float | None:
-        share: float | None = _first_answer(self._share_hooks, self, program, now)
+        share: float | None = _first_answer(self._share_hooks, self._stage_view, program, now)
         return share
 
     def _kv_ttl(self, program: Program, now: float) -> float | None:
-        ttl: float | None = _first_answer(self._ttl_hooks, self, program, now)
+        ttl: float | None = _first_answer(self._ttl_hooks, self._stage_view, program, now)
         return ttl
 
     def _changed(self, backend: str, now: float) -> None:
@@ -305,15 +308,22 @@ class Placement(CoreView):
         if state is None:
             return
         for changed in self._change_hooks:
-            decisions = changed(self, state, now)
+            decisions = changed(self._stage_view, state.view, now)
             if decisions or self._consumed:  # most hooks decide nothing: ()
                 self._run(decisions, now)
 
 
-def _first_answer(hooks: list[Callable[..., Any]], core: Any, program: Program, now: float) -> Any:
+def _first_answer(
+    hooks: list[Callable[..., Any]], view: ReadOnlyCore, program: Program, now: float
+) -> Any:
     """A question hook's answer: the first stage's that is not None (None: no opinion)."""
     for hook in hooks:
-        answer = hook(core, program, now)
+        answer = hook(view, program.view, now)
         if answer is not None:
             return answer
     return None
+
+
+# The core's own program behind the view a decision names (its private back-reference:
+# only the core follows it).
+_program: Callable[[ProgramView], Program] = attrgetter("_program")

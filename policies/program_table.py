@@ -1,20 +1,29 @@
 """The record of every live agent program: what it is, where it runs, what it has used. Pure state.
 
 The scheduler core owns one table; what leaves the core is a frozen `ProgramSnapshot` of a
-program (`Program.snapshot()`), never the live record.
-Times come from the caller's clock.
+program (`Program.snapshot()`), never the live record, and what its stages read is the
+program's `ReadOnlyProgram`, made once with it. Times come from the caller's clock.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
+from operator import attrgetter
 
 import msgspec
 
 from thunder_mw.schemas.agent_context import AgentContext
 
-__all__ = ["Phase", "Program", "ProgramSnapshot", "ProgramState", "ProgramTable", "Usage"]
+__all__ = [
+    "Phase",
+    "Program",
+    "ProgramSnapshot",
+    "ProgramState",
+    "ProgramTable",
+    "ReadOnlyProgram",
+    "Usage",
+]
 
 
 class ProgramState(enum.StrEnum):
@@ -40,7 +49,11 @@ class Usage(msgspec.Struct, frozen=True):
     duration_s: float | None = None
 
 
-class Program(msgspec.Struct, kw_only=True):
+class Program(msgspec.Struct, kw_only=True, dict=True):
+    """The core's live record of a program. `view`, made once with it (not a field: no
+    part of its equality, repr or encoding; `dict=True` gives it a place), is what the
+    core hands its stages."""
+
     program_id: str
     source: str | None
     parent_program_id: str | None = None
@@ -88,6 +101,9 @@ class Program(msgspec.Struct, kw_only=True):
     speculative_prefill: bool | None = None
     docker_ids: list[str] = msgspec.field(default_factory=list)
     version: int = 0  # bumped whenever index entries for it go stale
+
+    def __post_init__(self) -> None:
+        self.view = ReadOnlyProgram(self)
 
     def snapshot(self) -> ProgramSnapshot:
         """This program as it is now, frozen: what the core hands out of itself."""
@@ -177,6 +193,70 @@ class ProgramSnapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     prefix_tokens: int
     speculative_prefill: bool | None
     docker_ids: tuple[str, ...]
+
+
+class ReadOnlyProgram:
+    """A live program as stages read it: each field of a `ProgramSnapshot` (every field of
+    `ProgramView`, policies/views.py) as a read-only property over the core's `Program`, so a
+    read is always current and an assignment raises AttributeError. One per program, made
+    with it: handing it to a hook copies nothing (the simulator calls hooks millions of
+    times). Only the core follows its private back-reference, to apply a decision that
+    names it (policies/placement.py)."""
+
+    __slots__ = ("_program",)
+
+    # Each field below becomes a property reading the program's field of that name (a C-level
+    # getter, installed after the class); `docker_ids` reads as a tuple, never the live list.
+    program_id: str
+    source: str | None
+    parent_program_id: str | None
+    session_id: str | None
+    session_type: str | None
+    ephemeral: bool
+    priority: int
+    state: ProgramState
+    phase: Phase
+    backend: str | None
+    context_tokens: int
+    reserved_tokens: int
+    request_tokens: int
+    steps: int
+    in_flight: int
+    waiting: int
+    failures: int
+    pause_pending: bool
+    final_requested: bool
+    created_at: float
+    last_active_at: float
+    acting_since: float
+    queued_at: float | None
+    paused_total_s: float
+    pauses: int
+    migrations: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    expected_output_tokens: int | None
+    tool_time_ema_s: float | None
+    last_prompt_chars: int
+    prefix_key: str | None
+    prefix_tokens: int
+    speculative_prefill: bool | None
+    docker_ids: tuple[str, ...]
+
+    def __init__(self, program: Program) -> None:
+        self._program = program
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyProgram({self._program.program_id!r})"
+
+
+for _field in ReadOnlyProgram.__annotations__:
+    setattr(ReadOnlyProgram, _field, property(attrgetter(f"_program.{_field}")))
+ReadOnlyProgram.docker_ids = property(  # type: ignore[assignment]
+    lambda view: tuple(view._program.docker_ids)
+)
+del _field
 
 
 class ProgramTable:

@@ -2,8 +2,9 @@
 the hooks it answers, and the decisions it returns.
 
 A stage never changes the core. Its hooks receive a read-only `StageView` of the core (and
-`ProgramView` / `BackendView` records) and either answer a question (`place`, `route`,
-`victim_key`, `queue_key`, `kv_ttl`, `admits`) or return the decisions it wants applied
+`ProgramView` / `BackendView` records; read-only at run time too: an assignment raises) and
+either answer a question (`place`, `route`, `victim_key`, `queue_key`, `kv_ttl`, `admits`)
+or return the decisions it wants applied
 (`Pause`, `Resume`, `Release`, `Count`, `Footprint`, `PlanBackend`, `Reorder`, or an action
 such as `ReclaimTools` / `Prefill` for the caller; policies/decisions.py). The core applies each
 decision in one place, in the order returned; a hook written as a generator sees the
@@ -47,7 +48,8 @@ __all__ = ["HOOKS", "Decisions", "Stage", "StageView", "overriding"]
 
 
 class StageView(Protocol):
-    """The scheduler core as its stages see it (policies/core.py's `SchedulerCore`)."""
+    """The scheduler core as its stages see it (policies/core_view.py's `ReadOnlyCore`, one
+    per core, given to every hook)."""
 
     @property
     def backends(self) -> Mapping[str, BackendView]: ...

@@ -92,19 +92,22 @@ class StateAwarePause(Stage):
     def unused_hooks(self) -> frozenset[str]:
         # Arrivals and ends only feed `auto`'s switch.
         unused = frozenset() if self.params.victim == "auto" else _STREAM_HOOKS
-        return unused if self.params.idle_fate == "min_waste" else unused | {"idle_share"}
+        return unused if self.params.idle_fate != "weight" else unused | {"idle_share"}
 
     def idle_share(self, view: StageView, program: ProgramView, now: float) -> float | None:
         """min_waste: the whole context while keeping it wastes less than letting it go
         (policies/overflow_cost.py `keeps_idle_context`), else none of it; no opinion until
-        the engine's prefill price is learned."""
+        the engine's prefill price is learned (nor, `tiered_min_waste`, on a backend
+        without a host tier: the weight there)."""
         label = program.backend
         costs = self._admission.costs.get(label) if self._admission and label else None
         if costs is None or costs.prefill_s_per_token is None:
             return None
         backend = view.backends[label]  # type: ignore[index]
-        speed = backend.host_load_tokens_per_s
         tier = host_tier_tokens(backend)
+        if tier <= 0 and self.params.idle_fate == "tiered_min_waste":
+            return None
+        speed = backend.host_load_tokens_per_s
         # Swapping is a fate only while the tier has room: past GPU + tier, what falls to it
         # pushes another program's context out, to be recomputed.
         room = tier_has_room(backend.contexts, backend.capacity or 0, tier)
@@ -254,10 +257,11 @@ class Migration(Stage):
     the admitting backend with the most room. A program queued past `resume_timeout_s` is
     force-resumed so nothing starves.
 
-    `tier_aware` (opt-in): a program whose previous backend has a host KV tier has its
-    context there, and a tier belongs to one engine, so it waits for that backend; the
-    programs behind it go on elsewhere meanwhile (`on_queue_blocked`), and it moves only to
-    room none of them could use, where the wait outweighs a full recompute (`_move_pays`).
+    `tier_aware` (on by default; nothing changes without a tier): a program whose previous
+    backend has a host KV tier has its context there, and a tier belongs to one engine, so
+    it waits for that backend; the programs behind it go on elsewhere meanwhile
+    (`on_queue_blocked`), and it moves only to room none of them could use, where the wait
+    outweighs a full recompute (`_move_pays`).
     """
 
     name = "migration"

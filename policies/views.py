@@ -1,8 +1,11 @@
 """Read-only views of a program and of an engine: what stages and decisions refer to.
 
-`ProgramView` is a type, not a copy: stages read the core's live `Program` through it (a
-copy per hook call would cost the simulator's hot path). What leaves the core is the
-frozen `ProgramSnapshot` (policies/program_table.py), which has every field of the view.
+What a stage is handed is no copy and no live record: each program's `ReadOnlyProgram`
+(policies/program_table.py) and each engine's `ReadOnlyBackend` (policies/backend_state.py),
+made once with the record, whose properties read it as it is now and refuse assignment (a
+copy per hook call would cost the simulator's hot path). These Protocols are their types
+in the stage contract. What leaves the core is the frozen `ProgramSnapshot`, which has every
+field of `ProgramView`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ __all__ = ["BackendView", "ProgramSnapshot", "ProgramView"]
 
 
 class ProgramView(Protocol):
-    """A program as stages read it (policies/program_table.py's `Program`)."""
+    """A program as stages read it (policies/program_table.py's `ReadOnlyProgram`)."""
 
     @property
     def program_id(self) -> str: ...
@@ -76,7 +79,7 @@ class ProgramView(Protocol):
 
 
 class BackendView(Protocol):
-    """An engine as stages read it (policies/backend_state.py's `BackendState`)."""
+    """An engine as stages read it (policies/backend_state.py's `ReadOnlyBackend`)."""
 
     @property
     def label(self) -> str: ...

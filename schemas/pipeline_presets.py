@@ -21,7 +21,9 @@ __all__ = [
 
 # The original ThunderAgent scheduler's documented rules, as a pipeline (a baseline):
 # capacity check only every 5 s tick, shortest-first victims, marking without lowering the
-# projection, 100 tokens per program, no home preference, 1,800 s force-resume.
+# projection, 100 tokens per program, no home preference, 1,800 s force-resume. Like the
+# vLLM router's below, it pins off the host-tier rules the default pipeline runs
+# (`tier_reload`, `idle_fate`, `tier_aware`): neither system has them.
 THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
     {
         "admission": {
@@ -29,12 +31,14 @@ THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
             "low_watermark": 1.0,
             "buffer_tokens_per_program": 100,
             "overflow": "hold",
+            "tier_reload": False,
         }
     },
     {
         "state_aware_pause": {
             "victim": "shortest_first",
             "acting_token_weight": 1.0,
+            "idle_fate": "weight",
             "yield_idle_after_s": None,
             "check": "tick",
             "reduce_projection": False,
@@ -47,6 +51,7 @@ THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
             "prefer_home_backend": False,
             "resume_timeout_s": 1800,
             "started_first": False,  # as measured since 0.1.0 (benchmarks/reuse.py)
+            "tier_aware": False,
         }
     },
 ]
@@ -88,6 +93,7 @@ VLLM_ROUTER_PROGRAM_PIPELINE: list[dict[str, Any]] = [
             "low_watermark": 1.0,
             "buffer_tokens_per_program": 100,
             "overflow": "hold",
+            "tier_reload": False,
         }
     },
     {"program_gate": {"max_active_programs_per_target": 64, "waiting_request_threshold": 1}},
@@ -104,6 +110,7 @@ VLLM_ROUTER_PROGRAM_PIPELINE: list[dict[str, Any]] = [
         "state_aware_pause": {
             "victim": "shortest_first",
             "acting_token_weight": 1.0,
+            "idle_fate": "weight",
             "yield_idle_after_s": None,
             "pause_acting": False,
         }
@@ -116,6 +123,7 @@ VLLM_ROUTER_PROGRAM_PIPELINE: list[dict[str, Any]] = [
             "resume_timeout_s": 300,
             "aging_s": 1e9,
             "started_first": False,  # MRU over every held program
+            "tier_aware": False,
         }
     },
 ]
@@ -129,6 +137,7 @@ VLLM_ROUTER_PROGRAM_BINARY_READING: list[dict[str, Any]] = [
             "low_watermark": 0.8,
             "buffer_tokens_per_program": 256,
             "overflow": "hold",
+            "tier_reload": False,
         }
     },
     {"progress_ttl": {}},
@@ -137,6 +146,7 @@ VLLM_ROUTER_PROGRAM_BINARY_READING: list[dict[str, Any]] = [
         "state_aware_pause": {
             "victim": "shortest_first",
             "acting_token_weight": 1.0,
+            "idle_fate": "weight",
             "yield_idle_after_s": None,
         }
     },
@@ -146,6 +156,7 @@ VLLM_ROUTER_PROGRAM_BINARY_READING: list[dict[str, Any]] = [
             "prefer_home_backend": True,
             "resume_timeout_s": 600,
             "started_first": False,
+            "tier_aware": False,
         }
     },
 ]

@@ -83,7 +83,8 @@ class AdmissionParams(StageParams):
         description="cost_aware: where the host KV tier holds the overflow, price it at its "
         "reload alone: admit past the GPU while a reload of the program's context, stalling "
         "the batch, costs less than the hold it spares, with no cap on the calls in flight "
-        "(the engine queues and preempts to the tier; docs/scheduling.md).",
+        "(the engine queues and preempts to the tier; no effect on a backend without one; "
+        "docs/scheduling.md).",
     )
     shared_prefix: bool = Field(
         False,
@@ -129,16 +130,17 @@ class PauseParams(StageParams):
         ge=0,
         le=1,
         description="Share of an ACTING program's context counted as resident (its KV is "
-        "evictable cache while its tool runs); with `idle_fate: min_waste`, only until the "
-        "engine's prefill price is learned.",
+        "evictable cache while its tool runs); where `idle_fate`'s min-waste rule applies, "
+        "only until the engine's prefill price is learned.",
     )
-    idle_fate: Literal["weight", "min_waste"] = Field(
-        "weight",
+    idle_fate: Literal["weight", "min_waste", "tiered_min_waste"] = Field(
+        "tiered_min_waste",
         description="What an ACTING program's reservation counts: `weight`: "
         "acting_token_weight x its context; `min_waste`: all of it or none, by InferCept's "
         "smallest waste when its call ends: keep its KV for the expected tool time, or let "
         "it go to be recomputed (or reloaded from the engine's host KV tier), stalling the "
-        "batch (docs/scheduling.md).",
+        "batch; `tiered_min_waste`: `min_waste` on a backend with a host KV tier, `weight` "
+        "elsewhere (docs/scheduling.md).",
     )
     high_watermark: float | None = Field(
         None, description="Overflow threshold (default: the admission stage's high watermark)."
@@ -195,13 +197,14 @@ class MigrationParams(StageParams):
         "docs/scheduling.md).",
     )
     tier_aware: bool = Field(
-        False,
+        True,
         description="Where a paused program's previous backend has a host KV tier (its "
         "context waits there, a reload away), resume it there, waiting for room, unless "
         "moving pays after a full recompute: the expected wait for that backend plus the "
         "reload exceed the recompute of the context on the backend with the most room, "
-        "priced from the admission stage's learned costs (false: the previous backend only "
-        "when it has room now, else the most room; docs/scheduling.md).",
+        "priced from the admission stage's learned costs (no effect on backends without a "
+        "tier; false: the previous backend only when it has room now, else the most room; "
+        "docs/scheduling.md).",
     )
 
 

@@ -410,9 +410,9 @@ def summary_table(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# The tiered thunder-mw row the README names, first found (lab/host_tier.py TIERED): the
-# min-waste idle rule with tier-aware placement and admission, else the default pipeline.
-TIER_HEADLINE = ("thunder-mw/tier-min-waste", "thunder-mw/host-tier")
+# The tiered thunder-mw row the README names (lab/host_tier.py TIERED): the default pipeline
+# on the tiered engines, its tier rules in force.
+TIER_HEADLINE = ("thunder-mw/host-tier",)
 HIGHER = {"makespan_s": False, "steps_per_min_steady": True}
 
 
@@ -507,16 +507,15 @@ def _fixed_ratio(variants: Record | None) -> str:
 
 
 # Rows of a `*-variants.json` that change what runs, not a rule: `host-tier` is thunder-mw on
-# offload's engines (docs/benchmarks.md's host-tier table compares it there), and the
-# `tier-*` rows run on those engines too (issue 42's opt-ins, compared with it and offload).
+# offload's engines (docs/benchmarks.md's host-tier table compares it there), and
+# `tier-fixed-rules` and `tier-reload` run on those engines too (its ablation and an opt-in,
+# compared with it and offload);
+# `min-waste` learns from the engine's counters, which the default's rows do not.
 NOT_A_RULE = (
     "thunder-mw/host-tier",
-    "thunder-mw/tier-aware",
-    "thunder-mw/tier-placement",
-    "thunder-mw/tier-counters",
-    "thunder-mw/tier-aware+arrival-order",
-    "thunder-mw/tier-admit",
-    "thunder-mw/tier-min-waste",
+    "thunder-mw/tier-fixed-rules",
+    "thunder-mw/tier-reload",
+    "thunder-mw/min-waste",
 )
 
 
@@ -553,9 +552,14 @@ def _starvation_cell(point: Record) -> str:
 # `config.pause_victim`; schemas/stage_params.py's defaults, pinned by tests/unit/test_docs.py).
 # A file that names another rule, or none (written before it named it), ran an earlier default.
 DEFAULT_RULES = {"admission_overflow": "adaptive", "pause_victim": "auto"}
-# The default's resume placement (migration `tier_aware` off) and cost source (the DES's
-# scrapes without the engine's counters); files written before either was recorded ran these.
-DEFAULT_RESUME_PLACEMENT = "home_if_room"
+# The default's tier rules as the result files record them (bench_cli.resolved_rules: as
+# they act), on engines with a host KV tier and without: (resume placement, idle fate,
+# tier reload). Files written before they were recorded ran the untiered row's.
+DEFAULT_TIER_RULES = {
+    True: ("tier_aware", "min_waste", "off"),
+    False: ("home_if_room", "weight", "off"),
+}
+# The default's cost source in the simulator (its scrapes without the engine's counters).
 DEFAULT_ENGINE_COUNTERS = False
 
 
@@ -563,18 +567,26 @@ def runs_default(report: Record) -> bool:
     """Whether the file's `thunder-mw` ran today's default rules."""
     config = report["config"]
     rules = all(config.get(key, {}).get("thunder-mw") == v for key, v in DEFAULT_RULES.items())
-    placement = config.get("resume_placement", {}).get("thunder-mw", "home_if_room")
+    tier_rules = (
+        config.get("resume_placement", {}).get("thunder-mw", "home_if_room"),
+        config.get("idle_fate", {}).get("thunder-mw", "weight"),
+        config.get("tier_reload", {}).get("thunder-mw", "off"),
+    )
     counters = bool(config.get("engine_counters", {}).get("thunder-mw", False))
-    rules = rules and placement == DEFAULT_RESUME_PLACEMENT
+    rules = rules and tier_rules == DEFAULT_TIER_RULES[_tiered_default(config)]
     rules = rules and counters == DEFAULT_ENGINE_COUNTERS
     return rules and _queue_order(config) == default_queue_order(config)
+
+
+def _tiered_default(config: Record) -> bool:
+    """Whether the file's `thunder-mw` ran on engines with a host KV tier."""
+    return "host_kv_tokens" in config.get("host_tier", {}).get("thunder-mw", {})
 
 
 def default_queue_order(config: Record) -> str:
     """The default's queue order on the file's engines (`started_first: null`): programs
     under way first where thunder-mw's engines have a host KV tier."""
-    tier = "host_kv_tokens" in config.get("host_tier", {}).get("thunder-mw", {})
-    return "started_first" if tier else "arrival"
+    return "started_first" if _tiered_default(config) else "arrival"
 
 
 def _queue_order(config: Record) -> str:

@@ -239,6 +239,10 @@ class EngineStats:
     request_prefill_kv_computed_tokens: int = 0
     request_decode_seconds: float = 0.0
     requests_timed: int = 0
+    # vLLM's inter-token latency histogram's sum and count: each token a step decodes (not
+    # a first token) waited that step's time since the sequence's last one.
+    inter_token_seconds: float = 0.0
+    inter_tokens: int = 0
     kv_load_tokens: int = 0
     kv_load_seconds: float = 0.0
     # TTL pins: made, ended by their program's next request, ended by their TTL.
@@ -668,6 +672,8 @@ class Engine:
         st.steps += 1
         st.busy_seconds += duration
         st.generation_tokens += n_dec
+        st.inter_token_seconds += duration * n_dec
+        st.inter_tokens += n_dec
         return StepResult(
             duration, prefill_tokens, n_dec, ctx, [], [], preempted, positions, admitted
         )

@@ -243,6 +243,24 @@ def _vllm_request_phases(svc: SimService, labels: list[str], values: list[str]) 
         h = HistogramMetricFamily(name, doc, labels=labels)
         h.add_metric(values, [("+Inf", float(st.requests_timed))], total)
         yield h
+    # Per engine step and per decoded token: what the prefill price's regression reads
+    # (policies/overflow_cost.py `StepFit`). The steps' token sum is left at the tokens
+    # the engine computed in prompts (queries less hits) and decoded.
+    steps = HistogramMetricFamily(
+        "vllm:iteration_tokens_total",
+        "Histogram of number of tokens per engine_step.",
+        labels=labels,
+    )
+    computed = st.prefix_cache_queries - st.prefix_cache_hits
+    steps.add_metric(values, [("+Inf", float(st.steps))], float(computed + st.generation_tokens))
+    yield steps
+    itl = HistogramMetricFamily(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        labels=labels,
+    )
+    itl.add_metric(values, [("+Inf", float(st.inter_tokens))], st.inter_token_seconds / scale)
+    yield itl
 
 
 def _vllm_offload(svc: SimService, labels: list[str], values: list[str]) -> Iterator[Metric]:

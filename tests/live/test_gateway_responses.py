@@ -14,7 +14,7 @@ from support.asgi_servers import serving
 
 from thunder_mw.conformance.session import parse_sse
 from thunder_mw.middleware.app import create_app
-from thunder_mw.middleware.forwarder import _data_of
+from thunder_mw.middleware.forwarder import sse_data
 from thunder_mw.schemas.config import SimEngineSettings, ThunderConfig
 from thunder_mw.sim.server import create_sim_app
 
@@ -127,4 +127,4 @@ def test_the_non_streamed_answer_accounts_cached_tokens(stack: tuple[str, str]) 
 def test_the_data_line_of_an_event_is_found_after_an_event_line(
     event: bytes, data: bytes | None
 ) -> None:
-    assert _data_of(event) == data
+    assert sse_data(event) == data

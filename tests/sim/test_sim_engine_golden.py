@@ -25,6 +25,8 @@ ADDED_COUNTERS = frozenset(
         "request_prefill_kv_computed_tokens",
         "request_decode_seconds",
         "requests_timed",
+        "inter_token_seconds",
+        "inter_tokens",
     }
 )
 # A fixed cost (not a named profile): the digest pins the stepping, not the cost model.

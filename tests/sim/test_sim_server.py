@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from thunder_mw.schemas.config import SimEngineSettings
@@ -107,6 +108,10 @@ def test_vllm_request_phase_histograms_feed_the_gateways_cost_counters() -> None
     assert 0 < m.prefill_seconds_total < 0.001
     assert 0 < m.decode_seconds_total < 0.001
     assert m.decode_seconds_total > m.prefill_seconds_total  # four steps against one
+    # The steps and the decoded tokens' latencies (not the first tokens'), as vLLM counts.
+    assert m.inter_tokens_total == 8
+    assert m.steps_total == 10  # each call: one prefill step, four decoding
+    assert m.inter_token_seconds_total == pytest.approx(m.decode_seconds_total)
 
 
 def test_sglang_flavour_serves_its_metrics_and_load_routes() -> None:

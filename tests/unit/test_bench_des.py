@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from support.bench_schema import RECORD_KEYS
 
 from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
-from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, _Program, simulate
+from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, simulate
 from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS
 from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, ProgramSpec, generate
 from thunder_mw.policies import BackendChanged, Event, Outcome
@@ -133,13 +134,16 @@ def test_program_aware_scheduling_holds_requests_and_resumes_them_all() -> None:
 def test_round_robin_sends_each_call_of_a_program_to_the_next_engine() -> None:
     forwards: list[tuple[str, str]] = []
     sim = Simulation(swe(2), POLICIES["round_robin"], SMALL, Arrivals("closed", 1))
-    original = sim._dispatch
 
-    def spy(run: _Program, label: str, *rest: Any) -> None:
-        forwards.append((run.spec.program_id, label))
-        original(run, label, *rest)
+    def spying(label: str, add: Callable[..., Any]) -> Callable[..., Any]:
+        def spy(request_id: str, *rest: Any, **kw: Any) -> Any:
+            forwards.append((request_id.split("#")[0], label))  # "<program>#<call>"
+            return add(request_id, *rest, **kw)
 
-    sim._dispatch = spy  # type: ignore[method-assign,assignment]  # a spy on this one instance
+        return spy
+
+    for label, backend in sim.backends.items():  # a spy on each engine of this simulation
+        backend.engine.add_request = spying(label, backend.engine.add_request)  # type: ignore[method-assign]
     sim.run()
     first = [label for pid, label in forwards if pid == "p0"]
     assert len(set(first)) == 2
@@ -254,10 +258,17 @@ def test_scrapes_carry_the_engine_cost_counters_when_asked_as_live_ones_do(
         last.prefill_tokens_total,
         last.decode_seconds_total,
         last.decode_tokens_total,
+        last.steps_total,
+        last.inter_token_seconds_total,
+        last.inter_tokens_total,
     )
     if not counters:
-        assert fields == (None, None, None, None)
+        assert fields == (None,) * 7
         return
+    assert last.steps_total is not None and 0 < last.steps_total <= stats.steps
+    assert last.inter_tokens_total is not None and last.inter_token_seconds_total is not None
+    assert 0 < last.inter_tokens_total < stats.generation_tokens  # first tokens not counted
+    assert 0 < last.inter_token_seconds_total <= last.inter_tokens_total * stats.busy_seconds
     assert stats.request_prefill_kv_computed_tokens > 0  # something was timed
     assert last.prefill_tokens_total is not None and last.decode_tokens_total is not None
     assert 0 < last.prefill_tokens_total <= stats.request_prefill_kv_computed_tokens

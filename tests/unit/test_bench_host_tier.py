@@ -42,8 +42,8 @@ def test_each_tiered_row_pairs_with_offload_behind_its_best_cap() -> None:
     for r in capped["sweep"]:
         r["cap"] = 96 if r["wave"] else 72
     main["sweep"] += capped["sweep"]
-    ours = _report("thunder-mw/tier-min-waste", {0: (125.0, 900.0), 1: (132.0, 880.0)})
-    paired = pair(main, ours, "thunder-mw/tier-min-waste", "offload_capped")
+    ours = _report("thunder-mw/tier-fixed-rules", {0: (125.0, 900.0), 1: (132.0, 880.0)})
+    paired = pair(main, ours, "thunder-mw/tier-fixed-rules", "offload_capped")
     assert paired["steps_per_min_steady"]["ratio"] == 1.045  # 128.5 / 123: mean over mean
     assert paired["makespan_s"]["seeds"] == [0, 1]
     assert caps(main) == {"makespan_s": [96], "steps_per_min_steady": [72]}

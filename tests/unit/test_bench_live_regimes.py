@@ -10,7 +10,7 @@ import json
 import pytest
 
 from thunder_mw.benchmarks import bench_cli, peers
-from thunder_mw.benchmarks.replay import _Queue, _until
+from thunder_mw.benchmarks.replay import ClosedLoopQueue, run_until
 from thunder_mw.benchmarks.scenarios import PUBLISHED_SCENARIOS
 from thunder_mw.benchmarks.workloads import generate
 from thunder_mw.sim.cost_model import get_profile
@@ -94,15 +94,15 @@ def test_a_closed_loop_stops_when_its_last_program_starts() -> None:
     started: list[str] = []
     ended: list[str] = []
 
-    async def loop(queue: _Queue) -> None:
+    async def loop(queue: ClosedLoopQueue) -> None:
         while (spec := queue.next()) is not None:
             started.append(spec.program_id)
             await asyncio.sleep(0.01 * len(started))
             ended.append(spec.program_id)
 
     async def main() -> None:
-        queue = _Queue(programs)
-        await _until(asyncio.gather(loop(queue), loop(queue)), queue.emptied)
+        queue = ClosedLoopQueue(programs)
+        await run_until(asyncio.gather(loop(queue), loop(queue)), queue.emptied)
 
     asyncio.run(main())
     assert started == [p.program_id for p in programs]
@@ -114,7 +114,7 @@ def test_a_closed_loop_stops_when_its_last_program_starts() -> None:
 def test_a_closed_loop_that_ends_first_is_awaited_whole() -> None:
     async def main() -> tuple[None, None]:
         runs = asyncio.gather(asyncio.sleep(0), asyncio.sleep(0))
-        await _until(runs, asyncio.Event())
+        await run_until(runs, asyncio.Event())
         return runs.result()
 
     assert list(asyncio.run(main())) == [None, None]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from thunder_mw.policies import (
+    BackendAdded,
     CallFinished,
     DecisionsApplied,
     ForeignReservations,
@@ -260,3 +261,87 @@ def test_decisions_from_outside_the_pipeline_are_applied_as_a_stages_would_be() 
         ("a", "operator")
     ]
     assert len(actions) == 1
+
+
+# ------------------------------------------------------------------ what stages are given
+class _TriesToWrite(Stage):
+    """On each request, tries to change its program and an engine through what it was given,
+    and records the view and program it got and each attempt that was refused."""
+
+    name = "tries_to_write"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.views: list[StageView] = []
+        self.programs: list[ProgramView] = []
+        self.refused: list[str] = []
+
+    def bind(self, view: StageView) -> tuple[()]:
+        self.views.append(view)
+        return ()
+
+    def on_request(self, view: StageView, program: ProgramView, now: float) -> tuple[()]:
+        self.views.append(view)
+        self.programs.append(program)
+        try:
+            program.steps = 99  # type: ignore[misc]
+        except AttributeError:
+            self.refused.append("steps")
+        try:
+            program.docker_ids.append("c1")  # type: ignore[attr-defined]
+        except AttributeError:
+            self.refused.append("docker_ids")
+        try:
+            view.backends["b0"].reserved = 0  # type: ignore[misc]
+        except AttributeError:
+            self.refused.append("reserved")
+        return ()
+
+
+def test_a_stage_cannot_change_a_program_or_an_engine_through_what_it_reads() -> None:
+    probe = _TriesToWrite()
+    core = make(probe)
+    run_step(core, "a", 300, 0.0)
+    run_step(core, "a", 400, 2.0)
+    assert probe.refused == ["steps", "docker_ids", "reserved"] * 2
+    a = core.snapshot("a")
+    assert a is not None and a.steps == 2 and a.docker_ids == ()
+    assert core.backends["b0"].reserved == a.reserved_tokens > 0
+
+
+def test_a_stages_view_answers_the_stage_contract_and_nothing_else() -> None:
+    probe = _TriesToWrite()
+    core = make(probe)
+    run_step(core, "a", 300, 0.0)
+    view = probe.views[0]
+    assert all(v is view for v in probe.views)  # one view of the core, made with it
+    assert view is not core
+    assert not hasattr(view, "handle") and not hasattr(view, "table")
+    contract = {name for name in vars(StageView) if not name.startswith("_")}
+    assert {name for name in dir(view) if not name.startswith("_")} == contract
+
+
+def test_a_stage_reads_each_program_through_one_view_always_current() -> None:
+    probe = _TriesToWrite()
+    core = make(probe)
+    run_step(core, "a", 300, 0.0)
+    run_step(core, "a", 400, 2.0)
+    first, second = probe.programs
+    assert first is second  # made once with the program: no copy per hook call
+    snapshot = core.snapshot("a")
+    assert snapshot is not None
+    for name in ProgramSnapshot.__struct_fields__:
+        assert getattr(first, name) == getattr(snapshot, name), name
+
+
+def test_the_engines_leave_the_core_read_only() -> None:
+    core = make()
+    engines = core.backend_views()
+    run_step(core, "a", 300, 0.0)
+    assert engines["b0"].reserved == core.backends["b0"].reserved > 0  # always current
+    with pytest.raises(AttributeError):
+        engines["b0"].reserved = 0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        engines["b1"] = engines["b0"]  # type: ignore[index]
+    core.handle(BackendAdded("b1", 500, 1.0))
+    assert engines["b1"].capacity == 500 and set(engines) == {"b0", "b1"}

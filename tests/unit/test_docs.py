@@ -7,13 +7,16 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from thunder_mw.benchmarks.bench_cli import resolved_rules
 from thunder_mw.benchmarks.des import ClusterConfig
+from thunder_mw.benchmarks.scenarios import SCENARIOS
 from thunder_mw.schemas.config_reference import config_reference
-from thunder_mw.schemas.stage_params import AdmissionParams, MigrationParams, PauseParams
+from thunder_mw.schemas.stage_params import AdmissionParams, PauseParams
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "configuration.md"
@@ -102,6 +105,12 @@ def test_the_tables_know_the_default_rules_the_result_files_record() -> None:
     resolved: dict[str, str] = {"admission_overflow": AdmissionParams().overflow}
     resolved["pause_victim"] = PauseParams().victim
     assert tables.DEFAULT_RULES == resolved
-    placement = "tier_aware" if MigrationParams().tier_aware else "home_if_room"
-    assert tables.DEFAULT_RESUME_PLACEMENT == placement
+    # The tier rules as bench_cli.resolved_rules records them: as they act, on engines with a
+    # host KV tier and without.
+    for tiered in (True, False):
+        scenario = replace(SCENARIOS["chat-control"], host_tier=tiered)
+        recorded = resolved_rules(scenario, ["thunder-mw"])
+        rules = tuple(recorded[k]["thunder-mw"] for k in ("resume_placement", "idle_fate"))
+        rules += (recorded["tier_reload"]["thunder-mw"],)
+        assert tables.DEFAULT_TIER_RULES[tiered] == rules
     assert tables.DEFAULT_ENGINE_COUNTERS == ClusterConfig().engine_counters

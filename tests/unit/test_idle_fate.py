@@ -1,5 +1,7 @@
-"""What an ACTING program's reservation counts under pausing's `idle_fate: min_waste`
-(InferCept's min-waste rule, policies/overflow_cost.py `keeps_idle_context`)."""
+"""What an ACTING program's reservation counts under pausing's `idle_fate`: `min_waste`
+(InferCept's min-waste rule, policies/overflow_cost.py `keeps_idle_context`) on every
+backend, or, by default, `tiered_min_waste`: that rule where the backend has a host KV tier,
+the weight elsewhere."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import pytest
 
 from thunder_mw.policies import CallFinished, RequestArrived
 from thunder_mw.policies.core import Forward, RequestInfo, SchedulerCore
-from thunder_mw.policies.core_events import ReleaseRequested
+from thunder_mw.policies.core_events import HostTierDeclared, ReleaseRequested
 from thunder_mw.policies.overflow_cost import EngineCosts, keeps_idle_context
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
@@ -32,8 +34,8 @@ def test_keep_while_the_tool_ends_before_a_recompute_would_have_paid_off() -> No
     assert keeps_idle_context(4.9, 50_000, 1e-4, 1e-3)
 
 
-def test_off_by_default() -> None:
-    assert PauseParams().idle_fate == "weight"
+def test_by_default_the_rule_decides_where_a_host_tier_holds_what_is_let_go() -> None:
+    assert PauseParams().idle_fate == "tiered_min_waste"
 
 
 def ctx(pid: str) -> AgentContext:
@@ -44,7 +46,7 @@ def info(tokens: int) -> RequestInfo:
     return RequestInfo(prompt_chars=(tokens - 1) * CHARS_PER_TOKEN, max_tokens=10)
 
 
-def make(fate: str, prefill_s_per_token: float | None) -> SchedulerCore:
+def make(fate: str, prefill_s_per_token: float | None, tier: int = 0) -> SchedulerCore:
     stages = build_pipeline(
         [
             {"admission": {"buffer_tokens_per_program": 0, "overflow": "cost_aware"}},
@@ -59,6 +61,8 @@ def make(fate: str, prefill_s_per_token: float | None) -> SchedulerCore:
         ]
     )
     core = SchedulerCore([("b0", 100_000)], stages, chars_per_token=CHARS_PER_TOKEN)
+    if tier:
+        core.handle(HostTierDeclared("b0", tier, load_tokens_per_s=1e12))
     costs = core.stages[0].costs.setdefault("b0", EngineCosts())  # type: ignore[attr-defined]
     costs.prefill_s_per_token = prefill_s_per_token
     return core
@@ -77,21 +81,27 @@ def reserved(core: SchedulerCore, pid: str) -> int:
 
 
 @pytest.mark.parametrize(
-    ("fate", "price", "expected"),
+    ("fate", "price", "tier", "expected"),
     [
         # 1 s/token x ~20 k tokens of batch: any tool ends first, the context is kept whole.
-        ("min_waste", 1.0, 10_010),
+        ("min_waste", 1.0, 0, 10_010),
         # 1e-9 s/token: recomputing is all but free, the context is let go (none counted).
-        ("min_waste", 1e-9, 0),
+        ("min_waste", 1e-9, 0, 0),
         # No price learned yet: the configured weight, as `weight` always.
-        ("min_waste", None, 5_005),
-        ("weight", 1e-9, 5_005),
+        ("min_waste", None, 0, 5_005),
+        ("weight", 1e-9, 0, 5_005),
+        # The default: the rule only on a backend with a host tier (where a let-go context
+        # waits a reload away: 2 x 1e-12 s/token, so it is let go), the weight elsewhere.
+        ("tiered_min_waste", 1e-9, 0, 5_005),
+        ("tiered_min_waste", 1.0, 0, 5_005),
+        ("tiered_min_waste", 1.0, 1_000_000, 0),
+        ("weight", 1.0, 1_000_000, 5_005),
     ],
 )
 def test_an_acting_programs_reservation_follows_the_rule(
-    fate: str, price: float | None, expected: int
+    fate: str, price: float | None, tier: int, expected: int
 ) -> None:
-    core = make(fate, price)
+    core = make(fate, price, tier)
     # still reasoning: batch
     decision = core.handle(RequestArrived(ctx("other"), info(10_000), 0.0)).decision
     assert isinstance(decision, Forward)

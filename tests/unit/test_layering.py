@@ -277,13 +277,15 @@ def test_the_module_cycle_finder_sees_a_cycle() -> None:
 
 # The core's state and its event methods, which nothing outside policies/ may reach: the
 # middleware, the harnesses and the lab speak to the core through `handle(event)` and read it
-# through its queries (`program`, `programs_on`, `counts`, `pipeline`...). A receiver is the
+# through its queries (`snapshot`, `programs_on`, `counts`, `pipeline`, `backend_views`: the
+# engines read-only, never the live `backends`...). A receiver is the
 # core when its last name is `core` (`core`, `self.core`, `scheduler.core`): every holder of
 # one names it so, and other objects may keep fields of these names (a DES result's
 # `counters`).
 _CORE_INTERNALS = frozenset(
     {
         "table",
+        "backends",
         "counters",
         "stages",
         "_apply",
@@ -401,6 +403,8 @@ def test_the_core_boundary_checker_sees_a_reach_past_it() -> None:
     assert _reaches_into_the_core("scheduler._apply(actions)\n")
     assert _reaches_into_the_core("program = self.core.program(pid)\n")
     assert _reaches_into_the_core("metrics = GatewayMetrics(core.programs, pool)\n")
+    assert _reaches_into_the_core("for b in self.core.backends.values():\n    pass\n")
+    assert not _reaches_into_the_core("for b in self.core.backend_views().values():\n    pass\n")
     assert not _reaches_into_the_core("program = self.core.snapshot(pid)\n")
     assert not _reaches_into_the_core("program = self.scheduler.program(pid)\n")
     assert not _reaches_into_the_core("out = self.core.handle(event)\nself._apply(out.actions)\n")
@@ -485,7 +489,7 @@ def test_every_folder_of_the_package_is_checked_for_exports() -> None:
 
 def test_what_other_modules_import_from_a_module_is_in_its_exports() -> None:
     # Within a folder too: a name its neighbours import is part of a module's interface.
-    # (`_`-names that tests and lab scripts reach for stay private, outside `__all__`.)
+    # (`_`-names stay private, outside `__all__`; no test imports one: see below.)
     paths = {_module_name(p): p for p in _exporting_modules()}
     importers = [*_exporting_modules(), *(ROOT / "scripts").rglob("*.py")]
     importers += [*(ROOT / "tests").rglob("*.py")]
@@ -505,6 +509,46 @@ def test_what_other_modules_import_from_a_module_is_in_its_exports() -> None:
                 and not (paths[node.module].parent / f"{alias.name}.py").exists()
             }
     assert not wrong, sorted(wrong)
+
+
+def _private_imports(source: str) -> list[str]:
+    """The `_`-names (dunders aside) and private modules a file imports from the package."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("thunder_mw"):
+            parts = [*(node.module or "").split("."), *(a.name for a in node.names)]
+        elif isinstance(node, ast.Import):
+            parts = [
+                p for a in node.names if a.name.startswith("thunder_mw.") for p in a.name.split(".")
+            ]
+        else:
+            continue
+        found += [
+            f"line {node.lineno}: {name}"
+            for name in parts
+            if name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+        ]
+    return found
+
+
+def test_no_test_imports_a_private_name_from_the_package() -> None:
+    # Tests speak to the package through what its modules export: a unit worth testing on its
+    # own is public (in its module's `__all__`); the rest is tested through what uses it.
+    wrong = [
+        f"{path.relative_to(ROOT)} {hit}"
+        for path in (ROOT / "tests").rglob("*.py")
+        for hit in _private_imports(path.read_text())
+    ]
+    assert not wrong, wrong
+
+
+def test_the_private_import_checker_sees_one() -> None:
+    assert _private_imports("from thunder_mw.benchmarks.des import Simulation, _Program\n")
+    assert _private_imports("def f():\n    from thunder_mw.middleware.forwarder import _data_of\n")
+    assert _private_imports("import thunder_mw.policies._hidden\n")
+    assert not _private_imports("from thunder_mw import __version__\n")
+    assert not _private_imports("from support.polling import _helper\n")  # the tests' own
+    assert not _private_imports("from thunder_mw.policies import Stage as _Stage\n")
 
 
 def test_the_export_checker_sees_a_missing_or_unbound_export() -> None:

@@ -17,6 +17,7 @@ from thunder_mw.policies.core import (
     SchedulerCore,
 )
 from thunder_mw.policies.overflow_cost import (
+    FIT_MIN_WEIGHT,
     EngineCosts,
     OverflowView,
     admit_past_capacity,
@@ -113,6 +114,79 @@ def test_engine_counters_win_over_call_timings_and_survive_a_restart() -> None:
     assert costs.prefill_s_per_token == learned
     costs.observe_counters(0.1, 1000.0, 0.1, 10.0)  # the engine restarted: re-base, no sample
     assert costs.prefill_s_per_token == learned
+
+
+class _Engine:
+    """A chunked-prefill engine in counters: each step costs t0 + p x its prefill tokens, and
+    every request's prefill time counts each step its chunks ran in (vLLM's histograms)."""
+
+    def __init__(self, t0: float, p: float) -> None:
+        self.t0, self.p = t0, p
+        self.prefill_s = self.prefill_tokens = self.decode_s = self.decode_tokens = 0.0
+        self.steps = self.itl_s = self.itl_n = self.computed = 0.0
+
+    def interval(self, costs: EngineCosts, prefill_per_step: float, batch: int = 20) -> None:
+        for _ in range(50):  # steps
+            step = self.t0 + self.p * prefill_per_step
+            self.steps += 1
+            self.computed += prefill_per_step
+            self.itl_s += step * batch
+            self.itl_n += batch
+            # Two requests share each step's prefill budget: each is charged the whole step.
+            self.prefill_s += 2 * step
+            self.prefill_tokens += prefill_per_step
+        costs.observe_counters(
+            self.prefill_s,
+            self.prefill_tokens,
+            self.itl_s,
+            self.itl_n,
+            self.steps,
+            self.itl_s,
+            self.itl_n,
+            self.computed,
+        )
+
+
+def test_the_prefill_price_is_the_slope_of_step_time_on_prefill_load() -> None:
+    # Per-request prefill seconds over tokens charge a shared step to each request in it and
+    # the batch's decoding to the prefill: here 2 x (t0 / x + p), far above p. The slope of
+    # the mean step time on prompt tokens per step is p itself.
+    engine, costs = _Engine(t0=0.02, p=4e-5), EngineCosts()
+    loads = [300.0, 800.0, 150.0, 1200.0, 500.0, 950.0] * 3
+    engine.interval(costs, loads[0])  # the first scrape only sets the base
+    prices = []
+    for load in loads[1:]:
+        engine.interval(costs, load)
+        prices.append(costs.prefill_s_per_token)
+    ready = next(i for i, p in enumerate(prices) if p == pytest.approx(engine.p, rel=1e-6))
+    # Until the intervals weigh FIT_MIN_WEIGHT (decayed), the per-request ratio, ~2x p.
+    assert FIT_MIN_WEIGHT <= ready + 1 <= FIT_MIN_WEIGHT + 2
+    assert all(p is not None and p > 2 * engine.p for p in prices[:ready])
+    assert prices[ready:] == pytest.approx([engine.p] * len(prices[ready:]), rel=1e-6)
+
+
+def test_a_prefill_load_that_never_varies_leaves_the_per_request_ratio() -> None:
+    engine, costs = _Engine(t0=0.02, p=4e-5), EngineCosts()
+    for _ in range(20):
+        engine.interval(costs, 500.0)  # every interval alike: no slope to read
+    ratio = 2 * (engine.t0 + engine.p * 500.0) / 500.0
+    assert costs.prefill_s_per_token == pytest.approx(ratio)
+
+
+def test_the_regression_needs_the_step_counters_and_survives_a_restart() -> None:
+    engine, costs = _Engine(t0=0.02, p=4e-5), EngineCosts()
+    for load in [300.0, 800.0, 150.0, 1200.0, 500.0, 950.0] * 2:
+        engine.interval(costs, load)
+    learned = costs.prefill_s_per_token
+    assert learned == pytest.approx(engine.p)
+    # The engine restarted: every counter back near zero re-bases, and teaches nothing.
+    costs.observe_counters(0.1, 300.0, 0.1, 20.0, 1.0, 0.1, 20.0, 300.0)
+    assert costs.prefill_s_per_token == learned
+    # An engine without the step counters (SGLang; older vLLM) keeps the ratio.
+    ratio_only = EngineCosts()
+    ratio_only.observe_counters(10.0, 100_000.0, 50.0, 1000.0, None, None, None, None)
+    ratio_only.observe_counters(12.0, 110_000.0, 55.0, 1100.0, None, None, None, None)
+    assert ratio_only.prefill_s_per_token == pytest.approx(2.0 / 10_000)
 
 
 def test_only_real_holds_teach_the_hold_time() -> None:
@@ -290,6 +364,10 @@ def test_vllm_metrics_feed_the_cost_counters() -> None:
     assert m.prefill_tokens_total == 6.0
     assert m.decode_seconds_total == pytest.approx(0.01940876499998012)
     assert m.decode_tokens_total == 3.0
+    # The regression's: steps (iteration_tokens_total's count) and inter-token latencies.
+    assert m.steps_total == 3.0
+    assert m.inter_tokens_total == 2.0
+    assert m.inter_token_seconds_total == pytest.approx(0.01940876499998012)
 
 
 def test_sglang_hicache_reports_its_host_tier() -> None:
@@ -320,16 +398,16 @@ def test_the_gateway_times_streamed_calls_only_to_their_first_token() -> None:
     import time
 
     from thunder_mw.middleware.call_state import CallState, RequestBody
-    from thunder_mw.middleware.live_scheduler import _timed
+    from thunder_mw.middleware.live_scheduler import timed_usage
 
     call = CallState()
-    assert _timed(call, Usage(10, 2, 0)) == Usage(10, 2, 0)  # never forwarded: untimed
+    assert timed_usage(call, Usage(10, 2, 0)) == Usage(10, 2, 0)  # never forwarded: untimed
     call.forwarded_at = time.perf_counter() - 2.0
     call.first_body_at = call.forwarded_at + 0.5
-    unstreamed = _timed(call, Usage(10, 2, 0))
+    unstreamed = timed_usage(call, Usage(10, 2, 0))
     assert unstreamed is not None and unstreamed.ttft_s is None
     assert unstreamed.duration_s is not None and unstreamed.duration_s >= 2.0
     call.body = RequestBody({"stream": True}, b"{}")
-    streamed = _timed(call, Usage(10, 2, 0))
+    streamed = timed_usage(call, Usage(10, 2, 0))
     assert streamed is not None and streamed.ttft_s == pytest.approx(0.5)
-    assert _timed(call, None) is None
+    assert timed_usage(call, None) is None

@@ -15,7 +15,7 @@ from thunder_mw.benchmarks.workloads import Call, ProgramSpec
 from thunder_mw.middleware.speculative_prefill import (
     AnswerRecorder,
     PromptMemory,
-    _Remembered,
+    Remembered,
     warming_body,
 )
 from thunder_mw.observability.prefill_metrics import PrefillMetrics
@@ -290,13 +290,13 @@ def test_a_completion_answer_is_recorded_as_text() -> None:
     recorder = AnswerRecorder(10_000)
     recorder.feed_json(b'{"choices": [{"index": 0, "text": " world"}]}')
     body = warming_body(
-        _Remembered("/v1/completions", {"prompt": "hello", "max_tokens": 50}, recorder.message(), 1)
+        Remembered("/v1/completions", {"prompt": "hello", "max_tokens": 50}, recorder.message(), 1)
     )
     assert body == {"prompt": "hello world", "max_tokens": 1}
 
 
 def test_the_warming_body_is_the_last_request_plus_its_answer_asking_for_one_token() -> None:
-    remembered = _Remembered(
+    remembered = Remembered(
         "/v1/chat/completions",
         {
             "model": "m",
@@ -318,7 +318,7 @@ def test_the_warming_body_is_the_last_request_plus_its_answer_asking_for_one_tok
         "tools": [{"type": "function", "function": {"name": "ls"}}],
         "max_tokens": 1,
     }
-    ids = _Remembered("/v1/completions", {"prompt": [1, 2, 3]}, {"content": "x"}, 1)
+    ids = Remembered("/v1/completions", {"prompt": [1, 2, 3]}, {"content": "x"}, 1)
     assert warming_body(ids) is None
 
 

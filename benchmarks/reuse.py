@@ -28,14 +28,11 @@ __all__ = [
     "LEGACY_RESUME_PLACEMENT",
     "LEGACY_TIER_RELOAD",
     "PER_POLICY",
+    "RECORDED_RULES",
     "ROW_KEYS",
     "ReuseError",
     "check_config",
-    "recorded_idle_fate",
-    "recorded_order",
-    "recorded_placement",
-    "recorded_tier_reload",
-    "recorded_victim",
+    "recorded",
     "reused_output",
 ]
 
@@ -72,6 +69,39 @@ LEGACY_PARAMS: dict[str, frozenset[tuple[str, Any]]] = {
 LEGACY_CLUSTER_DEFAULTS: dict[str, Any] = {"engine_counters": False}
 
 
+# The rules a result file records per policy as its pipeline resolved them (bench_cli
+# `resolved_rules`), a reused run's must match today's: config key -> (what it is called in
+# an error, the stage that decides it, how a file written before the key existed reads it
+# from that stage's params).
+RECORDED_RULES: dict[str, tuple[str, str, Callable[[dict[str, Any]], str]]] = {
+    "pause_victim": (
+        "pause victim",
+        "state_aware_pause",
+        lambda params: str(params.get("victim", LEGACY_PAUSE_VICTIM)),
+    ),
+    "queue_order": (
+        "queue order",
+        "migration",
+        lambda params: "started_first" if params.get("started_first") else LEGACY_QUEUE_ORDER,
+    ),
+    "resume_placement": (
+        "resume placement",
+        "migration",
+        lambda params: "tier_aware" if params.get("tier_aware") else LEGACY_RESUME_PLACEMENT,
+    ),
+    "idle_fate": (
+        "idle fate",
+        "state_aware_pause",
+        lambda params: str(params.get("idle_fate", LEGACY_IDLE_FATE)),
+    ),
+    "tier_reload": (
+        "tier reload",
+        "admission",
+        lambda params: "on" if params.get("tier_reload") else LEGACY_TIER_RELOAD,
+    ),
+}
+
+
 class ReuseError(ValueError):
     """The old file cannot stand in for a run (the message names what differs)."""
 
@@ -96,25 +126,8 @@ def check_config(old: dict[str, Any], new: dict[str, Any], reused: Iterable[str]
             raise ReuseError(f"{policy}'s pipeline changed since the file was written: rerun it")
         if old.get("host_tier", {}).get(policy) != new["host_tier"].get(policy):
             raise ReuseError(f"{policy}'s engines changed since the file was written: rerun it")
-        then, now = recorded_victim(old, policy), new.get("pause_victim", {}).get(policy)
-        if then != now:
-            raise ReuseError(
-                f"{policy}'s pause victim resolved to {then} when the file was written, "
-                f"to {now} now (a default changed): rerun it"
-            )
-        then, now = recorded_order(old, policy), new.get("queue_order", {}).get(policy)
-        if then != now:
-            raise ReuseError(
-                f"{policy}'s queue order resolved to {then} when the file was written, "
-                f"to {now} now (a default changed): rerun it"
-            )
-        for what, recorded in (
-            ("resume placement", recorded_placement),
-            ("idle fate", recorded_idle_fate),
-            ("tier reload", recorded_tier_reload),
-        ):
-            key = what.replace(" ", "_")
-            then, now = recorded(old, policy), new.get(key, {}).get(policy)
+        for key, (what, _, _) in RECORDED_RULES.items():
+            then, now = recorded(old, policy, key), new.get(key, {}).get(policy)
             if then != now:
                 raise ReuseError(
                     f"{policy}'s {what} resolved to {then} when the file was written, "
@@ -149,77 +162,13 @@ def _as_written(pipeline: Any) -> Any:
     ]
 
 
-def recorded_order(config: dict[str, Any], policy: str) -> str | None:
-    """The queue order `policy` ran with, as the file records it or, for a file written
-    before it did, as its pipeline said (else the order of that time)."""
-    return _recorded(
-        config,
-        policy,
-        "queue_order",
-        "migration",
-        lambda params: "started_first" if params.get("started_first") else LEGACY_QUEUE_ORDER,
-    )
-
-
-def recorded_placement(config: dict[str, Any], policy: str) -> str | None:
-    """The resume placement `policy` ran with, as the file records it or, for a file written
-    before it did, as its pipeline said (else the placement of that time)."""
-    return _recorded(
-        config,
-        policy,
-        "resume_placement",
-        "migration",
-        lambda params: "tier_aware" if params.get("tier_aware") else LEGACY_RESUME_PLACEMENT,
-    )
-
-
-def recorded_idle_fate(config: dict[str, Any], policy: str) -> str | None:
-    """What an idle program's reservation counted in `policy`'s runs, as the file records it
-    or, for a file written before it did, as its pipeline said (else `weight`)."""
-    return _recorded(
-        config,
-        policy,
-        "idle_fate",
-        "state_aware_pause",
-        lambda params: str(params.get("idle_fate", LEGACY_IDLE_FATE)),
-    )
-
-
-def recorded_tier_reload(config: dict[str, Any], policy: str) -> str | None:
-    """Whether `policy`'s admission priced a tier-held overflow at its reload, as the file
-    records it or, for a file written before it did, as its pipeline said (else `off`)."""
-    return _recorded(
-        config,
-        policy,
-        "tier_reload",
-        "admission",
-        lambda params: "on" if params.get("tier_reload") else LEGACY_TIER_RELOAD,
-    )
-
-
-def recorded_victim(config: dict[str, Any], policy: str) -> str | None:
-    """The pause victim `policy` ran with, as the file records it or, for a file written
-    before it did, as its pipeline said (else the default of that time)."""
-    return _recorded(
-        config,
-        policy,
-        "pause_victim",
-        "state_aware_pause",
-        lambda params: str(params.get("victim", LEGACY_PAUSE_VICTIM)),
-    )
-
-
-def _recorded(
-    config: dict[str, Any],
-    policy: str,
-    key: str,
-    stage_name: str,
-    from_params: Callable[[dict[str, Any]], str],
-) -> str | None:
-    """A rule a policy resolved to: the file's `config[key]`, or for a file that predates
-    it, read from the params of its pipeline's `stage_name` stage (None: no such stage)."""
+def recorded(config: dict[str, Any], policy: str, key: str) -> str | None:
+    """The rule `key` of `RECORDED_RULES` that `policy` ran with: the file's `config[key]`,
+    or for a file written before it recorded that, as its pipeline's stage said (else the
+    rule of that time; None: no such stage)."""
     if key in config:
         return config[key].get(policy)  # type: ignore[no-any-return]
+    _, stage_name, from_params = RECORDED_RULES[key]
     for stage in config["policies"][policy]:
         if stage_name in stage:
             return from_params(stage[stage_name])

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from thunder_mw.benchmarks.bench_cli import run_scenario
-from thunder_mw.benchmarks.reuse import ReuseError, check_config, recorded_order, recorded_victim
+from thunder_mw.benchmarks.reuse import ReuseError, check_config
+from thunder_mw.benchmarks.reuse import recorded as recorded_rule
 from thunder_mw.benchmarks.scenarios import SCENARIOS
 
 # Two programs on one engine, two seeds, one client-side cap: every kind of run (the
@@ -99,7 +100,8 @@ def test_a_run_whose_pause_victim_default_changed_is_refused(full: dict[str, Any
             run_scenario(TINY, POLICIES, sweep=False, reuse=old, rerun={"session_affinity"})
     # A rule a legacy file's pipeline names outright is the rule it ran.
     named = {"policies": {"p": [{"state_aware_pause": {"victim": "auto"}}], "q": []}}
-    assert (recorded_victim(named, "p"), recorded_victim(named, "q")) == ("auto", None)
+    rules = (recorded_rule(named, "p", "pause_victim"), recorded_rule(named, "q", "pause_victim"))
+    assert rules == ("auto", None)
 
 
 def test_a_run_whose_queue_order_default_changed_is_refused(full: dict[str, Any]) -> None:
@@ -124,7 +126,7 @@ def test_a_preset_that_now_names_the_old_queue_order_still_matches_its_old_runs(
     config = {"policies": {"p": then}, "host_tier": {}}
     order = {"queue_order": {"p": "arrival"}, "resume_placement": {"p": "home_if_room"}}
     check_config(config, {**config, **order, "policies": {"p": now}}, ["p"])
-    assert recorded_order(config, "p") == "arrival"
+    assert recorded_rule(config, "p", "queue_order") == "arrival"
     with pytest.raises(ReuseError, match="pipeline changed"):
         later = [{"migration": {"placement": "mru", "started_first": True}}]
         check_config(config, {**config, **order, "policies": {"p": later}}, ["p"])

@@ -88,6 +88,10 @@ class UpstreamResponse:
         and map them with as_upstream_error."""
         return self._response.content.iter_any()
 
+    def at_eof(self) -> bool:
+        """The whole body has arrived and been read: no chunk is left to come."""
+        return self._response.content.at_eof()
+
     def close(self) -> None:
         # Closing (not releasing) an unfinished response drops its connection, which is how
         # the engine learns the client went away and aborts the request.

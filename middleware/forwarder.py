@@ -364,9 +364,17 @@ class Forwarder:
                         call.outcome = "upstream_failed"
                         self.pool.suspect(backend)
                     if ready:
-                        await send({"type": "http.response.body", "body": ready, "more_body": True})
+                        # The engine's body has all arrived (a short answer comes in one
+                        # read): these events end the stream, sent with the terminating
+                        # chunk in one message, so one write to the client instead of two.
+                        last = not pending and response.at_eof()
+                        await send(
+                            {"type": "http.response.body", "body": ready, "more_body": not last}
+                        )
                         if recorder is not None:
                             recorder.feed_events(ready)
+                        if last:
+                            return
                 try:
                     chunk = await next_chunk()
                 except StopAsyncIteration:

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 
 import aiohttp
 import httpx
 from starlette.routing import Route
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from thunder_mw.cli.bounded_head import bounded_httptools
 from thunder_mw.engines.pooled_connections import KeepAliveConnector
@@ -55,6 +60,20 @@ def test_uvicorn_httptools_protocol_has_the_hooks_the_bounded_head_overrides() -
     source = inspect.getsource(HttpToolsProtocol.data_received)
     assert "send_400_response" in source
     assert {400, 431} <= set(STATUS_LINE)
+
+
+def test_uvicorn_response_cycle_writes_through_the_transport_it_is_given() -> None:
+    """cli/bounded_head.py swaps the `transport` of the cycle uvicorn has just made in
+    `on_headers_complete` (before its task runs) for one that sends the response head with
+    the first body write. The cycle must keep its connection in that attribute and call
+    nothing on it but the three methods the wrapper implements;
+    tests/live/test_response_writes.py checks what the wrapper does."""
+    made = inspect.getsource(HttpToolsProtocol.on_headers_complete)
+    assert "self.cycle = RequestResponseCycle(" in made and "transport=self.transport" in made
+    assert "create_task" in inspect.getsource(HttpToolsProtocol._start_asgi_task)
+    assert "self.transport = transport" in inspect.getsource(RequestResponseCycle.__init__)
+    used = set(re.findall(r"self\.transport\.(\w+)", inspect.getsource(RequestResponseCycle)))
+    assert used == {"write", "close", "is_closing"}, used
 
 
 # ------------------------------------------------------------------ Starlette 1.10.0

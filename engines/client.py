@@ -72,9 +72,20 @@ class UpstreamResponse:
     async def first_chunk(self) -> bytes:
         """The body's first bytes (b"" when it is empty), within the first-byte deadline:
         an engine streams its headers at once but may sit on the first event for minutes."""
+        content = self._response.content
+        try:
+            # What already came with the headers (a short answer comes whole) is taken
+            # without arming the deadline's timer (~4 us per stream).
+            chunk = content.read_nowait()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UpstreamError(
+                f"engine failed before its first event: {exc!r}", timeout=_is_timeout(exc)
+            ) from exc
+        if chunk or content.at_eof():
+            return chunk
         try:
             async with asyncio.timeout_at(self._deadline) as deadline:
-                return await self._response.content.readany()
+                return await content.readany()
         except (TimeoutError, aiohttp.ClientError) as exc:
             if deadline.expired():
                 raise _no_first_byte(self._first_byte_timeout_s) from exc

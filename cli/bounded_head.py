@@ -21,9 +21,13 @@ tests/test_framework_pins.py.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import cast
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from thunder_mw.middleware.errors import error_body
 
@@ -68,7 +72,8 @@ def bounded_httptools(max_head_bytes: int) -> type[asyncio.Protocol]:
             # upgrade, which makes none.
             cycle = self.cycle
             if cycle is not None and cycle.transport is self.transport:
-                cycle.transport = _HeadWithBody(self.transport, self.loop)
+                # Typed as the transport it stands in for, in the three calls the cycle makes.
+                cycle.transport = cast(asyncio.Transport, _HeadWithBody(cycle, self.transport))
 
         def on_message_complete(self) -> None:
             self._in_head, self._boundary, self._head_bytes = True, True, 0
@@ -107,34 +112,33 @@ def bounded_httptools(max_head_bytes: int) -> type[asyncio.Protocol]:
     return BoundedHttpToolsProtocol
 
 
-class _HeadWithBody(asyncio.Transport):
-    """A response cycle's connection, as the cycle uses it (`write`, `close`, `is_closing`):
-    its first write (the response head) is held and sent with the next one, or alone by the
-    event loop's next turn, or before a close; later writes go straight through."""
+class _HeadWithBody:
+    """A response cycle's connection until its head is out, as the cycle uses it (`write`,
+    `close`, `is_closing`): the first write (the head) is held and sent with the next one, or
+    alone by the event loop's next turn, or before a close; then the cycle gets its
+    connection back, and later writes go straight to it."""
 
-    __slots__ = ("_head", "_loop", "_transport")
+    __slots__ = ("_cycle", "_head", "_transport")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__()
+    def __init__(self, cycle: RequestResponseCycle, transport: asyncio.Transport) -> None:
+        self._cycle = cycle
         self._transport = transport
-        self._loop: asyncio.AbstractEventLoop | None = loop  # None once the first write came
         self._head: bytes | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         head = self._head
-        if head is not None:
-            self._head = None
-            self._transport.write(head + data)
-        elif self._loop is not None:
+        if head is None:
             self._head = bytes(data)  # uvicorn writes bytes: the same object, no copy
-            self._loop.call_soon(self.flush)
-            self._loop = None
-        else:
-            self._transport.write(data)
+            asyncio.get_running_loop().call_soon(self.flush)
+            return
+        self._head = None
+        self._cycle.transport = self._transport
+        self._transport.write(head + data)
 
     def flush(self) -> None:
         """Sends the held head, if any (dropped once the connection is closing: the client
-        left, and nothing more goes out on it)."""
+        left, and nothing more goes out on it); the cycle writes to its connection again."""
+        self._cycle.transport = self._transport
         head = self._head
         if head is not None:
             self._head = None
@@ -147,6 +151,3 @@ class _HeadWithBody(asyncio.Transport):
     def close(self) -> None:
         self.flush()
         self._transport.close()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)

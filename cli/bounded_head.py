@@ -73,7 +73,8 @@ def bounded_httptools(max_head_bytes: int) -> type[asyncio.Protocol]:
             cycle = self.cycle
             if cycle is not None and cycle.transport is self.transport:
                 # Typed as the transport it stands in for, in the three calls the cycle makes.
-                cycle.transport = cast(asyncio.Transport, _HeadWithBody(cycle, self.transport))
+                holder = _HeadWithBody(cycle, self.transport, self.loop)
+                cycle.transport = cast(asyncio.Transport, holder)
 
         def on_message_complete(self) -> None:
             self._in_head, self._boundary, self._head_bytes = True, True, 0
@@ -118,18 +119,26 @@ class _HeadWithBody:
     alone by the event loop's next turn, or before a close; then the cycle gets its
     connection back, and later writes go straight to it."""
 
-    __slots__ = ("_cycle", "_head", "_transport")
+    __slots__ = ("_cycle", "_head", "_loop", "_transport")
 
-    def __init__(self, cycle: RequestResponseCycle, transport: asyncio.Transport) -> None:
+    def __init__(
+        self,
+        cycle: RequestResponseCycle,
+        transport: asyncio.Transport,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self._cycle = cycle
         self._transport = transport
+        # The protocol's loop, at hand: asyncio.get_running_loop() costs a getpid() syscall
+        # per call on Python 3.11.
+        self._loop = loop
         self._head: bytes | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         head = self._head
         if head is None:
             self._head = bytes(data)  # uvicorn writes bytes: the same object, no copy
-            asyncio.get_running_loop().call_soon(self.flush)
+            self._loop.call_soon(self.flush)
             return
         self._head = None
         self._cycle.transport = self._transport

@@ -182,6 +182,9 @@ class EngineClient:
             total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
         )
         self._session: aiohttp.ClientSession | None = None
+        # The loop the forwarding session runs on, taken when it is made (on Python 3.11
+        # each asyncio.get_running_loop() costs a getpid() syscall).
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._connector: KeepAliveConnector | None = None
         self._fresh_session: aiohttp.ClientSession | None = None
         # Calls resent on a fresh connection after their pooled one turned out closed.
@@ -196,6 +199,7 @@ class EngineClient:
                 ttl_dns_cache=300,
             )
             self._session = self._new_session(self._connector)
+            self._loop = asyncio.get_running_loop()
         return self._session
 
     def _new_session(self, connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
@@ -222,7 +226,8 @@ class EngineClient:
         on to `first_chunk`. Cancelling the wait drops the connection: the engine aborts."""
         session = self._ensure_session()
         header_pairs = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
-        deadline = asyncio.get_running_loop().time() + self._first_byte_timeout_s
+        assert self._loop is not None
+        deadline = self._loop.time() + self._first_byte_timeout_s
         url = self.base_url + target
 
         def request(via: aiohttp.ClientSession) -> Any:

@@ -162,7 +162,9 @@ class Forwarder:
             await send_error(send, 503, "no healthy backend is available", None, "no_backend")
             return
 
-        task = asyncio.current_task()
+        # One loop lookup: on Python 3.11 each costs a getpid() syscall.
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
         disconnected = False
         watcher: asyncio.Task[None] | None = None
 
@@ -182,7 +184,7 @@ class Forwarder:
 
         # Most calls that finish fast never need a watcher task; slow ones get one soon enough
         # to cancel the engine's work when their client leaves.
-        arming = asyncio.get_running_loop().call_later(_WATCH_AFTER_S, arm)
+        arming = loop.call_later(_WATCH_AFTER_S, arm)
         try:
             await self._send_upstream(scope, send, call, backend, payload, stream, hide_usage)
         except asyncio.CancelledError:

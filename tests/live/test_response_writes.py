@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from thunder_mw.cli.bounded_head import bounded_httptools
@@ -45,6 +46,7 @@ class _Transport(asyncio.Transport):
 def _serve(app: ASGIApp) -> tuple[Any, _Transport]:
     """The gateway's protocol class for `app`, connected to an in-memory transport."""
     protocol_class = bounded_httptools(64 * 1024)
+    assert issubclass(protocol_class, HttpToolsProtocol)
     config = uvicorn.Config(app, http=protocol_class, lifespan="off", log_level="critical")
     config.load()
     protocol = protocol_class(

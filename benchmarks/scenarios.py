@@ -156,6 +156,10 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # An ACTING program's reservation by InferCept's min-waste rule on every backend, not
     # only tiered ones (pausing `idle_fate: min_waste`), costs from the engine's counters.
     "thunder-mw/min-waste": _thunder_mw(**{"state-aware-pause": {"idle_fate": "min_waste"}}),
+    # The default pipeline pricing recompute from the engine's counters, as live does (the
+    # simulator's `thunder-mw` row prices it from call timings: time to first token, the
+    # engine's queue included, which overstates it; docs/scheduling.md).
+    "thunder-mw/engine-counters": _thunder_mw(),
     "thunder-mw/resident": _thunder_mw(admission={"resident_floor": 0.5}),
     "thunder-mw/hw-1.0+acting-0.5": _thunder_mw(
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
@@ -186,6 +190,7 @@ POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "thunder-mw/tier-fixed-rules": {"host_tier": True, "engine_counters": True},
     "thunder-mw/tier-reload": {"host_tier": True, "engine_counters": True},
     "thunder-mw/min-waste": {"engine_counters": True},
+    "thunder-mw/engine-counters": {"engine_counters": True},
     "continuum": {"program_fcfs": True},
 }
 

@@ -510,12 +510,14 @@ def _fixed_ratio(variants: Record | None) -> str:
 # offload's engines (docs/benchmarks.md's host-tier table compares it there), and
 # `tier-fixed-rules` and `tier-reload` run on those engines too (its ablation and an opt-in,
 # compared with it and offload);
-# `min-waste` learns from the engine's counters, which the default's rows do not.
+# `min-waste` and `engine-counters` learn from the engine's counters, which the default's
+# rows do not (the cost-source table compares them).
 NOT_A_RULE = (
     "thunder-mw/host-tier",
     "thunder-mw/tier-fixed-rules",
     "thunder-mw/tier-reload",
     "thunder-mw/min-waste",
+    "thunder-mw/engine-counters",
 )
 
 
@@ -727,6 +729,54 @@ def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") ->
     return "\n".join(lines) + "\n"
 
 
+ENGINE_COUNTERS = "thunder-mw/engine-counters"  # the default, priced as live prices it
+MIN_WASTE = "thunder-mw/min-waste"  # the min-waste idle fate everywhere, priced the same way
+
+
+def _seed_values(report: Record, policy: str, metric: str) -> dict[int, float]:
+    """`policy`'s `metric` per seed at the file's main point, long window (no cap)."""
+    return {
+        r["seed"]: r[metric]
+        for r in report.get("sweep", [])
+        if r["policy"] == policy and r["main"] and not r["wave"] and r.get("cap") is None
+        if r.get(metric)
+    }
+
+
+def _paired_cell(report: Record, ours: str, theirs: str, metric: str) -> str:
+    """`ours` over `theirs` on `metric`, paired by seed, with its interval ('-': not both)."""
+    from thunder_mw.benchmarks.bootstrap import compare
+
+    mine, other = _seed_values(report, ours, metric), _seed_values(report, theirs, metric)
+    seeds = sorted(set(mine) & set(other))
+    if not seeds:
+        return "-"
+    return _ratio_cell(compare([mine[k] for k in seeds], [other[k] for k in seeds]))
+
+
+def cost_source_table(names: list[str]) -> str:
+    """Where the prices come from: the default as the simulator runs it (costs from call
+    timings) and the min-waste idle fate, each over the default with the engine's counters
+    (as live runs it), long window, paired by seed, from `<name>-variants.json`."""
+    metric = "steps_per_min_steady"
+    lines = [
+        "| scenario | set | seeds | default, call timings / engine counters | "
+        "min-waste / default, both engine counters |",
+        "|---|---|---|---|---|",
+    ]
+    for name in names:
+        report = _variants(name)
+        if report is None or not _seed_values(report, ENGINE_COUNTERS, metric):
+            continue
+        split = report["config"].get("split", "tuning")
+        cells = [
+            _paired_cell(report, "thunder-mw", ENGINE_COUNTERS, metric),
+            _paired_cell(report, MIN_WASTE, ENGINE_COUNTERS, metric),
+        ]
+        lines.append(f"| `{name}` | {split} | {len(report['seeds'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 REAL_SYSTEMS = {
     "direct": "plain vLLM",
     "direct/cap-2": "plain vLLM, client cap 2",
@@ -878,6 +928,7 @@ def update_docs() -> None:
     _replace_block(DOCS, "started-first", variant_table([*TUNING, *TEST], STARTED_FIRST))
     _replace_block(DOCS, "arrival-order", variant_table([*TUNING, *TEST], ARRIVAL_ORDER))
     _replace_block(DOCS, "no-admission", variant_table([*TUNING, *TEST], NO_ADMISSION))
+    _replace_block(DOCS, "cost-source", cost_source_table([*TUNING, *TEST]))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
     _replace_block(README, "real-engine-table", real_engine_table())
     _replace_block(DOCS, "real-engine-table", real_engine_table())
@@ -899,6 +950,7 @@ if __name__ == "__main__":
         "--arrival-order": lambda names: variant_table(names, ARRIVAL_ORDER),
         "--no-admission": lambda names: variant_table(names, NO_ADMISSION),
         "--controller": controller_table,
+        "--cost-source": cost_source_table,
     }
     if sys.argv[1:2] and sys.argv[1] in per_scenario:
         print(per_scenario[sys.argv[1]](sys.argv[2:] or [*TUNING, *TEST]))

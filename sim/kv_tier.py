@@ -11,7 +11,10 @@ callgrind on a recorded replay of `swe-agent-knee` `offload`'s block calls): who
 as plain-dict operations in C, +8.6 % instructions (a dict's first key is found past every
 entry deleted before it); stamps in a list with stale entries, slower still; whole-run
 OrderedDict operations, +19 %. tests/sim/test_sim_kv_tier.py holds any replacement to this
-per-block LRU.
+per-block LRU. Where a segment-based LRU would pay (same replay): prefix loads arrive in
+pieces of ~33 blocks that sit together in the LRU, stores of blocks already here in pieces
+of ~166; but two thirds of the blocks stored are new, each one insert and one eviction
+whatever the structure.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from support.asgi_servers import ServerThread, serving
 from support.fake_engine import FakeEngine
+from support.memory_transport import MemoryTransport
 from support.polling import wait_until
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
@@ -115,34 +116,13 @@ def test_gateway_mode_passes_an_ordinary_head(mounted: tuple[ServerThread, list[
 
 
 # ------------------------------------------------------------------ the protocol-level guard
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written: list[bytes] = []
-        self.closed = False
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written.append(bytes(data))
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}.get(name, default)
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
 
 
 async def _unused_app(scope: Scope, receive: Receive, send: Send) -> None:
     raise AssertionError("a refused head must never reach the app")
 
 
-def _guarded_protocol(max_head_bytes: int) -> tuple[Any, _Transport]:
+def _guarded_protocol(max_head_bytes: int) -> tuple[Any, MemoryTransport]:
     """The bounded uvicorn protocol on an in-memory transport, on the running loop."""
     protocol_class = bounded_httptools(max_head_bytes)
     assert issubclass(protocol_class, HttpToolsProtocol)
@@ -154,13 +134,13 @@ def _guarded_protocol(max_head_bytes: int) -> tuple[Any, _Transport]:
         app_state={},
         _loop=asyncio.get_running_loop(),
     )
-    transport = _Transport()
+    transport = MemoryTransport()
     protocol.connection_made(transport)
     return protocol, transport
 
 
 def test_an_unfinished_head_past_the_guard_is_answered_431_and_closed() -> None:
-    async def feed() -> _Transport:
+    async def feed() -> MemoryTransport:
         protocol, transport = _guarded_protocol(1000)
         protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ")
         for _ in range(10):  # 6000 bytes: well past the 1000-byte guard
@@ -176,7 +156,7 @@ def test_an_unfinished_head_past_the_guard_is_answered_431_and_closed() -> None:
 
 
 def test_a_request_that_is_not_http_is_a_400_in_the_error_object_not_plain_text() -> None:
-    async def feed() -> _Transport:
+    async def feed() -> MemoryTransport:
         protocol, transport = _guarded_protocol(1000)
         protocol.data_received(b"\x16\x03\x01 not an HTTP request\r\n\r\n")  # TLS to http://
         return transport

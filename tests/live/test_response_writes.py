@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 import uvicorn
+from support.memory_transport import MemoryTransport
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
@@ -19,31 +20,7 @@ from thunder_mw.middleware.types import ASGIApp, Receive, Scope, Send
 REQUEST = b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
 
 
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written: list[bytes] = []
-        self.closed = False
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        assert not self.closed, "a write after close"
-        self.written.append(bytes(data))
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}.get(name, default)
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
-
-
-def _serve(app: ASGIApp) -> tuple[Any, _Transport]:
+def _serve(app: ASGIApp) -> tuple[Any, MemoryTransport]:
     """The gateway's protocol class for `app`, connected to an in-memory transport."""
     protocol_class = bounded_httptools(64 * 1024)
     assert issubclass(protocol_class, HttpToolsProtocol)
@@ -52,7 +29,7 @@ def _serve(app: ASGIApp) -> tuple[Any, _Transport]:
     protocol = protocol_class(
         config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
     )
-    transport = _Transport()
+    transport = MemoryTransport(strict=True)
     protocol.connection_made(transport)
     return protocol, transport
 
@@ -129,7 +106,7 @@ def test_a_held_head_goes_out_before_a_close() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         raise RuntimeError("the app fails after its head")  # uvicorn closes the connection
 
-    async def run() -> _Transport:
+    async def run() -> MemoryTransport:
         protocol, transport = _serve(app)
         protocol.data_received(REQUEST)
         await _turns()

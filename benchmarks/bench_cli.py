@@ -618,10 +618,13 @@ def engine_options(scenario: Scenario, policy: str) -> tuple[tuple[str, Any], ..
 
 
 def engine_counters(scenario: Scenario, policy: str) -> bool:
-    """Whether `policy`'s scrapes carry the engine's cost counters in `scenario` (its own
-    engine option, or the scenario's for every policy)."""
+    """Whether `policy`'s scrapes carry the engine's cost counters in `scenario`: its own
+    engine option, else yes for thunder-mw's pipelines (they price recompute from them,
+    live and here) and no for the baselines (the scenario's turns them on for every
+    policy)."""
     own = POLICY_ENGINE_OPTIONS.get(policy, {})
-    return scenario.engine_counters or bool(own.get("engine_counters", False))
+    gateway = policy == "thunder-mw" or policy.startswith("thunder-mw/")
+    return scenario.engine_counters or bool(own.get("engine_counters", gateway))
 
 
 def cluster_for(scenario: Scenario, policy: str, engines: int, seed: int) -> ClusterConfig:

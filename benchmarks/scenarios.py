@@ -153,13 +153,15 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # The default on the tier with admission pricing an overflow the tier holds at its
     # reload alone, the GPU's caps on calls in flight lifted (`tier_reload`, opt-in).
     "thunder-mw/tier-reload": _thunder_mw(admission={"tier_reload": True}),
-    # An ACTING program's reservation by InferCept's min-waste rule on every backend, not
-    # only tiered ones (pausing `idle_fate: min_waste`), costs from the engine's counters.
-    "thunder-mw/min-waste": _thunder_mw(**{"state-aware-pause": {"idle_fate": "min_waste"}}),
-    # The default pipeline pricing recompute from the engine's counters, as live does (the
-    # simulator's `thunder-mw` row prices it from call timings: time to first token, the
-    # engine's queue included, which overstates it; docs/scheduling.md).
-    "thunder-mw/engine-counters": _thunder_mw(),
+    # The rule before min-waste became the default (2026-12-04): an ACTING program's
+    # reservation at `acting_token_weight` on backends without a host tier.
+    "thunder-mw/tiered-min-waste": _thunder_mw(
+        **{"state-aware-pause": {"idle_fate": "tiered_min_waste"}}
+    ),
+    # The default pipeline pricing recompute from call timings (time to first token, the
+    # engine's queue included, which overstates it; POLICY_ENGINE_OPTIONS), as the
+    # simulator's rows did before they read the engine's counters as live does.
+    "thunder-mw/call-timings": _thunder_mw(),
     "thunder-mw/resident": _thunder_mw(admission={"resident_floor": 0.5}),
     "thunder-mw/hw-1.0+acting-0.5": _thunder_mw(
         admission={"high_watermark": 1.0, "low_watermark": 0.9},
@@ -180,17 +182,17 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
 
 # Engine options a policy brings with it (merged over the scenario's): `host_tier` gives
 # every engine the host KV tier the scenario sizes (`host_kv_tokens`); `engine_counters`
-# has the simulator's scrapes carry the engine's prefill and decode counters, as live
-# scrapes do (ClusterConfig.engine_counters; the scenario's `engine_counters` turns it on
-# for every policy).
+# says whether the simulator's scrapes carry the engine's prefill and decode counters, as
+# live scrapes do (ClusterConfig.engine_counters): on for thunder-mw's pipelines unless
+# their options say otherwise, off for the baselines, which price nothing (the scenario's
+# `engine_counters` turns it on for every policy; bench_cli.engine_counters).
 POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "offload": {"host_tier": True},
     OFFLOAD_CAPPED: {"host_tier": True},
-    "thunder-mw/host-tier": {"host_tier": True, "engine_counters": True},
-    "thunder-mw/tier-fixed-rules": {"host_tier": True, "engine_counters": True},
-    "thunder-mw/tier-reload": {"host_tier": True, "engine_counters": True},
-    "thunder-mw/min-waste": {"engine_counters": True},
-    "thunder-mw/engine-counters": {"engine_counters": True},
+    "thunder-mw/host-tier": {"host_tier": True},
+    "thunder-mw/tier-fixed-rules": {"host_tier": True},
+    "thunder-mw/tier-reload": {"host_tier": True},
+    "thunder-mw/call-timings": {"engine_counters": False},
     "continuum": {"program_fcfs": True},
 }
 

@@ -134,7 +134,7 @@ class PauseParams(StageParams):
         "only until the engine's prefill price is learned.",
     )
     idle_fate: Literal["weight", "min_waste", "tiered_min_waste"] = Field(
-        "tiered_min_waste",
+        "min_waste",
         description="What an ACTING program's reservation counts: `weight`: "
         "acting_token_weight x its context; `min_waste`: all of it or none, by InferCept's "
         "smallest waste when its call ends: keep its KV for the expected tool time, or let "

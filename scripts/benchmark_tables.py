@@ -559,10 +559,11 @@ DEFAULT_RULES = {"admission_overflow": "adaptive", "pause_victim": "auto"}
 # tier reload). Files written before they were recorded ran the untiered row's.
 DEFAULT_TIER_RULES = {
     True: ("tier_aware", "min_waste", "off"),
-    False: ("home_if_room", "weight", "off"),
+    False: ("home_if_room", "min_waste", "off"),
 }
-# The default's cost source in the simulator (its scrapes without the engine's counters).
-DEFAULT_ENGINE_COUNTERS = False
+# The default's cost source in the simulator: the engine's counters, as live (bench_cli
+# `engine_counters`; the default's rows learned from call timings before 2026-12-04).
+DEFAULT_ENGINE_COUNTERS = True
 
 
 def runs_default(report: Record) -> bool:
@@ -729,8 +730,11 @@ def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") ->
     return "\n".join(lines) + "\n"
 
 
-ENGINE_COUNTERS = "thunder-mw/engine-counters"  # the default, priced as live prices it
-MIN_WASTE = "thunder-mw/min-waste"  # the min-waste idle fate everywhere, priced the same way
+# The rows that chose today's default (2026-12-04), kept in the variants files written
+# before it: the default of then priced from the engine's counters, and the min-waste idle
+# fate everywhere, priced the same way (today's default).
+ENGINE_COUNTERS = "thunder-mw/engine-counters"
+MIN_WASTE = "thunder-mw/min-waste"
 
 
 def _seed_values(report: Record, policy: str, metric: str) -> dict[int, float]:

@@ -135,22 +135,22 @@ def test_a_preset_that_now_names_the_old_queue_order_still_matches_its_old_runs(
 def test_runs_of_another_resume_placement_or_cost_source_are_refused(
     full: dict[str, Any],
 ) -> None:
-    # A file from before either was recorded ran `home_if_room` placement with no engine
-    # counters, and is reused (its cluster constants lack `engine_counters`: False then).
+    # thunder-mw prices recompute from the engine's counters; the baselines price nothing.
     assert full["config"]["resume_placement"]["thunder-mw"] == "home_if_room"
-    assert full["config"]["engine_counters"] == {}
+    assert full["config"]["engine_counters"] == {"thunder-mw": True}
+    # A file from before either was recorded ran `home_if_room` placement with no engine
+    # counters (its cluster constants lack `engine_counters`: False then): its baselines are
+    # reused, its thunder-mw is not.
     legacy = copy.deepcopy(full)
     del legacy["config"]["resume_placement"], legacy["config"]["engine_counters"]
     del legacy["config"]["cluster_defaults"]["engine_counters"]
-    run_scenario(TINY, POLICIES, sweep=False, reuse=legacy, rerun={"session_affinity"})
+    run_scenario(TINY, POLICIES, sweep=False, reuse=legacy, rerun={"thunder-mw"})
+    with pytest.raises(ReuseError, match="thunder-mw learned its costs from call timings"):
+        run_scenario(TINY, POLICIES, sweep=False, reuse=legacy, rerun={"session_affinity"})
     placed = copy.deepcopy(full)
     placed["config"]["resume_placement"]["thunder-mw"] = "tier_aware"
     with pytest.raises(ReuseError, match="thunder-mw's resume placement resolved to tier_aware"):
         run_scenario(TINY, POLICIES, sweep=False, reuse=placed, rerun={"session_affinity"})
-    counted = copy.deepcopy(full)
-    counted["config"]["engine_counters"] = {"thunder-mw": True}
-    with pytest.raises(ReuseError, match="thunder-mw learned its costs from the engine's"):
-        run_scenario(TINY, POLICIES, sweep=False, reuse=counted, rerun={"session_affinity"})
     # --engine-counters turns them on for every policy: no run of the file is reused.
     every = dataclasses.replace(TINY, engine_counters=True)
     with pytest.raises(ReuseError, match="session_affinity learned its costs from call timings"):

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from thunder_mw.benchmarks.bench_cli import resolved_rules
-from thunder_mw.benchmarks.des import ClusterConfig
+from thunder_mw.benchmarks.bench_cli import engine_counters, resolved_rules
 from thunder_mw.benchmarks.scenarios import SCENARIOS
 from thunder_mw.schemas.config_reference import config_reference
 from thunder_mw.schemas.stage_params import AdmissionParams, PauseParams
@@ -113,4 +112,5 @@ def test_the_tables_know_the_default_rules_the_result_files_record() -> None:
         rules = tuple(recorded[k]["thunder-mw"] for k in ("resume_placement", "idle_fate"))
         rules += (recorded["tier_reload"]["thunder-mw"],)
         assert tables.DEFAULT_TIER_RULES[tiered] == rules
-    assert tables.DEFAULT_ENGINE_COUNTERS == ClusterConfig().engine_counters
+    counted = engine_counters(SCENARIOS["chat-control"], "thunder-mw")
+    assert tables.DEFAULT_ENGINE_COUNTERS == counted

@@ -34,8 +34,8 @@ def test_keep_while_the_tool_ends_before_a_recompute_would_have_paid_off() -> No
     assert keeps_idle_context(4.9, 50_000, 1e-4, 1e-3)
 
 
-def test_by_default_the_rule_decides_where_a_host_tier_holds_what_is_let_go() -> None:
-    assert PauseParams().idle_fate == "tiered_min_waste"
+def test_by_default_the_rule_decides_on_every_backend() -> None:
+    assert PauseParams().idle_fate == "min_waste"
 
 
 def ctx(pid: str) -> AgentContext:
@@ -90,8 +90,8 @@ def reserved(core: SchedulerCore, pid: str) -> int:
         # No price learned yet: the configured weight, as `weight` always.
         ("min_waste", None, 0, 5_005),
         ("weight", 1e-9, 0, 5_005),
-        # The default: the rule only on a backend with a host tier (where a let-go context
-        # waits a reload away: 2 x 1e-12 s/token, so it is let go), the weight elsewhere.
+        # The rule only on a backend with a host tier (where a let-go context waits a
+        # reload away: 2 x 1e-12 s/token, so it is let go), the weight elsewhere.
         ("tiered_min_waste", 1e-9, 0, 5_005),
         ("tiered_min_waste", 1.0, 0, 5_005),
         ("tiered_min_waste", 1.0, 1_000_000, 0),

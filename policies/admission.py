@@ -117,7 +117,7 @@ class Admission(Stage):
             # the ACTING weight: in reserved tokens it holds that share of its size.
             host_tokens=int(tier * view.acting_weight) if self.params.host_tier else 0,
             max_overflow=self.params.max_overflow,
-            duty=duty(self._costs(view, backend), view.tool_time.expected(None, None)),
+            duty=duty(self._costs(view, backend), view.expected_tool_time()),
             tier_reload=self.params.tier_reload and self.params.host_tier,
             contexts=backend.contexts,
             tier_tokens=tier if self.params.host_tier else 0,
@@ -131,12 +131,7 @@ class Admission(Stage):
     def _budget_s(
         self, view: StageView, backend: BackendView, program: ProgramView | None
     ) -> float:
-        tool = (
-            view.expected_tool_time(program)
-            if program is not None
-            else view.tool_time.expected(None, None)
-        )
-        return budget(self._costs(view, backend), tool)
+        return budget(self._costs(view, backend), view.expected_tool_time(program))
 
     def on_finished(
         self, view: StageView, program: ProgramView, usage: Usage | None, ok: bool, now: float
@@ -276,7 +271,7 @@ class Admission(Stage):
             demand,
             reserved / capacity,
             queued > 0 or reserved >= 0.95 * limit,
-            call_s + view.tool_time.expected(None, None),
+            call_s + view.expected_tool_time(),
         )
         limit = self.admit_limit[backend.label] = capacity * factor
         # Inside the limit the cost-aware rule still decides, per program, what may run past

@@ -120,7 +120,7 @@ class KvAware(Stage):
 
     # -- bookkeeping
     def _prompt_tokens(self, view: StageView, program: ProgramView) -> int:
-        estimate = view.tokens.prompt_tokens(program.last_prompt_chars, program.backend)
+        estimate = view.prompt_tokens(program.last_prompt_chars, program.backend)
         return max(program.context_tokens, estimate)
 
     def _record(self, view: StageView, program: ProgramView, backend: str) -> None:

@@ -284,14 +284,6 @@ class ReadOnlyCore:
     def acting_weight(self) -> float:
         return self._core.ledger.acting_weight
 
-    @property
-    def tokens(self) -> TokenEstimator:
-        return self._core.tokens
-
-    @property
-    def tool_time(self) -> ToolTimeModel:
-        return self._core.tool_time
-
     def program(self, program_id: str) -> ProgramView | None:
         program = self._core.table.get(program_id)
         return None if program is None else program.view
@@ -320,8 +312,17 @@ class ReadOnlyCore:
     def footprint_for_resume(self, program: ProgramView) -> int:
         return self._core.ledger.footprint(_live_program(program), for_resume=True)
 
-    def expected_tool_time(self, program: ProgramView) -> float:
+    def expected_tool_time(self, program: ProgramView | None = None) -> float:
+        # None: a program the core knows nothing of (the fleet's usual tool time).
+        if program is None:
+            return self._core.tool_time.expected(None, None)
         return self._core.tool_time.expected(program.session_type, program.tool_time_ema_s)
+
+    def remaining_tool_time(self, program: ProgramView, elapsed_s: float) -> float:
+        return self._core.tool_time.remaining(self.expected_tool_time(program), elapsed_s)
+
+    def prompt_tokens(self, chars: int, backend: str | None) -> int:
+        return self._core.tokens.prompt_tokens(chars, backend)
 
     def queue_length(self) -> int:
         return self._core.queued

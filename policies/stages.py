@@ -194,7 +194,7 @@ class StateAwarePause(Stage):
                 if victim is None:
                     break
                 elapsed = now - victim.acting_since
-                remaining = view.tool_time.remaining(view.expected_tool_time(victim), elapsed)
+                remaining = view.remaining_tool_time(victim, elapsed)
                 victims.append(victim)
                 if remaining < threshold:
                     break

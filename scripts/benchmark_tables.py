@@ -509,13 +509,14 @@ def _fixed_ratio(variants: Record | None) -> str:
 # Rows of a `*-variants.json` that change what runs, not a rule: `host-tier` is thunder-mw on
 # offload's engines (docs/benchmarks.md's host-tier table compares it there), and
 # `tier-fixed-rules` and `tier-reload` run on those engines too (its ablation and an opt-in,
-# compared with it and offload);
-# `min-waste` and `engine-counters` learn from the engine's counters, which the default's
-# rows do not (the cost-source table compares them).
+# compared with it and offload); `call-timings` prices from another source (the cost-source
+# table compares it), as `min-waste` and `engine-counters` did in files written before the
+# default learned from the engine's counters.
 NOT_A_RULE = (
     "thunder-mw/host-tier",
     "thunder-mw/tier-fixed-rules",
     "thunder-mw/tier-reload",
+    "thunder-mw/call-timings",
     "thunder-mw/min-waste",
     "thunder-mw/engine-counters",
 )
@@ -730,9 +731,13 @@ def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") ->
     return "\n".join(lines) + "\n"
 
 
-# The rows that chose today's default (2026-12-04), kept in the variants files written
-# before it: the default of then priced from the engine's counters, and the min-waste idle
-# fate everywhere, priced the same way (today's default).
+# The variants that price the default's rules from call timings (the simulator's cost
+# source before 2026-12-04) and run the idle-fate rule of before (min-waste only where a host
+# tier is); variants files written before the default changed hold the same two comparisons
+# as `engine-counters` (then's default priced from the counters, i.e. today's
+# `tiered-min-waste`) and `min-waste` (today's default).
+CALL_TIMINGS = "thunder-mw/call-timings"
+TIERED_MIN_WASTE = "thunder-mw/tiered-min-waste"
 ENGINE_COUNTERS = "thunder-mw/engine-counters"
 MIN_WASTE = "thunder-mw/min-waste"
 
@@ -759,24 +764,35 @@ def _paired_cell(report: Record, ours: str, theirs: str, metric: str) -> str:
 
 
 def cost_source_table(names: list[str]) -> str:
-    """Where the prices come from: the default as the simulator runs it (costs from call
-    timings) and the min-waste idle fate, each over the default with the engine's counters
-    (as live runs it), long window, paired by seed, from `<name>-variants.json`."""
+    """Where the prices come from, and which idle fate: the default over its rules priced
+    from call timings, and over the min-waste rule only where a host tier is, long window,
+    paired by seed, from `<name>-variants.json`. A file written before the default changed
+    gives the second from its `min-waste` and `engine-counters` rows (the same pipelines),
+    and the first as then's default, priced from call timings, over it priced from the
+    counters (marked: under the idle fate of before)."""
     metric = "steps_per_min_steady"
     lines = [
-        "| scenario | set | seeds | default, call timings / engine counters | "
-        "min-waste / default, both engine counters |",
+        "| scenario | set | seeds | default / call timings | default / tiered min-waste |",
         "|---|---|---|---|---|",
     ]
     for name in names:
         report = _variants(name)
-        if report is None or not _seed_values(report, ENGINE_COUNTERS, metric):
+        if report is None:
             continue
         split = report["config"].get("split", "tuning")
-        cells = [
-            _paired_cell(report, "thunder-mw", ENGINE_COUNTERS, metric),
-            _paired_cell(report, MIN_WASTE, ENGINE_COUNTERS, metric),
-        ]
+        if _seed_values(report, CALL_TIMINGS, metric):
+            cells = [
+                _paired_cell(report, "thunder-mw", CALL_TIMINGS, metric),
+                _paired_cell(report, "thunder-mw", TIERED_MIN_WASTE, metric),
+            ]
+        elif _seed_values(report, ENGINE_COUNTERS, metric):
+            then = _paired_cell(report, ENGINE_COUNTERS, "thunder-mw", metric)
+            cells = [
+                f"{then} (the idle fate of before)",
+                _paired_cell(report, MIN_WASTE, ENGINE_COUNTERS, metric),
+            ]
+        else:
+            continue
         lines.append(f"| `{name}` | {split} | {len(report['seeds'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

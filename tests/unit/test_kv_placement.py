@@ -9,6 +9,7 @@ from thunder_mw.middleware.call_state import RequestBody
 from thunder_mw.middleware.live_scheduler import request_info
 from thunder_mw.policies import CachesFlushed, CallFinished, RequestArrived
 from thunder_mw.policies.core import Decision, Forward, Hold, RequestInfo, SchedulerCore
+from thunder_mw.policies.core_view import ReadOnlyCore
 from thunder_mw.policies.kv_placement import KvPlacement
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.prefix_index import PrefixIndex
@@ -106,7 +107,7 @@ def test_a_program_with_a_home_is_left_to_the_migration_stage() -> None:
     assert placed(core, "y", 2300, "sys-y", 0.0) == "b1"
     stage = next(s for s in core.stages if isinstance(s, KvPlacement))
     program = core.table.get("x")
-    assert program is not None and stage.place(core, program, 1.0) is None
+    assert program is not None and stage.place(ReadOnlyCore(core), program.view, 1.0) is None
 
 
 def test_an_engine_whose_cache_was_flushed_holds_no_prefix_any_more() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from support.bench_schema import RECORD_KEYS
 
-from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
+from thunder_mw.benchmarks.bench_cli import add_bench_arguments, engine_counters, run_bench
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation, simulate
 from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS
 from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, ProgramSpec, generate
@@ -233,12 +233,27 @@ def test_every_benchmark_policy_is_a_pipeline_that_builds(policy: str) -> None:
     assert build_pipeline(POLICIES[policy])
 
 
+def test_thunder_mw_prices_from_the_engine_counters_and_the_baselines_read_none() -> None:
+    # As live: thunder-mw's pipelines learn from the counters unless a variant says not
+    # (`call-timings`); a baseline prices nothing, so its runs need none (and its files'
+    # runs stay reusable); the scenario's switch gives them to every policy.
+    scenario = SCENARIOS["swe-agent-knee"]
+    assert engine_counters(scenario, "thunder-mw")
+    assert engine_counters(scenario, "thunder-mw/host-tier")
+    assert engine_counters(scenario, "thunder-mw/fixed")
+    assert not engine_counters(scenario, "thunder-mw/call-timings")
+    assert not engine_counters(scenario, "vllm_router_program")
+    assert not engine_counters(scenario, "offload")
+    every = dataclasses.replace(scenario, engine_counters=True)
+    assert engine_counters(every, "offload") and engine_counters(every, "thunder-mw/call-timings")
+
+
 @pytest.mark.parametrize("counters", [False, True])
 def test_scrapes_carry_the_engine_cost_counters_when_asked_as_live_ones_do(
     counters: bool,
 ) -> None:
     # engines/pool.py reads vLLM's prefill and decode sums; ClusterConfig.engine_counters
-    # has the simulator's scrapes carry the same four (off by default: the committed runs).
+    # has the simulator's scrapes carry the same four.
     cluster = dataclasses.replace(SMALL, engine_counters=counters)
     sim = Simulation(swe(6), POLICIES["thunder-mw"], cluster, Arrivals("batch"), "thunder-mw")
     seen: list[tuple[str, Any]] = []

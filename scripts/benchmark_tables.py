@@ -797,6 +797,56 @@ def cost_source_table(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rows_of(report: Record, wave: bool) -> dict[int, Record]:
+    """thunder-mw's main-point runs per seed (the fixed batch or the long window)."""
+    return {
+        r["seed"]: r
+        for r in report.get("sweep", [])
+        if r["policy"] == "thunder-mw" and r["main"] and bool(r["wave"]) == wave
+        if r.get("cap") is None
+    }
+
+
+def against_table(names: list[str], revision: str) -> str:
+    """The default's rows now over the same files' at a git `revision` (the default of
+    then), paired by seed: what a change of the default did, on the figures the summary
+    table reads (fixed batch: then's makespan / now's; long window: now / then)."""
+    import subprocess
+
+    from thunder_mw.benchmarks.bootstrap import compare
+
+    lines = [
+        f"| scenario | set | seeds | fixed batch: {revision}'s makespan / now | "
+        f"long window: now / {revision}'s |",
+        "|---|---|---|---|---|",
+    ]
+    for name, report in _reports(names):
+        shown = subprocess.run(
+            ["git", "show", f"{revision}:results/{name}.json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if shown.returncode != 0:
+            continue
+        then = json.loads(shown.stdout)
+        cells = []
+        for wave, metric in ((True, "makespan_s"), (False, "steps_per_min_steady")):
+            now_rows, then_rows = _rows_of(report, wave), _rows_of(then, wave)
+            seeds = sorted(k for k in set(now_rows) & set(then_rows) if now_rows[k].get(metric))
+            if not seeds:
+                cells.append("-")
+                continue
+            mine = [now_rows[k][metric] for k in seeds]
+            theirs = [then_rows[k][metric] for k in seeds]
+            pair = (theirs, mine) if metric == "makespan_s" else (mine, theirs)
+            cells.append(_ratio_cell(compare(*pair)))
+        split = report["config"].get("split", "tuning")
+        lines.append(f"| `{name}` | {split} | {len(report['seeds'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 REAL_SYSTEMS = {
     "direct": "plain vLLM",
     "direct/cap-2": "plain vLLM, client cap 2",
@@ -978,6 +1028,10 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--live-peers"]:
         for name in sys.argv[2:] or LIVE_REGIMES:
             _replace_block(DOCS, name, live_peers_table(name))
+        sys.exit()
+    if sys.argv[1:2] == ["--against"]:
+        # `--against REV [SCENARIO...]`: the default's rows now over the files' at REV.
+        print(against_table(sys.argv[3:] or [*TUNING, *TEST], sys.argv[2]))
         sys.exit()
     if sys.argv[1:2] == ["--real-engine"]:
         print(real_engine_table())

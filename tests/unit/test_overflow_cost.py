@@ -55,7 +55,15 @@ def make(
                     "max_overflow": max_overflow,
                 }
             },
-            {"state_aware_pause": {"acting_token_weight": 1.0, "yield_idle_after_s": None}},
+            # Idle programs counted whole, whatever recompute costs: the overflow rule alone
+            # (the min-waste idle fate would let them go where it is cheap: test_idle_fate).
+            {
+                "state_aware_pause": {
+                    "acting_token_weight": 1.0,
+                    "idle_fate": "weight",
+                    "yield_idle_after_s": None,
+                }
+            },
             {"migration": {}},
         ]
     )

@@ -797,6 +797,11 @@ def cost_source_table(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The last commit whose result files ran the default of before the min-waste idle fate
+# everywhere and the engine's counters (docs/benchmarks.md, "Where the prices come from").
+DEFAULT_BEFORE = "0db56e6"
+
+
 def _rows_of(report: Record, wave: bool) -> dict[int, Record]:
     """thunder-mw's main-point runs per seed (the fixed batch or the long window)."""
     return {
@@ -999,6 +1004,7 @@ def update_docs() -> None:
     _replace_block(DOCS, "arrival-order", variant_table([*TUNING, *TEST], ARRIVAL_ORDER))
     _replace_block(DOCS, "no-admission", variant_table([*TUNING, *TEST], NO_ADMISSION))
     _replace_block(DOCS, "cost-source", cost_source_table([*TUNING, *TEST]))
+    _replace_block(DOCS, "default-change", against_table([*TUNING, *TEST], DEFAULT_BEFORE))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
     _replace_block(README, "real-engine-table", real_engine_table())
     _replace_block(DOCS, "real-engine-table", real_engine_table())

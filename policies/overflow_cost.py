@@ -397,8 +397,10 @@ def keeps_idle_context(
     """Keep a program's KV resident while its tool runs, or let it go? InferCept's min-waste
     rule (scheduling-anchors.md), in cache token-seconds, for a context of C tokens:
     keeping it wastes C x the tool's expected remaining time; dropping it wastes its
-    recompute, C x p seconds, times the KV of the batch that recompute stalls (M tokens, its
-    own included); swapping it to a host tier wastes two transfers, 2 x C x r, times M.
+    recompute, C x p seconds, times the KV of the batch that recompute stalls (M tokens: the
+    running programs' reservations, as pausing passes it; InferCept also counts the
+    recomputed context's own memory, C more, which measured mixed here: docs/scheduling.md);
+    swapping it to a host tier wastes two transfers, 2 x C x r, times M.
     C divides out: keep iff remaining < min(p, 2r) x M. The batch's KV, not the engine's
     capacity, because what a stall wastes is the memory of the sequences it stalls."""
     per_token = prefill_s_per_token

@@ -742,13 +742,14 @@ ENGINE_COUNTERS = "thunder-mw/engine-counters"
 MIN_WASTE = "thunder-mw/min-waste"
 
 
-def _seed_values(report: Record, policy: str, metric: str) -> dict[int, float]:
-    """`policy`'s `metric` per seed at the file's main point, long window (no cap)."""
+def _seed_values(report: Record, policy: str, metric: str, wave: bool = False) -> dict[int, float]:
+    """`policy`'s `metric` per seed at the file's main point (no cap): the long window, or
+    with `wave` the fixed batch."""
     return {
         r["seed"]: r[metric]
         for r in report.get("sweep", [])
-        if r["policy"] == policy and r["main"] and not r["wave"] and r.get("cap") is None
-        if r.get(metric)
+        if r["policy"] == policy and r["main"] and bool(r["wave"]) == wave
+        if r.get("cap") is None and r.get(metric)
     }
 
 
@@ -802,16 +803,6 @@ def cost_source_table(names: list[str]) -> str:
 DEFAULT_BEFORE = "0db56e6"
 
 
-def _rows_of(report: Record, wave: bool) -> dict[int, Record]:
-    """thunder-mw's main-point runs per seed (the fixed batch or the long window)."""
-    return {
-        r["seed"]: r
-        for r in report.get("sweep", [])
-        if r["policy"] == "thunder-mw" and r["main"] and bool(r["wave"]) == wave
-        if r.get("cap") is None
-    }
-
-
 def against_table(names: list[str], revision: str) -> str:
     """The default's rows now over the same files' at a git `revision` (the default of
     then), paired by seed: what a change of the default did, on the figures the summary
@@ -838,13 +829,13 @@ def against_table(names: list[str], revision: str) -> str:
         then = json.loads(shown.stdout)
         cells = []
         for wave, metric in ((True, "makespan_s"), (False, "steps_per_min_steady")):
-            now_rows, then_rows = _rows_of(report, wave), _rows_of(then, wave)
-            seeds = sorted(k for k in set(now_rows) & set(then_rows) if now_rows[k].get(metric))
+            now = _seed_values(report, "thunder-mw", metric, wave)
+            before = _seed_values(then, "thunder-mw", metric, wave)
+            seeds = sorted(set(now) & set(before))
             if not seeds:
                 cells.append("-")
                 continue
-            mine = [now_rows[k][metric] for k in seeds]
-            theirs = [then_rows[k][metric] for k in seeds]
+            mine, theirs = [now[k] for k in seeds], [before[k] for k in seeds]
             pair = (theirs, mine) if metric == "makespan_s" else (mine, theirs)
             cells.append(_ratio_cell(compare(*pair)))
         split = report["config"].get("split", "tuning")

@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, Literal
 
 from thunder_mw.benchmarks.workloads import ProgramSpec, growth_ids, system_ids
 from thunder_mw.policies.core import (
@@ -113,6 +113,13 @@ class ClusterConfig:
     # gateway's call timings instead (time to first token, which includes the engine's
     # queue: early in a run 7-25x the engine's own price).
     engine_counters: bool = False
+    # What a scrape's `waiting` counts: "queue", the engine's waiting queue at the scrape
+    # (the default the committed DES results were made with: it also counts requests that
+    # arrived since the step began, which the next step takes in at once); "gauge", what
+    # vLLM's `num_requests_waiting` says (the queue as the last step's schedule left it,
+    # sim/engine.py), which the vLLM router's waiting gate reads. At a burst of arrivals the
+    # two differ most: the queue shows the whole burst, the gauge none of it.
+    waiting: Literal["queue", "gauge"] = "queue"
 
     def engine_config(self, i: int) -> EngineConfig:
         kv = self.engine_kv_tokens[i] if self.engine_kv_tokens else self.kv_tokens
@@ -689,7 +696,9 @@ class Simulation:
             metrics = BackendMetrics(
                 kv_usage=engine.pool.usage(),
                 running=engine.num_running,
-                waiting=engine.num_waiting,
+                waiting=engine.num_waiting
+                if self.cluster.waiting == "queue"
+                else engine.waiting_after_schedule,
                 preemptions_total=float(stats.num_preemptions),
                 prefix_hits_total=float(stats.prefix_cache_hits),
                 prefix_queries_total=float(stats.prefix_cache_queries),

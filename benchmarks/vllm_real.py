@@ -472,7 +472,10 @@ def sim_cluster(
     """One simulated engine as the real one is served: same blocks (vLLM keeps one null block
     out of the override), scheduler limits, the regime's fitted profile and per-call overhead,
     the live gateway's clocks, and its scrapes carrying the engine's prefill and decode
-    counters, which the live gateway reads from vLLM's /metrics and learns its costs from."""
+    counters, which the live gateway reads from vLLM's /metrics and learns its costs from,
+    and the waiting count as vLLM's gauge reports it, which the vLLM router's waiting gate
+    reads (the queue itself would show a whole burst the engine takes in at its next step:
+    in a run of ~1.5 s that closed the router stand-in's gate for a 0.5 s scrape)."""
     return ClusterConfig(
         engines=1,
         kv_tokens=(kv_blocks - 1) * BLOCK_SIZE,
@@ -484,6 +487,7 @@ def sim_cluster(
         tick_s=0.25,
         scrape_s=0.5,
         engine_counters=True,
+        waiting="gauge",
         call_overhead_s=CALL_OVERHEAD_S[regime.profile]
         if call_overhead_s is None
         else call_overhead_s,

@@ -303,6 +303,11 @@ class Engine:
         # Output tokens are filler[j % m]; a block wholly inside the output is one of these.
         self._filler_blocks = [tuple(reps[o : o + bs]) for o in range(m)]
         self._waiting: deque[Sequence] = deque()
+        # vLLM's `num_requests_waiting` gauge: the waiting queue as the last step's schedule
+        # left it (the scheduler's stats are made after each step, and a request that arrives
+        # during one joins the queue only before the next schedule), so a request the next
+        # step takes in at once is never seen waiting. `num_waiting` is the queue right now.
+        self.waiting_after_schedule = 0
         self._program_order: dict[str | None, int] = {}  # program_fcfs: first-seen order
         self._running: dict[int, Sequence] = {}  # run_no -> seq, in running order
         self._prefilling: dict[int, Sequence] = {}  # running, prompt not fully computed
@@ -471,11 +476,13 @@ class Engine:
         ):
             # Most steps of a long run: decoders only, none finishing, nobody admitted. The
             # phases below would find nothing more to do (no prefill, no token to hand out).
+            self.waiting_after_schedule = len(self._waiting)
             return self._forward_pass(s, [], 0, 0)
         scheduled: list[tuple[Sequence, int]] = []
         budget, preempted = self._schedule_running(s, scheduled)
         # Waiting requests join only in a step that preempted nothing.
         admitted = 0 if preempted else self._schedule_waiting(budget, scheduled)
+        self.waiting_after_schedule = len(self._waiting)
         result = self._forward_pass(s, scheduled, preempted, admitted)
         self._complete(s, scheduled, result)
         for seq in result.progressed:

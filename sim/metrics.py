@@ -125,7 +125,7 @@ class _VllmCollector(_EngineCollector):
         yield gauge(
             "vllm:num_requests_waiting",
             "Number of requests waiting to be processed.",
-            eng.num_waiting,
+            eng.waiting_after_schedule,
         )
         yield gauge(
             "vllm:kv_cache_usage_perc",

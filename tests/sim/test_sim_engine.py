@@ -48,6 +48,19 @@ def test_no_more_than_max_num_seqs_run_at_once() -> None:
     assert (engine.num_running, engine.num_waiting) == (2, 1)
 
 
+def test_the_waiting_gauge_counts_only_what_the_last_schedule_left_waiting() -> None:
+    # vLLM's num_requests_waiting is made after each step: a burst the next step takes in is
+    # never seen waiting, a request that does not fit is.
+    engine = _engine(num_blocks=40, max_num_seqs=2)
+    for i in range(3):
+        engine.add_request(str(i), [i + 1] * 3, _params(5))
+    assert (engine.num_waiting, engine.waiting_after_schedule) == (3, 0)
+    engine.step()
+    assert (engine.num_waiting, engine.waiting_after_schedule) == (1, 1)
+    engine.run_until_idle()
+    assert (engine.num_waiting, engine.waiting_after_schedule) == (0, 0)
+
+
 def test_the_newest_running_sequence_is_preempted_when_blocks_run_out() -> None:
     engine = _engine(num_blocks=7)  # 6 usable blocks = 24 tokens
     old = engine.add_request("old", [1] * 7, _params(12))

@@ -290,3 +290,28 @@ def test_scrapes_carry_the_engine_cost_counters_when_asked_as_live_ones_do(
     assert 0 < last.decode_tokens_total <= stats.generation_tokens
     admission = next(s for s in sim.core.stages if isinstance(s, Admission))
     assert admission.costs[label].from_engine  # the price came from them
+
+
+def test_a_scrape_reads_the_waiting_queue_or_the_gauge_vllm_reports() -> None:
+    # A burst at t=0 the engine takes in at its first step: the queue shows it to the first
+    # scrape, vLLM's gauge (made after a step's schedule) never does (sim/engine.py).
+    waiting: dict[str, list[int | None]] = {}
+    for kind in ("queue", "gauge"):
+        cluster = dataclasses.replace(SMALL, engines=1, waiting=kind)
+        sim = Simulation(swe(3), POLICIES["vllm"], cluster, Arrivals("batch"), "vllm")
+        seen = waiting[kind] = []
+        handle = sim.core.handle
+
+        def scraped(
+            event: Event,
+            seen: list[int | None] = seen,
+            handle: Callable[[Event], Outcome] = handle,
+        ) -> Outcome:
+            if isinstance(event, BackendChanged) and event.metrics is not None:
+                seen.append(event.metrics.waiting)
+            return handle(event)
+
+        sim.core.handle = scraped  # type: ignore[method-assign]
+        sim.run()
+    assert waiting["queue"][0] == 3 and waiting["gauge"][0] == 0
+    assert len(waiting["queue"]) == len(waiting["gauge"]) > 1

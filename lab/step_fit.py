@@ -37,7 +37,9 @@ DEFAULT_SPECS = (
     "dynamo-minimax:thunder-mw",
     "swe-agent-knee:thunder-mw",
 )
-MIN_STEPS = 20  # an interval of fewer engine steps says too little (one step is its mean)
+# An interval of fewer engine steps says too little (one step is its mean); stricter than
+# the gateway's own fit (policies/overflow_cost.py FIT_MIN_STEPS), which weighs by count.
+MIN_STEPS = 20
 
 
 def intervals(
@@ -79,10 +81,9 @@ def _run(spec: str) -> dict[str, Any]:
     handle = sim.core.handle
 
     def seen(event: Event) -> Outcome:
-        metrics = getattr(event, "metrics", None)
-        if isinstance(event, BackendChanged) and metrics is not None:
-            if metrics.steps_total is not None:
-                scrapes.setdefault(event.label, []).append(metrics)
+        if isinstance(event, BackendChanged) and event.metrics is not None:
+            if event.metrics.steps_total is not None:
+                scrapes.setdefault(event.label, []).append(event.metrics)
         return handle(event)
 
     sim.core.handle = seen  # type: ignore[method-assign]

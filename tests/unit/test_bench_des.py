@@ -19,6 +19,7 @@ from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS
 from thunder_mw.benchmarks.workloads import PRESETS, LogNormal, ProgramSpec, generate
 from thunder_mw.policies import BackendChanged, Event, Outcome
 from thunder_mw.policies.core import Resumed
+from thunder_mw.policies.events import BackendMetrics
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.stages import Admission
 
@@ -256,17 +257,7 @@ def test_scrapes_carry_the_engine_cost_counters_when_asked_as_live_ones_do(
     # has the simulator's scrapes carry the same four.
     cluster = dataclasses.replace(SMALL, engine_counters=counters)
     sim = Simulation(swe(6), POLICIES["thunder-mw"], cluster, Arrivals("batch"), "thunder-mw")
-    seen: list[tuple[str, Any]] = []
-    handle = sim.core.handle
-
-    def scraped(event: Event) -> Outcome:
-        if isinstance(event, BackendChanged) and event.metrics is not None:
-            seen.append((event.label, event.metrics))
-        return handle(event)
-
-    sim.core.handle = scraped  # type: ignore[method-assign]
-    sim.run()
-    label, last = seen[-1]
+    label, last = _scrapes_of(sim)[-1]
     stats = sim.backends[label].engine.stats
     fields = (
         last.prefill_seconds_total,
@@ -299,19 +290,21 @@ def test_a_scrape_reads_the_waiting_queue_or_the_gauge_vllm_reports() -> None:
     for kind in ("queue", "gauge"):
         cluster = dataclasses.replace(SMALL, engines=1, waiting=kind)
         sim = Simulation(swe(3), POLICIES["vllm"], cluster, Arrivals("batch"), "vllm")
-        seen = waiting[kind] = []
-        handle = sim.core.handle
-
-        def scraped(
-            event: Event,
-            seen: list[int | None] = seen,
-            handle: Callable[[Event], Outcome] = handle,
-        ) -> Outcome:
-            if isinstance(event, BackendChanged) and event.metrics is not None:
-                seen.append(event.metrics.waiting)
-            return handle(event)
-
-        sim.core.handle = scraped  # type: ignore[method-assign]
-        sim.run()
+        waiting[kind] = [metrics.waiting for _, metrics in _scrapes_of(sim)]
     assert waiting["queue"][0] == 3 and waiting["gauge"][0] == 0
     assert len(waiting["queue"]) == len(waiting["gauge"]) > 1
+
+
+def _scrapes_of(sim: Simulation) -> list[tuple[str, BackendMetrics]]:
+    """Runs `sim`; the (engine, metrics) of every scrape the core was handed, in order."""
+    seen: list[tuple[str, BackendMetrics]] = []
+    handle = sim.core.handle
+
+    def scraped(event: Event) -> Outcome:
+        if isinstance(event, BackendChanged) and event.metrics is not None:
+            seen.append((event.label, event.metrics))
+        return handle(event)
+
+    sim.core.handle = scraped  # type: ignore[method-assign]
+    sim.run()
+    return seen

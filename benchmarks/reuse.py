@@ -65,8 +65,9 @@ LEGACY_PARAMS: dict[str, frozenset[tuple[str, Any]]] = {
     "state_aware_pause": frozenset({("idle_fate", "weight")}),
 }
 # Harness constants added since some files were written, at the value those files ran
-# with: the simulator's scrapes carried no engine cost counters.
-LEGACY_CLUSTER_DEFAULTS: dict[str, Any] = {"engine_counters": False}
+# with: the simulator's scrapes carried no engine cost counters, and read vLLM's waiting
+# count as the engine's queue (ClusterConfig.waiting), not the after-schedule gauge.
+LEGACY_CLUSTER_DEFAULTS: dict[str, Any] = {"engine_counters": False, "waiting": "queue"}
 
 
 # The rules a result file records per policy as its pipeline resolved them (bench_cli

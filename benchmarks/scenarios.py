@@ -124,6 +124,11 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # rule's allowance past the high watermark, no feedback on goodput.
     "thunder-mw/fixed": _thunder_mw(admission={"overflow": "cost_aware"}),
     "thunder-mw/no-cost-aware": _thunder_mw(admission={"overflow": "hold"}),
+    # The fixed rules admitting past the watermark only onto a host tier (no KV to recompute):
+    # where the cost-aware allowance is what loses to holding (docs/benchmarks.md).
+    "thunder-mw/tier-only-overflow": _thunder_mw(
+        admission={"overflow": "cost_aware", "max_overflow": 0.0}
+    ),
     # Nothing held at admission (no admission stage; pausing still keeps the engine under
     # capacity): where recompute is cheap, what a controller at its ceiling would reach; where
     # it is dear, what holding earns.
@@ -153,6 +158,10 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # The default on the tier with admission pricing an overflow the tier holds at its
     # reload alone, the GPU's caps on calls in flight lifted (`tier_reload`, opt-in).
     "thunder-mw/tier-reload": _thunder_mw(admission={"tier_reload": True}),
+    # The candidate default (`tier-only-overflow`) on the same engines.
+    "thunder-mw/host-tier+tier-only-overflow": _thunder_mw(
+        admission={"overflow": "cost_aware", "max_overflow": 0.0}
+    ),
     # The rule before min-waste became the default (2026-12-04): an ACTING program's
     # reservation at `acting_token_weight` on backends without a host tier.
     "thunder-mw/tiered-min-waste": _thunder_mw(
@@ -192,6 +201,7 @@ POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "thunder-mw/host-tier": {"host_tier": True},
     "thunder-mw/tier-fixed-rules": {"host_tier": True},
     "thunder-mw/tier-reload": {"host_tier": True},
+    "thunder-mw/host-tier+tier-only-overflow": {"host_tier": True},
     "thunder-mw/call-timings": {"engine_counters": False},
     "continuum": {"program_fcfs": True},
 }

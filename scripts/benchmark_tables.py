@@ -508,14 +508,16 @@ def _fixed_ratio(variants: Record | None) -> str:
 
 # Rows of a `*-variants.json` that change what runs, not a rule: `host-tier` is thunder-mw on
 # offload's engines (docs/benchmarks.md's host-tier table compares it there), and
-# `tier-fixed-rules` and `tier-reload` run on those engines too (its ablation and an opt-in,
-# compared with it and offload); `call-timings` prices from another source (the cost-source
+# `tier-fixed-rules`, `tier-reload` and `host-tier+tier-only-overflow` run on those engines
+# too (its ablation, an opt-in and the candidate default, compared with it and offload);
+# `call-timings` prices from another source (the cost-source
 # table compares it), as `min-waste` and `engine-counters` did in files written before the
 # default learned from the engine's counters.
 NOT_A_RULE = (
     "thunder-mw/host-tier",
     "thunder-mw/tier-fixed-rules",
     "thunder-mw/tier-reload",
+    "thunder-mw/host-tier+tier-only-overflow",
     "thunder-mw/call-timings",
     "thunder-mw/min-waste",
     "thunder-mw/engine-counters",
@@ -702,6 +704,8 @@ def host_tier_table(names: list[str]) -> str:
 STARTED_FIRST = "thunder-mw/started-first"  # the queue order's ablations (docs/scheduling.md)
 ARRIVAL_ORDER = "thunder-mw/arrival-order"
 NO_ADMISSION = "thunder-mw/no-admission"  # nothing held at admission: the controller's ceiling
+# The fixed rules overflowing only onto a host tier: the candidate default (docs/benchmarks.md).
+TIER_ONLY_OVERFLOW = "thunder-mw/tier-only-overflow"
 
 
 def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") -> str:
@@ -994,6 +998,7 @@ def update_docs() -> None:
     _replace_block(DOCS, "started-first", variant_table([*TUNING, *TEST], STARTED_FIRST))
     _replace_block(DOCS, "arrival-order", variant_table([*TUNING, *TEST], ARRIVAL_ORDER))
     _replace_block(DOCS, "no-admission", variant_table([*TUNING, *TEST], NO_ADMISSION))
+    _replace_block(DOCS, "tier-only-overflow", variant_table([*TUNING, *TEST], TIER_ONLY_OVERFLOW))
     _replace_block(DOCS, "cost-source", cost_source_table([*TUNING, *TEST]))
     _replace_block(DOCS, "default-change", against_table([*TUNING, *TEST], DEFAULT_BEFORE))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
@@ -1016,6 +1021,7 @@ if __name__ == "__main__":
         "--started-first": lambda names: variant_table(names, STARTED_FIRST),
         "--arrival-order": lambda names: variant_table(names, ARRIVAL_ORDER),
         "--no-admission": lambda names: variant_table(names, NO_ADMISSION),
+        "--tier-only-overflow": lambda names: variant_table(names, TIER_ONLY_OVERFLOW),
         "--controller": controller_table,
         "--cost-source": cost_source_table,
     }

@@ -155,3 +155,17 @@ def test_runs_of_another_resume_placement_or_cost_source_are_refused(
     every = dataclasses.replace(TINY, engine_counters=True)
     with pytest.raises(ReuseError, match="session_affinity learned its costs from call timings"):
         run_scenario(every, POLICIES, sweep=False, reuse=full, rerun={"thunder-mw"})
+
+
+def test_a_file_from_before_the_waiting_gauge_read_the_queue(full: dict[str, Any]) -> None:
+    # A file written before `waiting` was recorded read vLLM's waiting count as the engine's
+    # queue, today's default: its runs are reused. A file that read the gauge is another
+    # configuration.
+    assert full["config"]["cluster_defaults"]["waiting"] == "queue"
+    legacy = copy.deepcopy(full)
+    del legacy["config"]["cluster_defaults"]["waiting"]
+    run_scenario(TINY, POLICIES, sweep=False, reuse=legacy, rerun={"thunder-mw"})
+    gauge = copy.deepcopy(full)
+    gauge["config"]["cluster_defaults"]["waiting"] = "gauge"
+    with pytest.raises(ReuseError, match="cluster_defaults"):
+        run_scenario(TINY, POLICIES, sweep=False, reuse=gauge, rerun={"thunder-mw"})

@@ -129,6 +129,10 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "thunder-mw/tier-only-overflow": _thunder_mw(
         admission={"overflow": "cost_aware", "max_overflow": 0.0}
     ),
+    # The two together, per backend: no KV to recompute past the limit and no controller where
+    # the engine has no host tier, the default where it has one (`recompute_overflow`).
+    "thunder-mw/tier-overflow": _thunder_mw(admission={"recompute_overflow": False}),
+    "thunder-mw/host-tier+tier-overflow": _thunder_mw(admission={"recompute_overflow": False}),
     # Nothing held at admission (no admission stage; pausing still keeps the engine under
     # capacity): where recompute is cheap, what a controller at its ceiling would reach; where
     # it is dear, what holding earns.
@@ -202,6 +206,7 @@ POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "thunder-mw/tier-fixed-rules": {"host_tier": True},
     "thunder-mw/tier-reload": {"host_tier": True},
     "thunder-mw/host-tier+tier-only-overflow": {"host_tier": True},
+    "thunder-mw/host-tier+tier-overflow": {"host_tier": True},
     "thunder-mw/call-timings": {"engine_counters": False},
     "continuum": {"program_fcfs": True},
 }

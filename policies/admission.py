@@ -116,12 +116,20 @@ class Admission(Stage):
             # The tier holds idle programs' whole contexts, which reservations count at
             # the ACTING weight: in reserved tokens it holds that share of its size.
             host_tokens=int(tier * view.acting_weight) if self.params.host_tier else 0,
-            max_overflow=self.params.max_overflow,
+            max_overflow=self.params.max_overflow if self._recomputes(backend) else 0.0,
             duty=duty(self._costs(view, backend), view.expected_tool_time()),
             tier_reload=self.params.tier_reload and self.params.host_tier,
             contexts=backend.contexts,
             tier_tokens=tier if self.params.host_tier else 0,
         )
+
+    def _recomputes(self, backend: BackendView) -> bool:
+        """May this backend be filled past its limit with KV to recompute, and its controller
+        probe past it? Not with `recompute_overflow` off and no host tier: there the
+        overflow would all be recomputed, which loses to holding (docs/benchmarks.md)."""
+        if self.params.recompute_overflow:
+            return True
+        return self.params.host_tier and host_tier_tokens(backend) > 0
 
     def _typical(self, view: StageView, backend: BackendView) -> int:
         """The mean reservation of the programs on `backend` (0: none)."""
@@ -230,7 +238,7 @@ class Admission(Stage):
             return
         for backend in view.backends.values():
             yield from self.on_backend_change(view, backend, now)
-            if self.params.overflow == "adaptive":
+            if self.params.overflow == "adaptive" and self._recomputes(backend):
                 plan = self._steer(view, backend, now)
                 if plan is not None:
                     yield plan

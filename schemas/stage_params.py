@@ -92,6 +92,13 @@ class AdmissionParams(StageParams):
         "as an engine with prefix caching holds it (false: every reservation counts its "
         "whole context; docs/scheduling.md).",
     )
+    recompute_overflow: bool = Field(
+        True,
+        description="false: a backend without a host KV tier is never filled past its "
+        "limit with KV to recompute (`max_overflow` 0 there) and runs no controller (its "
+        "limit stays at high_watermark); a backend with a tier overflows as `overflow` "
+        "says (docs/benchmarks.md, where recompute overflow loses to holding).",
+    )
     max_overflow: float = Field(
         0.25,
         ge=0,

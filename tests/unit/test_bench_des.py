@@ -228,6 +228,24 @@ def test_the_fixed_rules_ablation_runs_no_controller() -> None:
     assert admission.points == {}  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("tier", [0, 24_576])
+def test_without_recompute_overflow_only_a_tiered_engine_runs_the_controller(tier: int) -> None:
+    # `recompute_overflow` off: an engine without a host tier holds at its watermark (no
+    # controller, nothing allowed past it to recompute); one with a tier runs as the default.
+    cluster = dataclasses.replace(SMALL, engine_options=(("host_kv_tokens", tier),))
+    sim = Simulation(
+        swe(120), POLICIES["thunder-mw/tier-overflow"], cluster, Arrivals("closed", 16), "t"
+    )
+    sim.run()
+    admission = next(s for s in sim.core.stages if s.name == "admission")
+    points = admission.points  # type: ignore[attr-defined]
+    if tier:
+        assert set(points) == set(sim.core.backends)
+    else:
+        assert points == {} and admission.admit_limit == {}  # type: ignore[attr-defined]
+        assert all(b.overflow_tokens == 0 for b in sim.core.backends.values())
+
+
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_every_benchmark_policy_is_a_pipeline_that_builds(policy: str) -> None:
     # A variant naming a param the stages no longer have fails here, not hours into a run.

@@ -42,7 +42,10 @@ def info(tokens: int, out: int = 10) -> RequestInfo:
 
 
 def make(
-    overflow: str = "cost_aware", capacity: int = 1000, max_overflow: float = 0.5
+    overflow: str = "cost_aware",
+    capacity: int = 1000,
+    max_overflow: float = 0.5,
+    recompute_overflow: bool = True,
 ) -> SchedulerCore:
     stages = build_pipeline(
         [
@@ -53,6 +56,7 @@ def make(
                     "buffer_tokens_per_program": 0,
                     "overflow": overflow,
                     "max_overflow": max_overflow,
+                    "recompute_overflow": recompute_overflow,
                 }
             },
             # Idle programs counted whole, whatever recompute costs: the overflow rule alone
@@ -291,6 +295,19 @@ def test_cost_aware_admits_past_capacity_where_recompute_is_cheap() -> None:
     assert core.backends["b0"].reserved == 1200
     # The pause stage leaves what the rule admitted running: nothing was paused.
     assert core.counters["pauses"] == 0 and core.counters["pauses_marked"] == 0
+
+
+@pytest.mark.parametrize("tier", [0, 2000])
+def test_without_recompute_overflow_only_a_tier_takes_what_does_not_fit(tier: int) -> None:
+    # Recompute is cheap (the rule would admit past capacity), but `recompute_overflow` is
+    # off: without a host tier the third program waits; with one it runs, as by default.
+    core = make(recompute_overflow=False)
+    teach(core, 1e-6, 60.0)
+    if tier:
+        core.handle(HostTierDeclared("b0", tier, load_tokens_per_s=1e6))
+    fill(core)
+    decision = core.handle(RequestArrived(ctx("c"), info(390), 1.0)).decision
+    assert isinstance(decision, Forward if tier else Hold)
 
 
 def test_cost_aware_holds_where_recompute_is_dear() -> None:

@@ -162,7 +162,7 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # The default on the tier with admission pricing an overflow the tier holds at its
     # reload alone, the GPU's caps on calls in flight lifted (`tier_reload`, opt-in).
     "thunder-mw/tier-reload": _thunder_mw(admission={"tier_reload": True}),
-    # The candidate default (`tier-only-overflow`) on the same engines.
+    # `tier-only-overflow` on the same engines.
     "thunder-mw/host-tier+tier-only-overflow": _thunder_mw(
         admission={"overflow": "cost_aware", "max_overflow": 0.0}
     ),

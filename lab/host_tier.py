@@ -2,8 +2,8 @@
 same hardware.
 
 The tiered thunder-mw rows (`TIERED`: the default pipeline on offload's engines, its tier
-rules in force, their ablation, the rules before them, `tier_reload` on, and the candidate
-default that overflows only onto the tier) run in a
+rules in force, their ablation, the rules before them, `tier_reload` on, and the variant
+that overflows only onto the tier) run in a
 scenario's `<name>-variants.json`; the baselines that ran with the host tier (the file's
 `config.host_tier`: `offload`, `offload_capped` at the cap that was best on each figure,
 Continuum where its engines have the tier) in `<name>.json`; both files hold the same seeds'
@@ -32,7 +32,7 @@ TIERED = (
     "thunder-mw/host-tier",
     "thunder-mw/tier-fixed-rules",
     "thunder-mw/tier-reload",
-    "thunder-mw/host-tier+tier-only-overflow",  # the candidate default (docs/benchmarks.md)
+    "thunder-mw/host-tier+tier-only-overflow",  # no KV to recompute (docs/benchmarks.md)
 )
 # The tiered baselines `pair` takes where none is named: offload, and behind its best cap.
 THEIRS = ("offload", "offload_capped")

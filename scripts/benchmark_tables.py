@@ -509,7 +509,7 @@ def _fixed_ratio(variants: Record | None) -> str:
 # Rows of a `*-variants.json` that change what runs, not a rule: `host-tier` is thunder-mw on
 # offload's engines (docs/benchmarks.md's host-tier table compares it there), and
 # `tier-fixed-rules`, `tier-reload` and `host-tier+tier-only-overflow` run on those engines
-# too (its ablation, an opt-in and the candidate default, compared with it and offload);
+# too (its ablation, an opt-in and a variant of admission, compared with it and offload);
 # `call-timings` prices from another source (the cost-source
 # table compares it), as `min-waste` and `engine-counters` did in files written before the
 # default learned from the engine's counters.
@@ -704,7 +704,7 @@ def host_tier_table(names: list[str]) -> str:
 STARTED_FIRST = "thunder-mw/started-first"  # the queue order's ablations (docs/scheduling.md)
 ARRIVAL_ORDER = "thunder-mw/arrival-order"
 NO_ADMISSION = "thunder-mw/no-admission"  # nothing held at admission: the controller's ceiling
-# The fixed rules overflowing only onto a host tier: the candidate default (docs/benchmarks.md).
+# The fixed rules overflowing only onto a host tier (docs/benchmarks.md).
 TIER_ONLY_OVERFLOW = "thunder-mw/tier-only-overflow"
 
 

@@ -86,6 +86,10 @@ def _thunder_mw_without(name: str) -> list[dict[str, Any]]:
     return [entry for entry in _thunder_mw() if name not in entry]
 
 
+# The fixed rules of 0.2.0 with no KV admitted past the watermark to recompute (the host
+# tier's allowance stays): `tier-only-overflow`, with and without offload's engines.
+_TIER_ONLY_OVERFLOW: dict[str, Any] = {"overflow": "cost_aware", "max_overflow": 0.0}
+
 POLICIES: dict[str, list[dict[str, Any]]] = {
     **PIPELINE_PRESETS,
     # Affinity over engines that have a host KV tier (the tier is an engine option,
@@ -126,9 +130,7 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "thunder-mw/no-cost-aware": _thunder_mw(admission={"overflow": "hold"}),
     # The fixed rules admitting past the watermark only onto a host tier (no KV to recompute):
     # where the cost-aware allowance is what loses to holding (docs/benchmarks.md).
-    "thunder-mw/tier-only-overflow": _thunder_mw(
-        admission={"overflow": "cost_aware", "max_overflow": 0.0}
-    ),
+    "thunder-mw/tier-only-overflow": _thunder_mw(admission=_TIER_ONLY_OVERFLOW),
     # The two together, per backend: no KV to recompute past the limit and no controller where
     # the engine has no host tier, the default where it has one (`recompute_overflow`).
     "thunder-mw/tier-overflow": _thunder_mw(admission={"recompute_overflow": False}),
@@ -163,9 +165,7 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # reload alone, the GPU's caps on calls in flight lifted (`tier_reload`, opt-in).
     "thunder-mw/tier-reload": _thunder_mw(admission={"tier_reload": True}),
     # `tier-only-overflow` on the same engines.
-    "thunder-mw/host-tier+tier-only-overflow": _thunder_mw(
-        admission={"overflow": "cost_aware", "max_overflow": 0.0}
-    ),
+    "thunder-mw/host-tier+tier-only-overflow": _thunder_mw(admission=_TIER_ONLY_OVERFLOW),
     # The rule before min-waste became the default (2026-12-04): an ACTING program's
     # reservation at `acting_token_weight` on backends without a host tier.
     "thunder-mw/tiered-min-waste": _thunder_mw(

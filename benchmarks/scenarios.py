@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from thunder_mw.schemas.pipeline_presets import DEFAULT_PIPELINE
+from thunder_mw.schemas.pipeline_presets import DEFAULT_PIPELINE, VLLM_ROUTER_PROGRAM_PIPELINE
 from thunder_mw.schemas.pipeline_presets import PRESETS as PIPELINE_PRESETS
 from thunder_mw.sim.cost_model import get_profile
 
@@ -86,6 +86,15 @@ def _thunder_mw_without(name: str) -> list[dict[str, Any]]:
     return [entry for entry in _thunder_mw() if name not in entry]
 
 
+def _router_with(**overrides: dict[str, Any]) -> list[dict[str, Any]]:
+    """The vLLM router's program-scheduler stand-in with some stages' params replaced."""
+    return [
+        {name: {**params, **overrides.get(name, {})}}
+        for entry in VLLM_ROUTER_PROGRAM_PIPELINE
+        for name, params in entry.items()
+    ]
+
+
 # The fixed rules of 0.2.0 with no KV admitted past the watermark to recompute (the host
 # tier's allowance stays): `tier-only-overflow`, with and without offload's engines.
 _TIER_ONLY_OVERFLOW: dict[str, Any] = {"overflow": "cost_aware", "max_overflow": 0.0}
@@ -120,6 +129,14 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "thunder-mw/cost-benefit": _thunder_mw(**{"state-aware-pause": {"victim": "cost_benefit"}}),
     "thunder-mw/no-home": _thunder_mw(migration={"prefer_home_backend": False}),
     "thunder-mw/fifo": _thunder_mw(migration={"placement": "most_room"}),
+    # The vLLM router's resume order (the most recently queued first, no ageing; the
+    # force-resume timeout still bounds a wait): what its program scheduler gains on the 8B
+    # fleets comes from it (`vllm_router_program/bfd-resume`, docs/benchmarks.md).
+    "thunder-mw/mru-resume": _thunder_mw(migration={"placement": "mru", "aging_s": 1e9}),
+    # The vLLM router's stand-in with thunder-mw's resume order (largest first, ageing 60 s).
+    "vllm_router_program/bfd-resume": _router_with(
+        migration={"placement": "best_fit_decreasing", "aging_s": 60.0}
+    ),
     "thunder-mw/started-first": _thunder_mw(migration={"started_first": True}),
     "thunder-mw/arrival-order": _thunder_mw(migration={"started_first": False}),
     "thunder-mw/yield-5s": _thunder_mw(**{"state-aware-pause": {"yield_idle_after_s": 5.0}}),

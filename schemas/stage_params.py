@@ -184,7 +184,8 @@ class MigrationParams(StageParams):
     placement: Literal["best_fit_decreasing", "most_room", "mru"] = Field(
         "best_fit_decreasing",
         description="Queue order within a priority band: largest first (BFD), arrival, or "
-        "the most recently queued first (the vLLM router's MRU resume; baselines only).",
+        "the most recently queued first (the vLLM router's MRU resume, with `aging_s` "
+        "raised past any wait; not a default: docs/benchmarks.md).",
     )
     prefer_home_backend: bool = Field(
         True, description="Resume on the previous backend when it has room (KV may be cached)."

@@ -2,6 +2,7 @@
 so the figures there are the files' figures: python scripts/benchmark_tables.py"""
 
 import json
+import statistics
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -735,6 +736,67 @@ def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") ->
     return "\n".join(lines) + "\n"
 
 
+# The resume order: the vLLM router's (the most recently queued first) in thunder-mw, and
+# thunder-mw's (largest first, ageing) in the router's stand-in (docs/benchmarks.md).
+MRU_RESUME = "thunder-mw/mru-resume"
+ROUTER = "vllm_router_program"
+ROUTER_BFD_RESUME = "vllm_router_program/bfd-resume"
+
+
+def router_resume_table(names: list[str]) -> str:
+    """The vLLM router's stand-in over itself with thunder-mw's resume order, and the
+    default over itself with the router's, both figures, paired by seed, from
+    `<name>-variants.json` where both router rows ran."""
+    lines = [
+        "| scenario | set | seeds | router / router with thunder-mw's order: batch (makespan, "
+        "inverse); window | default / default with the router's order: batch; window |",
+        "|---|---|---|---|---|",
+    ]
+    for name in names:
+        report = _variants(name)
+        if report is None or not _seed_values(report, ROUTER_BFD_RESUME, "steps_per_min_steady"):
+            continue
+        split = report["config"].get("split", "tuning")
+        cells = [
+            _paired_cell(report, ROUTER_BFD_RESUME, ROUTER, "makespan_s", wave=True),
+            _paired_cell(report, ROUTER, ROUTER_BFD_RESUME, "steps_per_min_steady"),
+            _paired_cell(report, MRU_RESUME, "thunder-mw", "makespan_s", wave=True),
+            _paired_cell(report, "thunder-mw", MRU_RESUME, "steps_per_min_steady"),
+        ]
+        seeds = len(report["seeds"])
+        lines.append(
+            f"| `{name}` | {split} | {seeds} | {cells[0]}; {cells[1]} | {cells[2]}; {cells[3]} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def resume_jct_table(names: list[str], variant: str = MRU_RESUME) -> str:
+    """What a resume order does to job completion times in the long window: the means over
+    the file's seeds of the default's and `variant`'s median and p99 JCT and max / median,
+    from `<name>-variants.json`."""
+    keys = ("jct_p50_s", "jct_p99_s", "jct_max_over_median")
+    lines = [
+        "| scenario | seeds | median JCT s: default -> variant | p99 JCT s | max / median |",
+        "|---|---|---|---|---|",
+    ]
+    for name in names:
+        report = _variants(name)
+        if report is None:
+            continue
+        ours = [_seed_values(report, "thunder-mw", k) for k in keys]
+        theirs = [_seed_values(report, variant, k) for k in keys]
+        seeds = sorted(set(ours[0]) & set(theirs[0]))
+        if not seeds:
+            continue
+        cells = [
+            f"{statistics.mean(a[k] for k in seeds):,.{2 if i == 2 else 0}f} -> "
+            f"{statistics.mean(b[k] for k in seeds):,.{2 if i == 2 else 0}f}"
+            for i, (a, b) in enumerate(zip(ours, theirs, strict=True))
+        ]
+        lines.append(f"| `{name}` | {len(seeds)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # The variants that price the default's rules from call timings (the simulator's cost
 # source before 2026-12-04) and run the idle-fate rule of before (min-waste only where a host
 # tier is); variants files written before the default changed hold the same two comparisons
@@ -757,11 +819,13 @@ def _seed_values(report: Record, policy: str, metric: str, wave: bool = False) -
     }
 
 
-def _paired_cell(report: Record, ours: str, theirs: str, metric: str) -> str:
-    """`ours` over `theirs` on `metric`, paired by seed, with its interval ('-': not both)."""
+def _paired_cell(report: Record, ours: str, theirs: str, metric: str, wave: bool = False) -> str:
+    """`ours` over `theirs` on `metric`, paired by seed, with its interval ('-': not both);
+    `wave`: in the fixed batch."""
     from thunder_mw.benchmarks.bootstrap import compare
 
-    mine, other = _seed_values(report, ours, metric), _seed_values(report, theirs, metric)
+    mine = _seed_values(report, ours, metric, wave)
+    other = _seed_values(report, theirs, metric, wave)
     seeds = sorted(set(mine) & set(other))
     if not seeds:
         return "-"
@@ -999,6 +1063,9 @@ def update_docs() -> None:
     _replace_block(DOCS, "arrival-order", variant_table([*TUNING, *TEST], ARRIVAL_ORDER))
     _replace_block(DOCS, "no-admission", variant_table([*TUNING, *TEST], NO_ADMISSION))
     _replace_block(DOCS, "tier-only-overflow", variant_table([*TUNING, *TEST], TIER_ONLY_OVERFLOW))
+    _replace_block(DOCS, "mru-resume", variant_table([*TUNING, *TEST], MRU_RESUME))
+    _replace_block(DOCS, "router-resume", router_resume_table([*TUNING, *TEST]))
+    _replace_block(DOCS, "mru-resume-jct", resume_jct_table([*TUNING, *TEST]))
     _replace_block(DOCS, "cost-source", cost_source_table([*TUNING, *TEST]))
     _replace_block(DOCS, "default-change", against_table([*TUNING, *TEST], DEFAULT_BEFORE))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
@@ -1022,6 +1089,9 @@ if __name__ == "__main__":
         "--arrival-order": lambda names: variant_table(names, ARRIVAL_ORDER),
         "--no-admission": lambda names: variant_table(names, NO_ADMISSION),
         "--tier-only-overflow": lambda names: variant_table(names, TIER_ONLY_OVERFLOW),
+        "--mru-resume": lambda names: variant_table(names, MRU_RESUME),
+        "--router-resume": router_resume_table,
+        "--mru-resume-jct": resume_jct_table,
         "--controller": controller_table,
         "--cost-source": cost_source_table,
     }

@@ -66,13 +66,21 @@ CAPPED: dict[str, str | None] = {VLLM_CAPPED: None, OFFLOAD_CAPPED: "offload"}
 CAP_FRACTIONS = (0.25, 0.5, 0.75)
 
 
-def _thunder_mw(**overrides: dict[str, Any]) -> list[dict[str, Any]]:
-    """The default pipeline with some stages' params replaced."""
+def _with_params(
+    pipeline: list[dict[str, Any]], overrides: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`pipeline` with some stages' params replaced (a stage named with dashes for its
+    underscores: `state-aware-pause`)."""
     return [
         {name: {**params, **overrides.get(name.replace("_", "-"), {})}}
-        for entry in DEFAULT_PIPELINE
+        for entry in pipeline
         for name, params in entry.items()
     ]
+
+
+def _thunder_mw(**overrides: dict[str, Any]) -> list[dict[str, Any]]:
+    """The default pipeline with some stages' params replaced."""
+    return _with_params(DEFAULT_PIPELINE, overrides)
 
 
 def _thunder_mw_with(name: str, params: dict[str, Any], before: str) -> list[dict[str, Any]]:
@@ -84,15 +92,6 @@ def _thunder_mw_with(name: str, params: dict[str, Any], before: str) -> list[dic
 
 def _thunder_mw_without(name: str) -> list[dict[str, Any]]:
     return [entry for entry in _thunder_mw() if name not in entry]
-
-
-def _router_with(**overrides: dict[str, Any]) -> list[dict[str, Any]]:
-    """The vLLM router's program-scheduler stand-in with some stages' params replaced."""
-    return [
-        {name: {**params, **overrides.get(name, {})}}
-        for entry in VLLM_ROUTER_PROGRAM_PIPELINE
-        for name, params in entry.items()
-    ]
 
 
 # The fixed rules of 0.2.0 with no KV admitted past the watermark to recompute (the host
@@ -134,8 +133,9 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # fleets comes from it (`vllm_router_program/bfd-resume`, docs/benchmarks.md).
     "thunder-mw/mru-resume": _thunder_mw(migration={"placement": "mru", "aging_s": 1e9}),
     # The vLLM router's stand-in with thunder-mw's resume order (largest first, ageing 60 s).
-    "vllm_router_program/bfd-resume": _router_with(
-        migration={"placement": "best_fit_decreasing", "aging_s": 60.0}
+    "vllm_router_program/bfd-resume": _with_params(
+        VLLM_ROUTER_PROGRAM_PIPELINE,
+        {"migration": {"placement": "best_fit_decreasing", "aging_s": 60.0}},
     ),
     "thunder-mw/started-first": _thunder_mw(migration={"started_first": True}),
     "thunder-mw/arrival-order": _thunder_mw(migration={"started_first": False}),

@@ -775,6 +775,7 @@ def resume_jct_table(names: list[str], variant: str = MRU_RESUME) -> str:
     the file's seeds of the default's and `variant`'s median and p99 JCT and max / median,
     from `<name>-variants.json`."""
     keys = ("jct_p50_s", "jct_p99_s", "jct_max_over_median")
+    digits = (0, 0, 2)  # seconds whole, the ratio to two places
     lines = [
         "| scenario | seeds | median JCT s: default -> variant | p99 JCT s | max / median |",
         "|---|---|---|---|---|",
@@ -789,9 +790,9 @@ def resume_jct_table(names: list[str], variant: str = MRU_RESUME) -> str:
         if not seeds:
             continue
         cells = [
-            f"{statistics.mean(a[k] for k in seeds):,.{2 if i == 2 else 0}f} -> "
-            f"{statistics.mean(b[k] for k in seeds):,.{2 if i == 2 else 0}f}"
-            for i, (a, b) in enumerate(zip(ours, theirs, strict=True))
+            f"{statistics.mean(a[k] for k in seeds):,.{d}f} -> "
+            f"{statistics.mean(b[k] for k in seeds):,.{d}f}"
+            for a, b, d in zip(ours, theirs, digits, strict=True)
         ]
         lines.append(f"| `{name}` | {len(seeds)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

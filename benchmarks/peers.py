@@ -882,7 +882,7 @@ def peer_versions() -> dict[str, str | None]:
 def scenario_cluster(scenario: Scenario, seed: int) -> ClusterConfig:
     """The fleet the live run serves (sim-engine processes) and its DES stand-ins simulate;
     the stand-ins read the waiting count as those engines' /metrics report it, vLLM's gauge
-    (sim/metrics.py), as the live gateways and routers do."""
+    (sim/_metrics.py), as the live gateways and routers do."""
     return ClusterConfig(
         engines=scenario.engines,
         kv_tokens=kv_tokens_of(scenario),

@@ -5,7 +5,7 @@ Every other scenario runs simulated engines; this one starts the real `vllm serv
 `cheap` regime serves the tiny model (a recompute of a program's context costs a few decode
 steps), the `dear` regime the 8-layer model (tens of decode steps, the order of GLM-4.6 on
 8x H100); scripts/build_tiny_model.py builds both. Each regime measures its
-`decode_steps_per_recompute` on the engine (benchmarks/recompute_cost.py) and replays the same
+`decode_steps_per_recompute` on the engine (benchmarks/_recompute_cost.py) and replays the same
 wave of equal-length agent programs (workloads preset `cpu-overflow`) whose contexts at their
 peaks are ~2.6x the KV cache: all of them are live until near the end and their tool time is
 scaled to the engine's speed, so the overflow holds by construction; the result checks it by
@@ -56,7 +56,7 @@ from typing import Any
 
 import httpx
 
-from thunder_mw.benchmarks import bootstrap, fit_cpu_profile, peers, recompute_cost
+from thunder_mw.benchmarks import _recompute_cost, bootstrap, fit_cpu_profile, peers
 from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, Simulation
 from thunder_mw.benchmarks.engine_counters import delta, parse_metrics, read_counters
 from thunder_mw.benchmarks.live import Gateway, live_metrics
@@ -607,7 +607,7 @@ def run_regime(
         names = [f"direct/cap-{cap}" if s == "direct/cap" else s for s in systems]
         chosen = [system_named(n) for n in names]
         runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}
-        ratio = recompute_cost.measure(
+        ratio = _recompute_cost.measure(
             url, model, recompute_context(workload), vocab_size=vocab, repeats=5
         )
         log(f"{regime.name}: {ratio['decode_steps_per_recompute']} decode steps per recompute")

@@ -18,8 +18,8 @@ from typing import Any
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
+from thunder_mw.cli._shutdown import AnswerCutOffCalls, exit_now
 from thunder_mw.cli.config_loader import ConfigError, load_config
-from thunder_mw.cli.shutdown import AnswerCutOffCalls, exit_now
 from thunder_mw.schemas.config import ThunderConfig
 
 __all__ = [

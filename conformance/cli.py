@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from thunder_mw.conformance._replay import as_checks, replay, replayable
 from thunder_mw.conformance.recording_backend import (
     BackendServer,
     Flavor,
@@ -15,7 +16,6 @@ from thunder_mw.conformance.recording_backend import (
     RecordingBackend,
 )
 from thunder_mw.conformance.registry import CHECKS, PROFILE_MEANING, PROFILES, checks_for
-from thunder_mw.conformance.replay import as_checks, replay, replayable
 from thunder_mw.conformance.report import (
     format_table,
     write_html,

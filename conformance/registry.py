@@ -1,11 +1,11 @@
-"""The conformance checks a profile holds (catalogue.py has the profiles and the checks'
+"""The conformance checks a profile holds (_catalogue.py has the profiles and the checks'
 catalogue; importing this module imports every check module, which register themselves)."""
 
 from __future__ import annotations
 
 # Imported for their registrations: every check is in CHECKS before anyone reads it.
-from thunder_mw.conformance import checks_context, checks_payload, checks_programs  # noqa: F401
-from thunder_mw.conformance.catalogue import (
+from thunder_mw.conformance import _checks_context, _checks_payload, _checks_programs  # noqa: F401
+from thunder_mw.conformance._catalogue import (
     CHECKS,
     PEER_CONTRACTS,
     PROFILE_MEANING,

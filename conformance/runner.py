@@ -17,6 +17,7 @@ from typing import Literal
 
 import httpx
 
+from thunder_mw.conformance._self_target import thunder_mw_target
 from thunder_mw.conformance.recording_backend import (
     BackendServer,
     Flavor,
@@ -24,7 +25,6 @@ from thunder_mw.conformance.recording_backend import (
     RecordingBackend,
 )
 from thunder_mw.conformance.registry import CheckBody, checks_for
-from thunder_mw.conformance.self_target import thunder_mw_target
 from thunder_mw.conformance.session import Fail, NotApplicable, Session, WithoutContext
 from thunder_mw.sim.ports import free_port
 

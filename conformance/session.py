@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import httpx
 
+from thunder_mw.conformance._views import read_program_views
 from thunder_mw.conformance.recording_backend import MODEL, Recorded, RecordingBackend
-from thunder_mw.conformance.views import read_program_views
 
 __all__ = [
     "Fail",
@@ -174,7 +174,7 @@ class Session:
 
     # ------------------------------------------------------------------ admin routes
     async def programs(self) -> dict[str, dict[str, Any]] | None:
-        """Live programs by id, or None when the server publishes none (shapes: views.py)."""
+        """Live programs by id, or None when the server publishes none (shapes: _views.py)."""
         return await read_program_views(self.client, self.target)
 
     async def programs_or_na(self) -> dict[str, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The two apps over the composed gateway (middleware/compose.py): the standalone gateway,
+"""The two apps over the composed gateway (middleware/_compose.py): the standalone gateway,
 and ThunderMiddleware for gateway mode.
 
 Standalone:  admin routes | AgentContextMiddleware → SchedulingMiddleware → Forwarder
@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 
 from thunder_mw._version import __version__
-from thunder_mw.middleware.admin import is_admin_path
+from thunder_mw.middleware._admin import is_admin_path
+from thunder_mw.middleware._compose import Components, compose
 from thunder_mw.middleware.call_state import STATE_KEY, CallState
-from thunder_mw.middleware.compose import Components, compose
 from thunder_mw.middleware.errors import send_error
 from thunder_mw.middleware.types import ASGIApp, Message, Receive, Scope, Send
 from thunder_mw.schemas.config import ThunderConfig

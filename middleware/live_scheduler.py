@@ -120,7 +120,7 @@ class LiveScheduler:
     ) -> None:
         """`core` is the pure core over `pool`'s engines; `listeners` see each action it
         returns, in order; the pool's probes reach `on_probe`; `replication` makes this one
-        replica of several (the composition root builds all of them, middleware/compose.py)."""
+        replica of several (the composition root builds all of them, middleware/_compose.py)."""
         self.pool = pool
         self.clock = clock
         self.tick_interval_s = tick_interval_s

@@ -1,5 +1,5 @@
 """The admin API as one table of operations, from which both its Starlette router
-(middleware/admin.py) and its OpenAPI 3.1 description (GET /openapi.json) are built, so
+(middleware/_admin.py) and its OpenAPI 3.1 description (GET /openapi.json) are built, so
 operators' clients and fuzzers (schemathesis in the tests) see exactly the routes served.
 
 Schemas come from the msgspec structs the routes encode (schemas/views.py), through

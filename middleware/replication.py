@@ -57,7 +57,7 @@ RETRY_AFTER_DOWN_S = 1.0
 
 
 class ReplicaSettings(msgspec.Struct, frozen=True):
-    """What a replica reads of the configuration, once, where it is built (compose.py)."""
+    """What a replica reads of the configuration, once, where it is built (_compose.py)."""
 
     # state.on_unavailable: whether a call the store cannot gate is refused (503) or the
     # replica's own decision stands.

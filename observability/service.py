@@ -1,8 +1,8 @@
 """Wires the gateway's observability components together: decision log, scheduler metrics,
 profiles and the dashboard, over the scheduler core they watch.
 
-Their HTTP routes belong to the admin API (middleware/admin.py), and the layer that times a
-call as it is handed to the engine is middleware/call_timing.py: this package answers no
+Their HTTP routes belong to the admin API (middleware/_admin.py), and the layer that times a
+call as it is handed to the engine is middleware/_call_timing.py: this package answers no
 request itself. The app registers `on_action` and `on_tick` with the live scheduler.
 """
 
@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 
 from thunder_mw.engines.pool import BackendPool
-from thunder_mw.observability.dashboard import Dashboard
+from thunder_mw.observability._dashboard import Dashboard
+from thunder_mw.observability._scheduler_metrics import SchedulerMetrics
 from thunder_mw.observability.decisions import DecisionLog
 from thunder_mw.observability.metrics import GatewayMetrics
 from thunder_mw.observability.profiles import ProfileStore
-from thunder_mw.observability.scheduler_metrics import SchedulerMetrics
 from thunder_mw.policies.core import Action, SchedulerCore
 from thunder_mw.schemas.config import ObservabilitySettings
 

@@ -3,9 +3,9 @@
 Pure: no I/O, no wall clock (every event carries `now`). The live middleware and the
 discrete-event harness feed it the same events, so benchmarks measure the shipped code.
 Every state change enters through `handle(event)` (the events: policies/core_events.py),
-which dispatches to a private `_on_*` method here or in policies/fleet_events.py;
+which dispatches to a private `_on_*` method here or in policies/_fleet_events.py;
 the pipeline's stages (policies/stage_contract.py) read the core through its queries
-(policies/core_view.py) and return decisions, applied in policies/placement.py.
+(policies/core_view.py) and return decisions, applied in policies/_placement.py.
 
 Every index is a heap with lazy deletion keyed on a per-program version, so each event
 costs O(log n) in the number of programs; nothing rescans the table per event.
@@ -20,7 +20,8 @@ import msgspec
 
 from thunder_mw.policies import context_limit
 from thunder_mw.policies import core_events as ev
-from thunder_mw.policies.backend_state import BackendState as BackendState
+from thunder_mw.policies._backend_state import BackendState as BackendState
+from thunder_mw.policies._fleet_events import FleetEvents
 from thunder_mw.policies.decisions import Action as Action
 from thunder_mw.policies.decisions import Decision as Decision
 from thunder_mw.policies.decisions import Forward as Forward
@@ -35,7 +36,6 @@ from thunder_mw.policies.decisions import Resumed as Resumed
 from thunder_mw.policies.events import BackendMetrics as BackendMetrics
 from thunder_mw.policies.events import ProgramHistory
 from thunder_mw.policies.events import RequestInfo as RequestInfo
-from thunder_mw.policies.fleet_events import FleetEvents
 from thunder_mw.policies.program_table import Phase, Program, ProgramState, ReadOnlyProgram, Usage
 from thunder_mw.policies.stage_contract import Stage
 from thunder_mw.schemas.agent_context import AgentContext

@@ -18,10 +18,11 @@ from operator import attrgetter
 from types import MappingProxyType
 from typing import Any
 
-from thunder_mw.policies.backend_state import BackendState, ReadOnlyBackend, is_live
+from thunder_mw.policies._backend_state import BackendState, ReadOnlyBackend, is_live
+from thunder_mw.policies._lazy_heap import LazyHeap
+from thunder_mw.policies._reservations import Ledger
 from thunder_mw.policies.decisions import Action
 from thunder_mw.policies.estimates import TokenEstimator, ToolTimeModel
-from thunder_mw.policies.lazy_heap import LazyHeap
 from thunder_mw.policies.program_table import (
     Phase,
     Program,
@@ -29,7 +30,6 @@ from thunder_mw.policies.program_table import (
     ProgramState,
     ProgramTable,
 )
-from thunder_mw.policies.reservations import Ledger
 from thunder_mw.policies.stage_contract import HOOKS, Stage, overriding
 from thunder_mw.policies.views import BackendView, ProgramView
 
@@ -54,7 +54,7 @@ class CoreView:
             label: BackendState(label, capacity, True, is_live) for label, capacity in backends
         }
         # The engines' read-only views, kept in step with `backends` (an engine joins or
-        # leaves: policies/fleet_events.py), read through one read-only mapping.
+        # leaves: policies/_fleet_events.py), read through one read-only mapping.
         self._backend_views: dict[str, ReadOnlyBackend] = {
             label: backend.view for label, backend in self.backends.items()
         }

@@ -201,7 +201,7 @@ class ReadOnlyProgram:
     read is always current and an assignment raises AttributeError. One per program, made
     with it: handing it to a hook copies nothing (the simulator calls hooks millions of
     times). Only the core follows its private back-reference, to apply a decision that
-    names it (policies/placement.py)."""
+    names it (policies/_placement.py)."""
 
     __slots__ = ("_program",)
 

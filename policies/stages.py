@@ -12,6 +12,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from thunder_mw.policies._failed_expiry import FailedExpiry
+from thunder_mw.policies._lazy_heap import LazyHeap
 from thunder_mw.policies.admission import Admission as Admission
 from thunder_mw.policies.admission import host_tier_tokens
 from thunder_mw.policies.arrival_pace import ArrivalPace
@@ -24,8 +26,6 @@ from thunder_mw.policies.decisions import (
     Resume,
     StageDecision,
 )
-from thunder_mw.policies.failed_expiry import FailedExpiry
-from thunder_mw.policies.lazy_heap import LazyHeap
 from thunder_mw.policies.overflow_cost import keeps_idle_context, move_pays, tier_has_room
 from thunder_mw.policies.program_table import ProgramState, Usage
 from thunder_mw.policies.stage_contract import Decisions, Stage, StageView

@@ -1,7 +1,7 @@
 """Read-only views of a program and of an engine: what stages and decisions refer to.
 
 What a stage is handed is no copy and no live record: each program's `ReadOnlyProgram`
-(policies/program_table.py) and each engine's `ReadOnlyBackend` (policies/backend_state.py),
+(policies/program_table.py) and each engine's `ReadOnlyBackend` (policies/_backend_state.py),
 made once with the record, whose properties read it as it is now and refuse assignment (a
 copy per hook call would cost the simulator's hot path). These Protocols are their types
 in the stage contract. What leaves the core is the frozen `ProgramSnapshot`, which has every
@@ -79,7 +79,7 @@ class ProgramView(Protocol):
 
 
 class BackendView(Protocol):
-    """An engine as stages read it (policies/backend_state.py's `ReadOnlyBackend`)."""
+    """An engine as stages read it (policies/_backend_state.py's `ReadOnlyBackend`)."""
 
     @property
     def label(self) -> str: ...

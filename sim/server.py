@@ -20,11 +20,9 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from thunder_mw.schemas.config import SimEngineSettings
-from thunder_mw.sim import metrics, responses_api, scripted_agent
-from thunder_mw.sim.cost_model import get_profile
-from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
-from thunder_mw.sim.native_routes import native_routes
-from thunder_mw.sim.request_validation import (
+from thunder_mw.sim import _metrics, responses_api, scripted_agent
+from thunder_mw.sim._native_routes import native_routes
+from thunder_mw.sim._request_validation import (
     Accepted,
     BodyProblem,
     check_prompt_text,
@@ -34,6 +32,8 @@ from thunder_mw.sim.request_validation import (
     validate_messages,
     validate_responses,
 )
+from thunder_mw.sim.cost_model import get_profile
+from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Sequence
 from thunder_mw.sim.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
@@ -635,7 +635,7 @@ class _OpenAIRoutes:
         )
 
     async def metrics_route(self, request: Request) -> Response:
-        return Response(metrics.render(self.svc), media_type=metrics.CONTENT_TYPE)
+        return Response(_metrics.render(self.svc), media_type=_metrics.CONTENT_TYPE)
 
     async def reset_prefix_cache(self, request: Request) -> Response:
         ok = self.engine.reset_prefix_cache()

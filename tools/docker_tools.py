@@ -21,6 +21,7 @@ from thunder_mw.policies.tool_selector import BUILTIN_HOOKS, Selector, reclaim_s
 from thunder_mw.schemas.agent_context import AgentContext
 from thunder_mw.schemas.config import DockerToolSettings, SandboxTemplate
 from thunder_mw.schemas.views import ContainerView, SandboxView
+from thunder_mw.tools._journal import Entry, ToolJournal
 from thunder_mw.tools.docker_engine import (
     ContainerGone,
     ContainerInfo,
@@ -29,7 +30,6 @@ from thunder_mw.tools.docker_engine import (
     EngineDown,
     load_hook,
 )
-from thunder_mw.tools.journal import Entry, ToolJournal
 from thunder_mw.tools.refusal import ToolRefused
 
 __all__ = ["DEFAULT_HOOKS", "TEMPLATE_LABEL", "DockerTools"]

@@ -7,7 +7,7 @@ a flag). The fast tests send the table to the simulator and expect vLLM's status
 error shape, within a bound (`max_tokens: 1.5` once hung the call); the real-engine test sends
 the same table to both engines and asserts the same status class for each body, so the table
 stays true to vLLM as vLLM moves. (`vllm_xargs.agentic_context` as an object is the one known
-difference, by design: sim/request_validation.py.)
+difference, by design: sim/_request_validation.py.)
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def test_uvicorn_response_cycle_writes_through_the_transport_it_is_given() -> No
 
 # ------------------------------------------------------------------ Starlette 1.10.0
 def test_starlette_route_keeps_the_pattern_and_methods_the_admin_routes_rewrite() -> None:
-    """middleware/admin.py's `_Route` rewrites a Route's `path_regex` (`$` to `\\Z`, with
+    """middleware/_admin.py's `_Route` rewrites a Route's `path_regex` (`$` to `\\Z`, with
     DOTALL) and its `methods` (no implied HEAD): both are attributes Starlette matches with."""
     route = Route("/programs/{program_id:path}", lambda request: None, methods=["GET"])
     assert route.path_regex.pattern.endswith("$")  # the suffix the rewrite replaces

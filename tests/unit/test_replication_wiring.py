@@ -1,4 +1,4 @@
-"""Specification of a replica as the composition root wires it (middleware/compose.py): its
+"""Specification of a replica as the composition root wires it (middleware/_compose.py): its
 settings read once from the configuration, and a `Replication` passed to the live scheduler
 that reaches the scheduler only through the `carry_out` it is given. Two replicas share one
 in-process `MemoryState`, as two gateways share one Redis (tests/real/test_replicas.py runs
@@ -44,7 +44,7 @@ def test_without_an_admission_stage_the_shared_gate_has_no_limit() -> None:
 
 
 class Replica:
-    """One gateway's scheduler and replication over the shared state, built as compose.py
+    """One gateway's scheduler and replication over the shared state, built as _compose.py
     builds them (the store in memory instead of Redis)."""
 
     def __init__(self, name: str, state: MemoryState) -> None:

@@ -47,8 +47,8 @@ from thunder_mw.tools.docker_tools import DockerTools
 from thunder_mw.tools.refusal import ToolRefused
 
 if TYPE_CHECKING:
+    from thunder_mw.middleware._rollout_routes import RolloutRoutes
     from thunder_mw.middleware.program_ownership import ProgramOwnership
-    from thunder_mw.middleware.rollout_routes import RolloutRoutes
     from thunder_mw.observability.service import Observability
 
 __all__ = [
@@ -274,7 +274,7 @@ class AdminRoutes:
         await self.app(scope, receive, send)
 
     def _endpoint(self, name: str) -> Callable[..., Any]:
-        """`rollout.x` names a method of the RL-rollout routes (middleware/rollout_routes.py)."""
+        """`rollout.x` names a method of the RL-rollout routes (middleware/_rollout_routes.py)."""
         owner, _, method = name.rpartition(".")
         if owner == "rollout":
             if self.rollout is None:

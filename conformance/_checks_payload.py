@@ -8,7 +8,7 @@ import copy
 import json
 from typing import Any
 
-from thunder_mw.conformance.catalogue import check
+from thunder_mw.conformance._catalogue import check
 from thunder_mw.conformance.compare import first_difference
 from thunder_mw.conformance.recording_backend import MODEL
 from thunder_mw.conformance.session import Fail, NotApplicable, Reply, Session, clip

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from thunder_mw.policies.backend_state import BackendState, is_live, learn_from_engine
+from thunder_mw.policies._backend_state import BackendState, is_live, learn_from_engine
+from thunder_mw.policies._placement import Placement
 from thunder_mw.policies.decisions import Action
 from thunder_mw.policies.events import BackendMetrics
-from thunder_mw.policies.placement import Placement
 from thunder_mw.policies.program_table import ProgramState
 
 __all__ = ["FleetEvents"]

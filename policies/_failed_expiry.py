@@ -8,7 +8,7 @@ or it ends; every other event of it (a new request, a failed call) pushes its de
 
 from __future__ import annotations
 
-from thunder_mw.policies.lazy_heap import LazyHeap
+from thunder_mw.policies._lazy_heap import LazyHeap
 from thunder_mw.policies.program_table import ProgramState
 from thunder_mw.policies.views import ProgramView
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from thunder_mw.conformance.catalogue import check
+from thunder_mw.conformance._catalogue import check
 from thunder_mw.conformance.session import Fail, NotApplicable, Session, clip
 
 __all__ = ["CONTROL_FIELD", "CONTROL_HEADER", "FORMS", "INVALID", "Built", "Form", "Invalid"]

@@ -1,6 +1,6 @@
 """The RL-rollout admin endpoints: thunder-mw's own `/backends`, `/generation` and
 `/weights/update`, and the spellings rollout frameworks already speak (SGLang router's worker
-API; SGLang's and vLLM's pause, update, sleep and cache routes), all over middleware/fleet.py.
+API; SGLang's and vLLM's pause, update, sleep and cache routes), all over middleware/_fleet.py.
 They are rows of the operation table in middleware/openapi.py like every admin route."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from thunder_mw.engines.pool import Backend, BackendPool
+from thunder_mw.middleware._fleet import Fleet, FleetError
 from thunder_mw.middleware.errors import error_body
-from thunder_mw.middleware.fleet import Fleet, FleetError
 from thunder_mw.middleware.request_body import BodyError, ClientLeft, decode_object, read_body
 from thunder_mw.schemas.config import BackendSettings
 from thunder_mw.schemas.rollout_views import (

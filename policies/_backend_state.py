@@ -6,8 +6,8 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Any
 
+from thunder_mw.policies._lazy_heap import LazyHeap
 from thunder_mw.policies.events import BackendMetrics
-from thunder_mw.policies.lazy_heap import LazyHeap
 from thunder_mw.policies.program_table import Program, ProgramState
 from thunder_mw.policies.shared_prefix import SharedPrefixes
 

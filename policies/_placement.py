@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from operator import attrgetter
 from typing import Any, cast
 
-from thunder_mw.policies.backend_state import BackendState
+from thunder_mw.policies._backend_state import BackendState
 from thunder_mw.policies.core_view import CoreView, ReadOnlyCore
 from thunder_mw.policies.decisions import (
     Count,

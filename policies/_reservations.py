@@ -7,7 +7,7 @@ delta, and advance `room_epoch` whenever room may have appeared.
 
 from __future__ import annotations
 
-from thunder_mw.policies.backend_state import BackendState
+from thunder_mw.policies._backend_state import BackendState
 from thunder_mw.policies.program_table import Program, ProgramState
 from thunder_mw.policies.shared_prefix import SharedPrefixes
 

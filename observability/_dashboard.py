@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from thunder_mw.observability._scheduler_metrics import hit_rate
 from thunder_mw.observability.decisions import DecisionLog
-from thunder_mw.observability.scheduler_metrics import hit_rate
 from thunder_mw.policies.core import SchedulerCore
 from thunder_mw.policies.program_table import Phase, ProgramState
 from thunder_mw.policies.views import ProgramView

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from thunder_mw.conformance.catalogue import check
+from thunder_mw.conformance._catalogue import check
+from thunder_mw.conformance._views import parent_of, steps_of
 from thunder_mw.conformance.compare import first_difference
 from thunder_mw.conformance.session import Fail, NotApplicable, Session, clip, tag_of
-from thunder_mw.conformance.views import parent_of, steps_of
 
 __all__ = ["OVERLAP"]
 

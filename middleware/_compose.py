@@ -26,22 +26,22 @@ from dataclasses import dataclass
 
 from thunder_mw._version import __version__
 from thunder_mw.engines.pool import Backend, BackendPool
-from thunder_mw.middleware.admin import (
+from thunder_mw.middleware._admin import (
     AdminAccess,
     AdminRoutes,
     EngineServices,
     ProgramServices,
     Telemetry,
 )
+from thunder_mw.middleware._backend_url import WithBackendUrl
+from thunder_mw.middleware._call_timing import CallTiming
+from thunder_mw.middleware._fleet import Fleet
+from thunder_mw.middleware._rollout_routes import RolloutRoutes
 from thunder_mw.middleware.agent_context import AgentContextMiddleware
-from thunder_mw.middleware.backend_url import WithBackendUrl
-from thunder_mw.middleware.call_timing import CallTiming
-from thunder_mw.middleware.fleet import Fleet
 from thunder_mw.middleware.forwarder import Forwarder
 from thunder_mw.middleware.live_scheduler import HoldLimits, LiveScheduler
 from thunder_mw.middleware.program_ownership import ProgramOwnership
 from thunder_mw.middleware.replication import ReplicaSettings, Replication
-from thunder_mw.middleware.rollout_routes import RolloutRoutes
 from thunder_mw.middleware.scheduling import SchedulingMiddleware
 from thunder_mw.middleware.speculative_prefill import SpeculativePrefiller
 from thunder_mw.middleware.types import ASGIApp

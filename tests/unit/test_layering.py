@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -564,3 +565,100 @@ def test_the_export_checker_sees_a_missing_or_unbound_export() -> None:
     bound = 'from a import B\n__all__ = ["B", "C", "D"]\nif x:\n    C = 1\nelse:\n    D = 2\n'
     assert _export_problems(bound) == []
     assert _export_problems("__all__: list[str] = []\n") == []
+
+
+# httpx-style module names: a module is public (no `_`) where something outside its folder
+# uses it: a module of another folder or of the package root, its folder's `__init__` (which
+# re-exports it), a test or a script, by an import or by its dotted name in a string
+# (`import_module`, `python -m`, the CLI's subcommand table); or where it is a command (an
+# `if __name__ == "__main__":` block). Every other module is `_`-named, an implementation
+# detail of its folder, and nothing outside that folder imports a `_` module.
+_MODULE_NAME = re.compile(r"thunder_mw(?:\.\w+){2}")
+
+
+def _where(path: Path) -> str:
+    """Who a file is, as a user of a module: its top-level folder (`tests`, `scripts`, a
+    folder of the package, `.` for the root's modules), a folder's `__init__` by its path."""
+    relative = path.relative_to(ROOT)
+    if len(relative.parts) == 1:
+        return "."
+    return str(relative.with_suffix("")) if path.name == "__init__.py" else relative.parts[0]
+
+
+def _modules_used(source: str, modules: frozenset[str]) -> set[str]:
+    """The modules of `modules` a file imports, or names in a string, anywhere in it."""
+    found = _source_imports(source, "", "", modules)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found |= set(_MODULE_NAME.findall(node.value)) & modules
+    return found
+
+
+def _is_command(source: str) -> bool:
+    return any(
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name)
+        and node.test.left.id == "__name__"
+        and [getattr(c, "value", None) for c in node.test.comparators] == ["__main__"]
+        for node in ast.parse(source).body
+    )
+
+
+def _naming_problem(module: str, users: set[str], command: bool) -> str | None:
+    """Why module `thunder_mw.<folder>.<name>`'s name is wrong, given where it is used
+    (`_where` of each file using it) and whether it is a command; None if it is right."""
+    _, folder, name = module.split(".")
+    outside = sorted(users - {folder})
+    if name.startswith("_") and (outside or command):
+        return f"{module} is `_`-named but {'a command' if command else 'used by'} {outside}"
+    if not name.startswith("_") and not outside and not command:
+        return f"{module} is used only inside {folder}/: name it _{name}"
+    return None
+
+
+def test_a_module_is_private_unless_used_outside_its_folder() -> None:
+    paths = {
+        _module_name(p): p
+        for folder in sorted(TOP_LEVEL)
+        for p in (ROOT / folder).glob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+    }
+    modules = frozenset(paths)
+    users: dict[str, set[str]] = {module: set() for module in modules}
+    for path in [*_exporting_modules(), *(ROOT / "tests").rglob("*.py")]:
+        for module in _modules_used(path.read_text(), modules):
+            users[module].add(_where(path))
+    for path in (ROOT / "scripts").rglob("*.py"):
+        for module in _modules_used(path.read_text(), modules):
+            users[module].add("scripts")
+    wrong = [
+        problem
+        for module, path in sorted(paths.items())
+        if (problem := _naming_problem(module, users[module], _is_command(path.read_text())))
+    ]
+    assert not wrong, wrong
+
+
+def test_the_module_naming_checker_sees_a_misnamed_module() -> None:
+    # Made-up modules: a real one named in a string here would count as used by a test.
+    # Public, used inside its folder only: flagged; another folder, the folder's `__init__`,
+    # a test or a `__main__` block makes it public.
+    assert _naming_problem("thunder_mw.pkg.heap", {"pkg"}, command=False)
+    assert not _naming_problem("thunder_mw.pkg._heap", {"pkg"}, command=False)
+    assert not _naming_problem("thunder_mw.pkg.core", {"pkg", "middleware"}, command=False)
+    assert not _naming_problem("thunder_mw.pkg.views", {"pkg/__init__"}, command=False)
+    assert not _naming_problem("thunder_mw.pkg.estimates", {"tests"}, command=False)
+    assert not _naming_problem("thunder_mw.pkg.digest", set(), command=True)
+    # `_`-named, used from outside its folder or run as a command: flagged.
+    assert _naming_problem("thunder_mw.pkg._core", {"pkg", "middleware"}, command=False)
+    assert _naming_problem("thunder_mw.pkg._estimates", {"tests"}, command=False)
+    assert _naming_problem("thunder_mw.pkg._digest", set(), command=True)
+    # A use is an import anywhere in a file, or the module's dotted name in a string.
+    modules = frozenset({"thunder_mw.pkg.server", "thunder_mw.pkg._metrics"})
+    lazy = 'def f():\n    from thunder_mw.pkg import _metrics\nrun("-m thunder_mw.pkg.server")\n'
+    assert _modules_used(lazy, modules) == modules
+    assert _is_command('def main():\n    pass\n\nif __name__ == "__main__":\n    main()\n')
+    assert not _is_command("def main():\n    pass\n")
+    assert _where(ROOT / "policies" / "__init__.py") == "policies/__init__"
+    assert _where(ROOT / "tests" / "unit" / "test_layering.py") == "tests"

@@ -374,7 +374,7 @@ SCENARIOS: dict[str, Scenario] = {
     # ONE real vLLM CPU engine in two regimes (benchmarks/vllm_real.py): 4 equal-length programs
     # whose contexts peak at ~8.3 k tokens together on 25 blocks x 128 (3,200 tokens): ~2.6x
     # the KV cache, all live at once (the smallest wave that overflows by construction and
-    # leaves a client-side cap something to choose: 7 systems x 5 runs fit in ~15 minutes).
+    # leaves a client-side cap something to choose: 8 systems x 5 runs fit in ~14 minutes).
     # Its policies are the systems of vllm_real.SYSTEMS ("direct/cap": the client-side cap
     # the simulator finds best).
     "vllm-cpu-real": Scenario(
@@ -397,6 +397,7 @@ SCENARIOS: dict[str, Scenario] = {
             "vllm-router/program",
             "smg/consistent_hashing",
             "smg/cache_aware",
+            "thunder-mw/routing-only",
         ),
         engine="vllm-cpu",
     ),

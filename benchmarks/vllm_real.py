@@ -92,6 +92,7 @@ __all__ = [
     "OVERFLOW_AT_LEAST",
     "REFERENCE",
     "REGIMES",
+    "ROUTING_ONLY",
     "SIMULATED_KEYS",
     "SPREAD_KEYS",
     "SUMMARY_KEYS",
@@ -209,6 +210,11 @@ class RealSystem:
     peer: str | None = None  # kind smg: its benchmarks/peers.py SYSTEMS entry
 
 
+# thunder-mw's own forms are named "thunder-mw/..."; they are controls, not peers a user picks
+# instead, so no target compares the default with them.
+ROUTING_ONLY = "thunder-mw/routing-only"
+
+
 def direct_capped(cap: int) -> RealSystem:
     return RealSystem(f"direct/cap-{cap}", "direct", "vllm", cap=cap)
 
@@ -219,6 +225,12 @@ SYSTEMS: dict[str, RealSystem] = {
         RealSystem("direct", "direct", "vllm"),
         RealSystem("thunder-mw", "thunder-mw", "thunder-mw", thunder_identity, "thunder-mw"),
         RealSystem("thunderagent", "thunder-mw", "thunderagent", thunder_identity, "thunderagent"),
+        # thunder-mw serving its routing stage alone: it holds and pauses nothing, so beside
+        # plain vLLM it shows what the gateway's own hop costs (the engine, the gateway and
+        # the clients share this machine's cores), and beside the default what holding adds.
+        RealSystem(
+            ROUTING_ONLY, "thunder-mw", "session_affinity", thunder_identity, "session_affinity"
+        ),
         RealSystem(
             "vllm-router/program", "vllm-router", "vllm_router_program", session_header_identity
         ),
@@ -802,21 +814,33 @@ def paired_compare(
 def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """thunder-mw over each other system, repeat by repeat: {min, median, max, n} of the
     steps/min and hit-rate ratios, and each figure's ratio of means with its `ci95` and
-    verdict (`steps_per_min_ratio`, `prefix_hit_rate_ratio`). An interval holding 1.0 is a
-    tie."""
+    verdict (`steps_per_min_ratio`, `prefix_hit_rate_ratio`), under `thunder-mw/<system>`;
+    and each of thunder-mw's own forms (`thunder-mw/...`) over plain vLLM alike, under
+    `<form>/direct`. An interval holding 1.0 is a tie."""
     if not any("error" not in r for r in runs.get("thunder-mw", [])):
         return {}
     out: dict[str, Any] = {}
     for name in runs:
         if name == "thunder-mw":
             continue
-        out[f"thunder-mw/{name}"] = {
-            "steps_per_min": spread(_paired_ratios(runs, "thunder-mw", name)),
-            "prefix_hit_rate": spread(_paired_ratios(runs, "thunder-mw", name, "prefix_hit_rate")),
-            "steps_per_min_ratio": paired_compare(runs, "thunder-mw", name),
-            "prefix_hit_rate_ratio": paired_compare(runs, "thunder-mw", name, "prefix_hit_rate"),
-        }
+        out[f"thunder-mw/{name}"] = _pair(runs, "thunder-mw", name)
+    for name in runs:
+        if _own_form(name) and "direct" in runs:
+            out[f"{name}/direct"] = _pair(runs, name, "direct")
     return out
+
+
+def _own_form(name: str) -> bool:
+    return name.startswith("thunder-mw/")
+
+
+def _pair(runs: dict[str, list[dict[str, Any]]], a: str, b: str) -> dict[str, Any]:
+    return {
+        "steps_per_min": spread(_paired_ratios(runs, a, b)),
+        "prefix_hit_rate": spread(_paired_ratios(runs, a, b, "prefix_hit_rate")),
+        "steps_per_min_ratio": paired_compare(runs, a, b),
+        "prefix_hit_rate_ratio": paired_compare(runs, a, b, "prefix_hit_rate"),
+    }
 
 
 def agreement(
@@ -949,7 +973,7 @@ def regime_targets(regime: str, runs: dict[str, list[dict[str, Any]]]) -> list[d
     """Issue 26's targets for the regime, on medians of paired ratios (an interval holding
     1.0 is reported as a tie, whatever the median)."""
     pairs = paired_ratios(runs)
-    others = [n for n in runs if n not in ("thunder-mw", "direct")]
+    others = [n for n in runs if n not in ("thunder-mw", "direct") and not _own_form(n)]
     goal_direct, goal_best = (1.2, 1.1) if regime == "dear" else (1.0, 1.0)
 
     def median(name: str, key: str) -> float | None:

@@ -919,6 +919,7 @@ REAL_SYSTEMS = {
     "smg/consistent_hashing": "SGLang gateway, consistent hashing",
     "smg/cache_aware": "SGLang gateway, cache-aware",
     "thunderagent": "the original's rules",
+    "thunder-mw/routing-only": "thunder-mw routing only (holds nothing)",
 }
 
 
@@ -935,13 +936,22 @@ def real_engine_table(name: str = "vllm-cpu-real") -> str:
     )
     lines = [f"| system | {head} |", "|---|" + "---|" * len(order)]
     for system, label in REAL_SYSTEMS.items():
-        cells = []
-        for r in order:
-            c = regimes[r]["paired"][f"thunder-mw/{system}"]["steps_per_min_ratio"]
-            low, high = c["ci95"]
-            cells.append(f"{c['ratio']:.2f} [{low:.2f}, {high:.2f}] **{c['verdict']}**")
+        pairs = [regimes[r]["paired"].get(f"thunder-mw/{system}") for r in order]
+        if not all(pairs):
+            continue  # a file from before the system was run
+        cells = [_interval_cell(p["steps_per_min_ratio"]) for p in pairs if p]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    # The gateway's own cost: thunder-mw holding nothing over plain vLLM.
+    own = [regimes[r]["paired"].get("thunder-mw/routing-only/direct") for r in order]
+    if all(own):
+        cells = [_interval_cell(p["steps_per_min_ratio"]) for p in own if p]
+        lines.append("| *thunder-mw routing only / plain vLLM* | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _interval_cell(c: Record) -> str:
+    low, high = c["ci95"]
+    return f"{c['ratio']:.2f} [{low:.2f}, {high:.2f}] **{c['verdict']}**"
 
 
 def real_agreement_block(name: str = "vllm-cpu-real") -> str:

@@ -19,7 +19,9 @@ simulated ratio is 0.81-0.98x the best real pair's. thunder-mw's hit rate varies
 between runs of one short form as its holds land on other calls. A simulator whose steps cost
 twice what it models lands at about half the real figure, below even the widened range of the
 committed runs; one that caches no prefix misses the hit rate by far more than 0.15, and a
-gateway simulated as holding nothing by 0.17 below the committed runs' lowest.
+gateway simulated as holding nothing by 0.21 below the lowest of the runs committed on
+2026-12-05 morning (tests/support/vllm-cpu-real-cheap-2026-12-05.json; on a rerun whose
+thunder-mw runs spread wider, by less than the tolerance: tests/unit/test_vllm_real_agreement.py).
 """
 
 CI_STEPS_TOLERANCE = 0.3

@@ -1,0 +1,56 @@
+"""The real-engine benchmark's paired figures: thunder-mw over every other system, and each of
+thunder-mw's own forms (its routing-only control) over plain vLLM; the targets compare the
+default with the peers a user would pick instead, never with thunder-mw's own forms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from thunder_mw.benchmarks import vllm_real
+from thunder_mw.benchmarks.scenarios import SCENARIOS
+
+
+def _runs(figures: dict[str, list[float]]) -> dict[str, list[dict[str, Any]]]:
+    return {
+        name: [
+            {"repeat": i, "steps_per_min": v, "prefix_hit_rate": 0.5} for i, v in enumerate(values)
+        ]
+        for name, values in figures.items()
+    }
+
+
+RUNS = _runs(
+    {
+        "direct": [100.0, 104.0, 98.0, 102.0],
+        "thunder-mw": [90.0, 93.0, 88.0, 91.0],
+        vllm_real.ROUTING_ONLY: [96.0, 99.0, 94.0, 97.0],
+        "smg/cache_aware": [95.0, 97.0, 92.0, 96.0],
+    }
+)
+
+
+def test_the_routing_only_form_is_paired_with_plain_vllm() -> None:
+    pairs = vllm_real.paired_ratios(RUNS)
+    own = pairs[f"{vllm_real.ROUTING_ONLY}/direct"]
+    # 96/100, 99/104, 94/98, 97/102: 0.96, 0.952, 0.959, 0.951
+    assert own["steps_per_min"]["median"] == 0.9555
+    assert own["steps_per_min_ratio"]["verdict"] == "loss"
+    # The default over it: what holding adds beside the gateway's own hop.
+    assert pairs[f"thunder-mw/{vllm_real.ROUTING_ONLY}"]["steps_per_min"]["max"] < 1.0
+    # Only thunder-mw's own forms get a pair with plain vLLM of their own.
+    assert "smg/cache_aware/direct" not in pairs
+
+
+def test_no_target_compares_the_default_with_its_own_forms() -> None:
+    # The routing-only control is the fastest "other" system here; the target names the
+    # fastest peer instead.
+    targets = vllm_real.regime_targets("cheap", RUNS)
+    best = next(t for t in targets if t["target"].startswith("steps/min vs the best other"))
+    assert "(smg/cache_aware)" in best["target"]
+
+
+def test_the_routing_only_form_serves_the_routing_stage_alone() -> None:
+    system = vllm_real.system_named(vllm_real.ROUTING_ONLY)
+    assert system.kind == "thunder-mw"
+    assert system.pipeline == system.stand_in == "session_affinity"
+    assert vllm_real.ROUTING_ONLY in SCENARIOS["vllm-cpu-real"].policies

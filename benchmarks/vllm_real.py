@@ -821,10 +821,8 @@ def paired_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {}
     for name in runs:
-        if name == "thunder-mw":
-            continue
-        out[f"thunder-mw/{name}"] = _pair(runs, "thunder-mw", name)
-    for name in runs:
+        if name != "thunder-mw":
+            out[f"thunder-mw/{name}"] = _pair(runs, "thunder-mw", name)
         if _own_form(name) and "direct" in runs:
             out[f"{name}/direct"] = _pair(runs, name, "direct")
     return out

@@ -760,8 +760,10 @@ def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[st
     pays; a file that does not say ran `home_if_room`); `idle_fate`, what an idle program's
     reservation counts (`weight` or `min_waste`; a file that does not say ran `weight`);
     `tier_reload`, whether admission prices an overflow the host tier holds at its reload
-    (`on` / `off`; a file that does not say ran `off`). The three tier rules are recorded as
-    they act: without a host tier they change nothing, and are recorded off."""
+    (`on` / `off`; a file that does not say ran `off`); `idle_engine`, whether an engine
+    with no call in flight admits the queue's head past the watermark (`admit` / `hold`; a
+    file that does not say ran `hold`). The three tier rules are recorded as they act:
+    without a host tier they change nothing, and are recorded off."""
     rules: dict[str, dict[str, str]] = {
         "admission_overflow": {},
         "pause_victim": {},
@@ -769,6 +771,7 @@ def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[st
         "resume_placement": {},
         "idle_fate": {},
         "tier_reload": {},
+        "idle_engine": {},
     }
     for policy in policies:
         tiered = "host_kv_tokens" in dict(engine_options(scenario, policy))
@@ -778,6 +781,7 @@ def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[st
                 rules["admission_overflow"][policy] = admission.overflow
                 reload = admission.tier_reload and admission.host_tier and tiered
                 rules["tier_reload"][policy] = "on" if reload else "off"
+                rules["idle_engine"][policy] = "admit" if admission.fill_idle_engine else "hold"
             if "state_aware_pause" in stage:
                 pause = PauseParams(**stage["state_aware_pause"])
                 rules["pause_victim"][policy] = pause.victim

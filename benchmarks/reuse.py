@@ -21,6 +21,7 @@ from thunder_mw.benchmarks.scenarios import CAPPED
 
 __all__ = [
     "LEGACY_CLUSTER_DEFAULTS",
+    "LEGACY_IDLE_ENGINE",
     "LEGACY_IDLE_FATE",
     "LEGACY_PARAMS",
     "LEGACY_PAUSE_VICTIM",
@@ -42,7 +43,7 @@ ROW_KEYS += ("programs", "main", "seed", "wave", "cap")
 # Config keys that say what a policy ran on, not which policies ran.
 PER_POLICY: tuple[str, ...] = ("policies", "admission_overflow", "pause_victim", "host_tier")
 PER_POLICY += ("queue_order", "description", "engine_counters", "resume_placement")
-PER_POLICY += ("idle_fate", "tier_reload")
+PER_POLICY += ("idle_fate", "tier_reload", "idle_engine")
 # The pause victim of `state_aware_pause: {}` until `auto` replaced it after 0.2.0; files of that
 # time do not record the rule a pipeline resolved to.
 LEGACY_PAUSE_VICTIM = "cost_benefit"
@@ -57,11 +58,14 @@ LEGACY_RESUME_PLACEMENT = "home_if_room"
 # host tier holds at its reload, before the tier rules became the default (2026-12-04).
 LEGACY_IDLE_FATE = "weight"
 LEGACY_TIER_RELOAD = "off"
+# Whether an engine with no call in flight admitted the queue's head past the watermark,
+# before that became the default (2026-12-05): it held it.
+LEGACY_IDLE_ENGINE = "hold"
 # Params every stage of a pipeline meant before a preset had to say them (their defaults
 # moved since): a preset that now names one matches its old runs that did not.
 LEGACY_PARAMS: dict[str, frozenset[tuple[str, Any]]] = {
     "migration": frozenset({("started_first", False), ("tier_aware", False)}),
-    "admission": frozenset({("tier_reload", False)}),
+    "admission": frozenset({("tier_reload", False), ("fill_idle_engine", False)}),
     "state_aware_pause": frozenset({("idle_fate", "weight")}),
 }
 # Harness constants added since some files were written, at the value those files ran
@@ -99,6 +103,11 @@ RECORDED_RULES: dict[str, tuple[str, str, Callable[[dict[str, Any]], str]]] = {
         "tier reload",
         "admission",
         lambda params: "on" if params.get("tier_reload") else LEGACY_TIER_RELOAD,
+    ),
+    "idle_engine": (
+        "idle-engine admission",
+        "admission",
+        lambda params: "admit" if params.get("fill_idle_engine") else LEGACY_IDLE_ENGINE,
     ),
 }
 

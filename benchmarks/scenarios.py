@@ -138,6 +138,8 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
         {"migration": {"placement": "best_fit_decreasing", "aging_s": 60.0}},
     ),
     "thunder-mw/started-first": _thunder_mw(migration={"started_first": True}),
+    # The admission before an idle engine admitted the queue's head past the watermark.
+    "thunder-mw/hold-idle-engine": _thunder_mw(admission={"fill_idle_engine": False}),
     "thunder-mw/arrival-order": _thunder_mw(migration={"started_first": False}),
     "thunder-mw/yield-5s": _thunder_mw(**{"state-aware-pause": {"yield_idle_after_s": 5.0}}),
     # Ablations of issue 17's mechanisms (docs/scheduling.md), each against the default.

@@ -65,6 +65,10 @@ class Ledger:
         program.held_context = context
         running = tokens if program.in_flight > 0 else 0
         backend.running_reserved += running - program.running_tokens
+        if backend.running_reserved <= 0 < program.running_tokens:
+            # Its last call in flight ended: the engine idles, which admission's idle-engine
+            # rule counts as room (AdmissionParams.fill_idle_engine).
+            self.room_epoch += 1
         program.running_tokens = running
         if self.dedupe_prefixes:
             self._hold_prefix(program, backend, running > 0)

@@ -82,6 +82,13 @@ class Admission(Stage):
             # A program larger than the watermark still runs on an empty engine; otherwise
             # it would block the head of the queue until its resume timeout.
             return True
+        if self.params.fill_idle_engine and backend.running_reserved <= 0 and tokens <= high:
+            # No call in flight: every program placed there runs a tool, and the engine
+            # idles until one returns. Holding the head cannot raise throughput then; it only
+            # keeps the idle programs' cached KV, which admitting leaves to the engine's LRU
+            # (and the pause stage to its victim rule). Work conservation, as an empty
+            # engine's admission above.
+            return True
         if congested:
             return False
         high = self.admit_limit.get(backend.label, high)  # adaptive: the controller's

@@ -23,7 +23,8 @@ __all__ = [
 # capacity check only every 5 s tick, shortest-first victims, marking without lowering the
 # projection, 100 tokens per program, no home preference, 1,800 s force-resume. Like the
 # vLLM router's below, it pins off the host-tier rules the default pipeline runs
-# (`tier_reload`, `idle_fate`, `tier_aware`): neither system has them.
+# (`tier_reload`, `idle_fate`, `tier_aware`) and the idle-engine admission
+# (`fill_idle_engine`): neither system has them.
 THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
     {
         "admission": {
@@ -32,6 +33,7 @@ THUNDERAGENT_PIPELINE: list[dict[str, Any]] = [
             "buffer_tokens_per_program": 100,
             "overflow": "hold",
             "tier_reload": False,
+            "fill_idle_engine": False,
         }
     },
     {
@@ -94,6 +96,7 @@ VLLM_ROUTER_PROGRAM_PIPELINE: list[dict[str, Any]] = [
             "buffer_tokens_per_program": 100,
             "overflow": "hold",
             "tier_reload": False,
+            "fill_idle_engine": False,
         }
     },
     {"program_gate": {"max_active_programs_per_target": 64, "waiting_request_threshold": 1}},
@@ -138,6 +141,7 @@ VLLM_ROUTER_PROGRAM_BINARY_READING: list[dict[str, Any]] = [
             "buffer_tokens_per_program": 256,
             "overflow": "hold",
             "tier_reload": False,
+            "fill_idle_engine": False,
         }
     },
     {"progress_ttl": {}},

@@ -49,6 +49,14 @@ class AdmissionParams(StageParams):
     buffer_tokens_per_program: int = Field(
         128, ge=0, description="Tokens reserved per program on top of its context (growth)."
     )
+    fill_idle_engine: bool = Field(
+        True,
+        description="An engine with no call in flight (every program placed there runs a "
+        "tool) admits the queue's head past the watermark, if the head alone fits under "
+        "it: held, the head would leave the engine idle until a tool returns; what admitting "
+        "risks is the idle programs' cached KV, which the engine's LRU pushes out "
+        '(docs/scheduling.md, "An idle engine").',
+    )
     overflow: Literal["adaptive", "hold", "cost_aware"] = Field(
         "adaptive",
         description="How much a backend admits: `hold`: up to high_watermark, a program "

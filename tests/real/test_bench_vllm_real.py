@@ -197,10 +197,16 @@ def test_the_routers_stand_in_predicts_the_real_router_in_both_regimes() -> None
     # (0.84 of the real router's steps/min in the committed dear runs, hit rate 0.59
     # against 0.45 when rerun); pausing as the call ends, as the real router did after
     # 23-24 of 24 calls, predicts it within the table's 15 % and its hit rate within 0.1.
+    # Its steps/min are judged beside plain vLLM's, whose stand-in has no decisions to get
+    # wrong: each run fits the engine's step costs under that moment's load, and the fit
+    # moves every system's prediction alike (cheap: 0.79-0.93x the real medians at 12:01
+    # on 2026-12-05, 1.10-1.31x at 15:31), which says nothing of the router's rules.
     report = vllm_real.resimulate(json.loads(COMMITTED.read_text()))
     for regime in report["regimes"].values():
-        row = next(r for r in regime["agreement"]["rows"] if r["policy"] == "vllm-router/program")
-        assert row["within_tolerance"], (regime["regime"], row)
+        rows = {r["policy"]: r for r in regime["agreement"]["rows"]}
+        router, plain = rows["vllm-router/program"], rows["direct"]
+        relative = router["ratio"] / plain["ratio"]
+        assert abs(relative - 1) <= vllm_real.AGREEMENT_TOLERANCE, (regime["regime"], router, plain)
         real_hit = regime["policies"]["vllm-router/program"]["prefix_hit_rate"]["median"]
         sim_hit = regime["simulated"]["vllm-router/program"]["prefix_hit_rate"]
         assert abs(sim_hit - real_hit) <= 0.1, (regime["regime"], sim_hit, real_hit)

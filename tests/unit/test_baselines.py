@@ -208,7 +208,13 @@ def test_without_a_ttl_stage_requests_carry_no_ttl() -> None:
 # ------------------------------------------------------------------ vllm_router_program
 def ttl_core(capacity: int = 10_000, **params: Any) -> SchedulerCore:
     policies: list[dict[str, Any]] = [
-        {"admission": {"buffer_tokens_per_program": 0, "overflow": "hold"}},
+        {
+            "admission": {
+                "buffer_tokens_per_program": 0,
+                "overflow": "hold",
+                "fill_idle_engine": False,
+            }
+        },
         {"progress_ttl": {"max_acting_ttl_s": 20, "min_samples": 2, **params}},
         {"migration": {}},
     ]
@@ -273,7 +279,13 @@ def test_a_program_served_its_segment_yields_to_a_waiting_one() -> None:
 
 def gain_core() -> SchedulerCore:
     policies: list[dict[str, Any]] = [
-        {"admission": {"buffer_tokens_per_program": 0, "overflow": "hold"}},
+        {
+            "admission": {
+                "buffer_tokens_per_program": 0,
+                "overflow": "hold",
+                "fill_idle_engine": False,
+            }
+        },
         {"progress_ttl": {"max_acting_ttl_s": 20}},
         {"batch_gain": {"prefill_intercept_s": 0.0, "prefill_s_per_1k_tokens": 0.1}},
         {"migration": {}},
@@ -331,7 +343,14 @@ def test_the_vllm_router_program_preset_builds_at_the_documented_defaults() -> N
 def router(capacities: tuple[int, ...] = (100_000, 100_000), **gate: Any) -> SchedulerCore:
     return make(
         [
-            {"admission": {"high_watermark": 1.0, "low_watermark": 1.0, "overflow": "hold"}},
+            {
+                "admission": {
+                    "high_watermark": 1.0,
+                    "low_watermark": 1.0,
+                    "overflow": "hold",
+                    "fill_idle_engine": False,
+                }
+            },
             {"program_gate": gate},
             {"progress_ttl": {"max_acting_ttl_s": 10.0}},
             {"state_aware_pause": {"victim": "shortest_first", "pause_acting": False,

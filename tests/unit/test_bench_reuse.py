@@ -157,6 +157,24 @@ def test_runs_of_another_resume_placement_or_cost_source_are_refused(
         run_scenario(every, POLICIES, sweep=False, reuse=full, rerun={"thunder-mw"})
 
 
+def test_a_run_from_before_an_idle_engine_admitted_is_refused(full: dict[str, Any]) -> None:
+    # `admission: {}` admits onto an engine with no call in flight since 2026-12-05; a file
+    # from before did not record the rule and held: its thunder-mw runs are not reused...
+    assert full["config"]["idle_engine"] == {"thunder-mw": "admit"}
+    legacy = copy.deepcopy(full)
+    del legacy["config"]["idle_engine"]
+    with pytest.raises(ReuseError, match="thunder-mw's idle-engine admission resolved to hold"):
+        run_scenario(TINY, POLICIES, sweep=False, reuse=legacy, rerun={"session_affinity"})
+    run_scenario(TINY, POLICIES, sweep=False, reuse=legacy, rerun={"thunder-mw"})
+    # ...while a baseline's preset, which now names the rule off, matches its old runs.
+    then = [{"admission": {"overflow": "hold"}}]
+    now = [{"admission": {"overflow": "hold", "fill_idle_engine": False}}]
+    config = {"policies": {"p": then}, "host_tier": {}}
+    rules = {"idle_engine": {"p": "hold"}, "tier_reload": {"p": "off"}}
+    check_config(config, {**config, **rules, "policies": {"p": now}}, ["p"])
+    assert recorded_rule(config, "p", "idle_engine") == "hold"
+
+
 def test_a_file_from_before_the_waiting_gauge_read_the_queue(full: dict[str, Any]) -> None:
     # A file written before `waiting` was recorded read vLLM's waiting count as the engine's
     # queue, today's default: its runs are reused. A file that read the gauge is another

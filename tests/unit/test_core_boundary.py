@@ -36,7 +36,14 @@ from thunder_mw.schemas.config import Convention
 
 CHARS_PER_TOKEN = 4
 PIPELINE: list[dict[str, Any]] = [
-    {"admission": {"high_watermark": 1.0, "low_watermark": 0.8, "buffer_tokens_per_program": 0}},
+    {
+        "admission": {
+            "high_watermark": 1.0,
+            "low_watermark": 0.8,
+            "buffer_tokens_per_program": 0,
+            "fill_idle_engine": False,  # the watermark alone (test_idle_engine.py)
+        }
+    },
     {"state_aware_pause": {"acting_token_weight": 1.0, "yield_idle_after_s": None}},
     {"migration": {}},
 ]

@@ -57,6 +57,8 @@ def make(
                     "overflow": overflow,
                     "max_overflow": max_overflow,
                     "recompute_overflow": recompute_overflow,
+                    # The overflow rule alone: an idle engine holds too (test_idle_engine.py).
+                    "fill_idle_engine": False,
                 }
             },
             # Idle programs counted whole, whatever recompute costs: the overflow rule alone

@@ -69,6 +69,8 @@ def make(
                     "low_watermark": 0.8,
                     "buffer_tokens_per_program": 0,
                     "overflow": "hold",
+                    # The watermark alone: an idle engine holds too (test_idle_engine.py).
+                    "fill_idle_engine": False,
                 }
             },
             # Rules are pinned with whole-context accounting and no yielding unless a test asks.
@@ -390,7 +392,13 @@ def test_a_failed_call_returns_the_program_to_acting_and_frees_its_request_token
 def test_a_failed_first_call_leaves_its_program_holding_nothing() -> None:
     core = make(
         policies=[
-            {"admission": {"buffer_tokens_per_program": 64, "overflow": "hold"}},
+            {
+                "admission": {
+                    "buffer_tokens_per_program": 64,
+                    "overflow": "hold",
+                    "fill_idle_engine": False,
+                }
+            },
             {"gc_hooks": {}},
         ]
     )

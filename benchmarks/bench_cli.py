@@ -35,7 +35,7 @@ from thunder_mw.benchmarks.reproduction import (
     summarise_runs,
 )
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
-from thunder_mw.benchmarks.reuse import ReuseError, check_config, reused_output
+from thunder_mw.benchmarks.reuse import ReuseError, check_config, pause_rule, reused_output
 from thunder_mw.benchmarks.scenarios import (
     CAPPED,
     POLICIES,
@@ -784,7 +784,7 @@ def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[st
                 rules["idle_engine"][policy] = "admit" if admission.fill_idle_engine else "hold"
             if "state_aware_pause" in stage:
                 pause = PauseParams(**stage["state_aware_pause"])
-                rules["pause_victim"][policy] = pause.victim
+                rules["pause_victim"][policy] = pause_rule(pause.victim, pause.drain_victim)
                 fate = pause.idle_fate
                 if fate == "tiered_min_waste":
                     fate = "min_waste" if tiered else "weight"

@@ -21,6 +21,7 @@ from thunder_mw.benchmarks.scenarios import CAPPED
 
 __all__ = [
     "LEGACY_CLUSTER_DEFAULTS",
+    "LEGACY_DRAIN_VICTIM",
     "LEGACY_IDLE_ENGINE",
     "LEGACY_IDLE_FATE",
     "LEGACY_PARAMS",
@@ -33,6 +34,7 @@ __all__ = [
     "ROW_KEYS",
     "ReuseError",
     "check_config",
+    "pause_rule",
     "recorded",
     "reused_output",
 ]
@@ -47,6 +49,18 @@ PER_POLICY += ("idle_fate", "tier_reload", "idle_engine")
 # The pause victim of `state_aware_pause: {}` until `auto` replaced it after 0.2.0; files of that
 # time do not record the rule a pipeline resolved to.
 LEGACY_PAUSE_VICTIM = "cost_benefit"
+# `auto`'s rule once arrivals stop, before `drain_victim` could name another.
+LEGACY_DRAIN_VICTIM = "cost_benefit"
+
+
+def pause_rule(victim: str, drain_victim: str) -> str:
+    """The pause victim as a result file records it: the stage's `victim`, and for `auto`
+    the drain's rule where it is not the one `auto` always had (`cost_benefit`)."""
+    if victim == "auto" and drain_victim != LEGACY_DRAIN_VICTIM:
+        return f"auto (drain {drain_victim})"
+    return victim
+
+
 # The migration stage's order until `started_first: null` (by the host tier) became the
 # default after 0.2.0: one order for paused and new programs. The baselines' presets name it
 # since; files of that time name neither.
@@ -82,7 +96,10 @@ RECORDED_RULES: dict[str, tuple[str, str, Callable[[dict[str, Any]], str]]] = {
     "pause_victim": (
         "pause victim",
         "state_aware_pause",
-        lambda params: str(params.get("victim", LEGACY_PAUSE_VICTIM)),
+        lambda params: pause_rule(
+            str(params.get("victim", LEGACY_PAUSE_VICTIM)),
+            str(params.get("drain_victim", LEGACY_DRAIN_VICTIM)),
+        ),
     ),
     "queue_order": (
         "queue order",

@@ -82,7 +82,10 @@ class Placement(CoreView):
             if footprint.dedupe_prefixes is not None:
                 ledger.dedupe_prefixes = footprint.dedupe_prefixes
         elif kind is Reorder:
-            for program in [p for p in self.table if p.state is ProgramState.ACTIVE]:
+            queue = cast(Reorder, decision).queue
+            for program in [
+                p for p in self.table if p.state is ProgramState.ACTIVE or (queue and p.waiting > 0)
+            ]:
                 self._reindex(program)
         else:  # an action for the caller (ReclaimTools, Prefill)
             self._actions.append(decision)  # type: ignore[arg-type]

@@ -161,7 +161,10 @@ class PlanBackend(msgspec.Struct, frozen=True):
 
 class Reorder(msgspec.Struct, frozen=True):
     """The stage's pause-order keys changed for every program (its rule switched): the
-    core re-keys every ACTIVE program's entry (O(n log n); for rare switches)."""
+    core re-keys every ACTIVE program's entry (O(n log n); for rare switches), and with
+    `queue` every queued program's place in the resume order too."""
+
+    queue: bool = False
 
 
 StageDecision = (

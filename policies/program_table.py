@@ -79,6 +79,9 @@ class Program(msgspec.Struct, kw_only=True, dict=True):
     pause_pending: bool = False  # pause once its in-flight calls end
     final_requested: bool = False
     created_at: float = 0.0
+    # Its place in the order this core first saw programs (0, 1, ...): arrival order where
+    # arrival times tie (a batch offered at one instant), for the drain's fixed order.
+    arrival: int = 0
     last_active_at: float = 0.0
     acting_since: float = 0.0
     queued_at: float | None = None
@@ -128,6 +131,7 @@ class Program(msgspec.Struct, kw_only=True, dict=True):
             pause_pending=self.pause_pending,
             final_requested=self.final_requested,
             created_at=self.created_at,
+            arrival=self.arrival,
             last_active_at=self.last_active_at,
             acting_since=self.acting_since,
             queued_at=self.queued_at,
@@ -177,6 +181,7 @@ class ProgramSnapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     pause_pending: bool
     final_requested: bool
     created_at: float
+    arrival: int
     last_active_at: float
     acting_since: float
     queued_at: float | None
@@ -227,6 +232,7 @@ class ReadOnlyProgram:
     pause_pending: bool
     final_requested: bool
     created_at: float
+    arrival: int
     last_active_at: float
     acting_since: float
     queued_at: float | None
@@ -265,6 +271,7 @@ class ProgramTable:
     def __init__(self) -> None:
         self._programs: dict[str, Program] = {}
         self._per_backend: dict[str, int] = {}
+        self._arrivals = 0  # programs created so far: the next one's `arrival`
 
     def __len__(self) -> int:
         return len(self._programs)
@@ -294,9 +301,11 @@ class ProgramTable:
                 session_type=ctx.session_type,
                 ephemeral=ctx.ephemeral,
                 created_at=now,
+                arrival=self._arrivals,
                 last_active_at=now,
                 acting_since=now,
             )
+            self._arrivals += 1
             self._programs[ctx.program_id] = program
         program.priority = ctx.priority
         if ctx.speculative_prefill is not None:

@@ -67,11 +67,19 @@ class StateAwarePause(Stage):
       or the smallest first: each pause then costs the least recompute when the program
       returns, and the programs furthest along run to completion instead of every program
       taking turns through the cache (docs/scheduling.md, "Which call pauses").
+    - `fcfs`: program-level first come, first served (Continuum's order): ACTING programs
+      as `cost_benefit`; among REASONING ones lowest priority, then the program that
+      arrived last is marked first; the migration stage resumes paused programs in arrival
+      order; no yield. One fixed order for marking and resuming lets the programs ahead in
+      it run to completion and free their KV, where rotating every program through the
+      cache keeps each one's grown context waiting in the host tier (or nowhere) until it
+      overflows.
     - `auto` (default): `shortest_first`, yielding nothing, while new programs keep arriving
       (policies/arrival_pace.py): with more work coming, the programs furthest along are
-      the ones to finish, and a yield only lets a newcomer churn the cache; `cost_benefit`
-      once arrivals stop, where the drain's last program sets the makespan. A switch
-      re-keys the pause order (`Reorder`).
+      the ones to finish, and a yield only lets a newcomer churn the cache; `drain_victim`
+      (`cost_benefit` or `fcfs`) once arrivals stop, where the drain's last program sets
+      the makespan. A switch re-keys the pause order (`Reorder`), and the resume order too
+      where it changes with the rule (`fcfs`).
     """
 
     name = "state_aware_pause"
@@ -118,10 +126,10 @@ class StateAwarePause(Stage):
         return 1.0 if keep else 0.0
 
     def rule(self) -> str:
-        """The victim rule in force: `auto` resolves to one of the other two."""
+        """The victim rule in force: `auto` resolves to `shortest_first` or `drain_victim`."""
         if self.params.victim != "auto":
             return self.params.victim
-        return "shortest_first" if self._streaming else "cost_benefit"
+        return "shortest_first" if self._streaming else self.params.drain_victim
 
     def _switch(self, now: float) -> Decisions:
         """`auto`: latch whether programs keep arriving; on a change, re-key the order."""
@@ -131,7 +139,8 @@ class StateAwarePause(Stage):
         if streaming == self._streaming:
             return ()
         self._streaming = streaming
-        return (Reorder(),)
+        # The resume order follows the rule only under `fcfs` (Migration.queue_key).
+        return (Reorder(queue=self.params.drain_victim == "fcfs"),)
 
     def on_request(self, view: StageView, program: ProgramView, now: float) -> Decisions:
         # A program's first request: created in this event, nothing sent or held yet.
@@ -147,8 +156,14 @@ class StateAwarePause(Stage):
         return ()
 
     def victim_key(self, view: StageView, program: ProgramView, acting: bool) -> Any:
-        if self.rule() == "shortest_first":
+        rule = self.rule()
+        if rule == "shortest_first":
             return (program.reserved_tokens,)
+        if rule == "fcfs" and not acting:
+            # A call's KV is in use: of those, the program that arrived last goes back to
+            # the queue. A program in a tool (below) goes by its tool, as cost_benefit: its
+            # KV idles meanwhile, and the longest tool frees the most for the longest.
+            return (program.priority, -program.arrival)
         if acting:
             expected_end = program.acting_since + view.expected_tool_time(program)
             return (program.priority, -expected_end, -program.reserved_tokens)
@@ -167,7 +182,8 @@ class StateAwarePause(Stage):
     def _reorder_then_relieve(
         self, view: StageView, backend: BackendView, now: float
     ) -> Iterator[StageDecision]:
-        yield Reorder()  # applied before the victims below are picked
+        # Applied before the victims below are picked.
+        yield Reorder(queue=self.params.drain_victim == "fcfs")
         yield from self.relieve(view, backend, now)
 
     def on_queue_blocked(self, view: StageView, program: ProgramView, now: float) -> Decisions:
@@ -253,7 +269,8 @@ class Migration(Stage):
 
     Order: programs under way before new ones where `started_first` (by default, while the
     fleet has a host KV tier), then priority raised by waiting (ageing), then largest first
-    (best-fit-decreasing). Placement: the previous backend when it admits the program, else
+    (best-fit-decreasing); while the pause stage's rule is `fcfs`, arrival order instead (its
+    fixed order). Placement: the previous backend when it admits the program, else
     the admitting backend with the most room. A program queued past `resume_timeout_s` is
     force-resumed so nothing starves.
 
@@ -287,7 +304,11 @@ class Migration(Stage):
             first = any(host_tier_tokens(b) for b in view.healthy_backends())
         tier = (0 if program.steps else 1) if first else 0
         key: tuple[Any, ...]
-        if self.params.placement == "best_fit_decreasing":
+        if self._pause is not None and self._pause.rule() == "fcfs":
+            # The pause stage's fixed order (Continuum's program-level FCFS): the earliest
+            # arrival resumes first, no ageing (the force-resume timeout still bounds a wait).
+            key = (tier, -program.priority, program.arrival)
+        elif self.params.placement == "best_fit_decreasing":
             key = (tier, band, -program.request_tokens, program.queued_at)
         elif self.params.placement == "mru":
             key = (tier, band, -program.queued_at)
@@ -300,6 +321,8 @@ class Migration(Stage):
     def bind(self, view: StageView) -> Decisions:
         # tier_aware prices a move with what the admission stage learned per engine.
         self._admission = next((s for s in view.stages if isinstance(s, Admission)), None)
+        # Under the pause stage's `fcfs` rule the resume order is its arrival order.
+        self._pause = next((s for s in view.stages if isinstance(s, StateAwarePause)), None)
         # tier_aware: the queued programs again, by the engine whose host tier holds their
         # context (None: the rest, new programs among them), in the core's queue order; the
         # program at the head of the queue waiting for its home, if any.

@@ -128,11 +128,20 @@ class AdmissionParams(StageParams):
 
 
 class PauseParams(StageParams):
-    victim: Literal["cost_benefit", "shortest_first", "auto"] = Field(
+    victim: Literal["cost_benefit", "shortest_first", "fcfs", "auto"] = Field(
         "auto",
         description="How victims are chosen among a backend's programs: `auto` pauses "
         "`shortest_first` (and yields nothing) while new programs keep arriving, and by "
-        "`cost_benefit` once they stop (a batch's drain; docs/scheduling.md).",
+        "`drain_victim` once they stop (a batch's drain); `fcfs`: programs in a tool as "
+        "`cost_benefit`, of those in a call the one that arrived last is marked first, and "
+        "paused programs resume in arrival order (docs/scheduling.md).",
+    )
+    drain_victim: Literal["cost_benefit", "fcfs"] = Field(
+        "cost_benefit",
+        description="`auto`: the rule once new programs stop arriving: `cost_benefit`, or "
+        "`fcfs` (one fixed order by arrival for marking calls to pause and for resuming: the "
+        "programs furthest ahead in it run to completion and free their KV, instead of every "
+        "program taking turns through the cache and the host tier; docs/scheduling.md).",
     )
     stream_patience: float = Field(
         4.0,

@@ -798,6 +798,137 @@ def resume_jct_table(names: list[str], variant: str = MRU_RESUME) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The drain's fixed order (`drain_victim: fcfs`, opt-in), run beside the default in
+# `<name>-drain.json` (docs/benchmarks.md, "The drain's order").
+DRAIN_FCFS = "thunder-mw/drain-fcfs"
+TIER_DRAIN_FCFS = "thunder-mw/host-tier+drain-fcfs"
+
+
+def _rival_values(report: Record, policy: str, wave: bool) -> dict[int, float]:
+    """A baseline's makespan (`wave`) or steady steps/min per seed at the file's main point,
+    at the cap its summary figure took (a capped baseline), else uncapped."""
+    metric = "makespan_s" if wave else "steps_per_min_steady"
+    point = _main_point(report)
+    record = point["policies"].get(policy, {}) if point else {}
+    cap = (record.get("cap") or {}).get("batch" if wave else "window")
+    return {
+        r["seed"]: r[metric]
+        for r in report.get("sweep", [])
+        if r["policy"] == policy and r["main"] and bool(r["wave"]) == wave
+        if r.get("cap") == cap and r.get(metric)
+    }
+
+
+def drain_order_table(names: list[str]) -> str:
+    """The drain's fixed order over the default, paired by seed, from `<name>-drain.json`:
+    the fixed batch (makespan, inverse) and the long window, without and with the host KV
+    tier, and the fixed batch against the strongest baseline of the README's batch column
+    on the same hardware (from `<name>.json`, the seeds both ran), the default's beside the
+    variant's."""
+    from thunder_mw.benchmarks.bootstrap import compare
+
+    lines = [
+        "| scenario | set | seeds | fixed batch: default's makespan / the variant's; "
+        "recomputed prompt tokens, variant / default | long window: the variant / default "
+        "| on the host tier: batch; window | fixed batch: the strongest's makespan / the "
+        "default's -> / the variant's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        path = RESULTS / f"{name}-drain.json"
+        if not path.is_file():
+            continue
+        report = json.loads(path.read_text())
+        split = report["config"].get("split", "tuning")
+        ours = _seed_values(report, DRAIN_FCFS, "recomputed_prefill_tokens", True)
+        theirs = _seed_values(report, "thunder-mw", "recomputed_prefill_tokens", True)
+        recompute = f"{sum(ours.values()) / sum(theirs.values()):.2f}x" if ours and theirs else "-"
+        batch = _paired_cell(report, "thunder-mw", DRAIN_FCFS, "makespan_s", wave=True)
+        window = _paired_cell(report, DRAIN_FCFS, "thunder-mw", "steps_per_min_steady")
+        tier = "-"
+        if _seed_values(report, TIER_DRAIN_FCFS, "steps_per_min_steady"):
+            tier_batch = _paired_cell(
+                report, "thunder-mw/host-tier", TIER_DRAIN_FCFS, "makespan_s", True
+            )
+            tier_window = _paired_cell(
+                report, TIER_DRAIN_FCFS, "thunder-mw/host-tier", "steps_per_min_steady"
+            )
+            tier = f"{tier_batch}; {tier_window}"
+        rival_cell = "-"
+        main = RESULTS / f"{name}.json"
+        point = _main_point(json.loads(main.read_text())) if main.is_file() else None
+        if point is not None:
+            main_report = json.loads(main.read_text())
+            tiered = _tiered(main_report)
+            same = {p for p in point["policies"] if (p in tiered) == ("thunder-mw" in tiered)}
+            rival = _strongest_among(point, "makespan_s", same)
+            if rival:
+                theirs_ms = _rival_values(main_report, rival, wave=True)
+                cells = []
+                for policy in ("thunder-mw", DRAIN_FCFS):
+                    mine = _seed_values(report, policy, "makespan_s", True)
+                    seeds = sorted(set(mine) & set(theirs_ms))
+                    cells.append(
+                        _ratio_cell(
+                            compare([theirs_ms[k] for k in seeds], [mine[k] for k in seeds])
+                        )
+                        if seeds
+                        else "-"
+                    )
+                rival_cell = f"{rival}: {cells[0]} -> {cells[1]}"
+        lines.append(
+            f"| `{name}` | {split} | {len(report['seeds'])} | {batch}; {recompute} | {window} "
+            f"| {tier} | {rival_cell} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# The tiered baselines the drain's order is set against (benchmarks/scenarios.py).
+TIERED_RIVALS = ("offload", "offload_capped", "continuum")
+
+
+def drain_tier_table(names: list[str]) -> str:
+    """thunder-mw on the host tier against each tiered baseline (from `<name>.json`, the
+    capped one at its summary cap), the default's fresh rows and then the drain's order,
+    paired by seed with `<name>-drain.json` (where every engine has the tier, the plain
+    rows): fixed batch (the baseline's makespan / ours) and long window (ours / it)."""
+    from thunder_mw.benchmarks.bootstrap import compare
+
+    lines = [
+        "| scenario | baseline | fixed batch: / the default's -> / the variant's | "
+        "long window: the default / it -> the variant / it |",
+        "|---|---|---|---|",
+    ]
+    for name in names:
+        drain_path, main_path = RESULTS / f"{name}-drain.json", RESULTS / f"{name}.json"
+        if not drain_path.is_file() or not main_path.is_file():
+            continue
+        drain, main = json.loads(drain_path.read_text()), json.loads(main_path.read_text())
+        if _seed_values(drain, TIER_DRAIN_FCFS, "steps_per_min_steady"):
+            pair = ("thunder-mw/host-tier", TIER_DRAIN_FCFS)
+        elif "thunder-mw" in _tiered(main):
+            pair = ("thunder-mw", DRAIN_FCFS)
+        else:
+            continue
+        for rival in TIERED_RIVALS:
+            if rival not in _tiered(main):
+                continue
+            cells = []
+            for wave in (True, False):
+                theirs = _rival_values(main, rival, wave)
+                metric = "makespan_s" if wave else "steps_per_min_steady"
+                pairs = []
+                for policy in pair:
+                    mine = _seed_values(drain, policy, metric, wave)
+                    seeds = sorted(set(mine) & set(theirs))
+                    a, b = [theirs[k] for k in seeds], [mine[k] for k in seeds]
+                    ratio = compare(a, b) if wave else compare(b, a)
+                    pairs.append(_ratio_cell(ratio) if seeds else "-")
+                cells.append(" -> ".join(pairs))
+            lines.append(f"| `{name}` | {rival} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # The variants that price the default's rules from call timings (the simulator's cost
 # source before 2026-12-04) and run the idle-fate rule of before (min-waste only where a host
 # tier is); variants files written before the default changed hold the same two comparisons
@@ -1075,6 +1206,8 @@ def update_docs() -> None:
     _replace_block(DOCS, "no-admission", variant_table([*TUNING, *TEST], NO_ADMISSION))
     _replace_block(DOCS, "tier-only-overflow", variant_table([*TUNING, *TEST], TIER_ONLY_OVERFLOW))
     _replace_block(DOCS, "mru-resume", variant_table([*TUNING, *TEST], MRU_RESUME))
+    _replace_block(DOCS, "drain-order", drain_order_table([*TUNING, *TEST]))
+    _replace_block(DOCS, "drain-tier", drain_tier_table([*TUNING, *TEST]))
     _replace_block(DOCS, "router-resume", router_resume_table([*TUNING, *TEST]))
     _replace_block(DOCS, "mru-resume-jct", resume_jct_table([*TUNING, *TEST]))
     _replace_block(DOCS, "cost-source", cost_source_table([*TUNING, *TEST]))
@@ -1101,6 +1234,8 @@ if __name__ == "__main__":
         "--no-admission": lambda names: variant_table(names, NO_ADMISSION),
         "--tier-only-overflow": lambda names: variant_table(names, TIER_ONLY_OVERFLOW),
         "--mru-resume": lambda names: variant_table(names, MRU_RESUME),
+        "--drain-order": drain_order_table,
+        "--drain-tier": drain_tier_table,
         "--router-resume": router_resume_table,
         "--mru-resume-jct": resume_jct_table,
         "--controller": controller_table,

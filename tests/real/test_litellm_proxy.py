@@ -5,6 +5,7 @@ program's calls stay on one deployment while overflow holds and resumes programs
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import secrets
 import subprocess
@@ -190,15 +191,18 @@ def test_the_scheduler_picks_the_deployment_and_holds_programs_under_overflow(
     assert sorted(programs) == sorted(f"prog-{i}" for i in range(PROGRAMS))
     for index, calls in enumerate(runs):
         program = programs[f"prog-{index}"]
-        deployments = {deployment for deployment, _ in calls}
-        # LiteLLM served every call on the deployment thunder-mw placed the program on.
-        if program["migrations"] == 0:
-            assert deployments == {program["backend"]}, (index, calls)
+        served = [deployment for deployment, _ in calls]
+        # LiteLLM served every call on the deployment thunder-mw had placed the program on:
+        # the deployment changes only where the scheduler moved the program, and the last
+        # call ran where it is placed now. (How many programs move depends on the timing of
+        # their tool gaps against the engines' load, so no count of them is asserted.)
+        switches = sum(1 for a, b in itertools.pairwise(served) if a != b)
+        assert switches <= program["migrations"], (index, calls, program["migrations"])
+        assert served[-1] == program["backend"], (index, calls)
         assert program["steps"] == STEPS
         # LiteLLM's usage is what the scheduler counted.
         assert program["prompt_tokens"] == sum(u["prompt_tokens"] for _, u in calls)
         assert program["completion_tokens"] == sum(u["completion_tokens"] for _, u in calls)
-    assert sum(1 for p in programs.values() if p["migrations"] == 0) >= PROGRAMS // 2
     # More programs than the two engines hold: some were paused in their tool gaps and
     # resumed, and every one of them still finished all its steps (above).
     paused = [p for p in programs.values() if p["pauses"] > 0]

@@ -176,14 +176,13 @@ class StateAwarePause(Stage):
         if self.params.check != "event":
             return switch
         if switch:
-            return self._reorder_then_relieve(view, backend, now)
+            return self._reorder_then_relieve(switch, view, backend, now)
         return self.relieve(view, backend, now)
 
     def _reorder_then_relieve(
-        self, view: StageView, backend: BackendView, now: float
+        self, switch: Decisions, view: StageView, backend: BackendView, now: float
     ) -> Iterator[StageDecision]:
-        # Applied before the victims below are picked.
-        yield Reorder(queue=self.params.drain_victim == "fcfs")
+        yield from switch  # the Reorder, applied before the victims below are picked
         yield from self.relieve(view, backend, now)
 
     def on_queue_blocked(self, view: StageView, program: ProgramView, now: float) -> Decisions:

@@ -856,9 +856,9 @@ def drain_order_table(names: list[str]) -> str:
             tier = f"{tier_batch}; {tier_window}"
         rival_cell = "-"
         main = RESULTS / f"{name}.json"
-        point = _main_point(json.loads(main.read_text())) if main.is_file() else None
-        if point is not None:
-            main_report = json.loads(main.read_text())
+        main_report = json.loads(main.read_text()) if main.is_file() else None
+        point = _main_point(main_report) if main_report is not None else None
+        if main_report is not None and point is not None:
             tiered = _tiered(main_report)
             same = {p for p in point["policies"] if (p in tiered) == ("thunder-mw" in tiered)}
             rival = _strongest_among(point, "makespan_s", same)

@@ -127,6 +127,10 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # Once arrivals stop, one fixed order by arrival for pausing and resuming (Continuum's
     # program-level FCFS) instead of cost-benefit (docs/scheduling.md, "The drain's order").
     "thunder-mw/drain-fcfs": _thunder_mw(**{"state-aware-pause": {"drain_victim": "fcfs"}}),
+    # The same order with programs not yet begun resumed before paused ones.
+    "thunder-mw/drain-new-first": _thunder_mw(
+        **{"state-aware-pause": {"drain_victim": "new_first"}}
+    ),
     # The pause victim of 0.2.0 (cost-benefit whether or not programs keep arriving).
     "thunder-mw/cost-benefit": _thunder_mw(**{"state-aware-pause": {"victim": "cost_benefit"}}),
     "thunder-mw/no-home": _thunder_mw(migration={"prefer_home_backend": False}),
@@ -186,9 +190,12 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # The default on the tier with admission pricing an overflow the tier holds at its
     # reload alone, the GPU's caps on calls in flight lifted (`tier_reload`, opt-in).
     "thunder-mw/tier-reload": _thunder_mw(admission={"tier_reload": True}),
-    # `drain-fcfs` on the same engines.
+    # `drain-fcfs` and `drain-new-first` on the same engines.
     "thunder-mw/host-tier+drain-fcfs": _thunder_mw(
         **{"state-aware-pause": {"drain_victim": "fcfs"}}
+    ),
+    "thunder-mw/host-tier+drain-new-first": _thunder_mw(
+        **{"state-aware-pause": {"drain_victim": "new_first"}}
     ),
     # `tier-only-overflow` on the same engines.
     "thunder-mw/host-tier+tier-only-overflow": _thunder_mw(admission=_TIER_ONLY_OVERFLOW),
@@ -233,6 +240,7 @@ POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "thunder-mw/tier-reload": {"host_tier": True},
     "thunder-mw/host-tier+tier-only-overflow": {"host_tier": True},
     "thunder-mw/host-tier+drain-fcfs": {"host_tier": True},
+    "thunder-mw/host-tier+drain-new-first": {"host_tier": True},
     "thunder-mw/host-tier+tier-overflow": {"host_tier": True},
     "thunder-mw/call-timings": {"engine_counters": False},
     "continuum": {"program_fcfs": True},

@@ -14,6 +14,13 @@ of the gaps between the counted arrivals. A stream is "on" while the time since 
 one is at most `patience` such gaps: a burst at one instant (a second batch) has gaps of
 zero and is over at once; a stream whose arrivals stop is over after `patience` of its
 usual gaps. Pure: the caller passes the time.
+
+Whether the offering is over (`over`) is a stricter test, for a rule that only a true drain
+repays (`new_first`, policies/stages.py): `streaming` turns off in every lull of a stream
+longer than `patience` gaps (121 times in 520 s of `tool-orchestra-knee`'s long window),
+while `over` holds only before any counted arrival (a batch being offered) or once the time
+since the last one exceeds the longest gap between two counted arrivals so far: a stream
+that has gone quiet for longer than it ever did.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ __all__ = ["ArrivalPace"]
 class ArrivalPace:
     """EMA of the gaps between new programs' first requests, and whether they keep coming."""
 
-    __slots__ = ("_ended", "_gap", "_last", "patience", "weight")
+    __slots__ = ("_ended", "_gap", "_last", "_max_gap", "patience", "weight")
 
     def __init__(self, patience: float = 4.0, weight: float = 0.1) -> None:
         if patience <= 0:
@@ -35,6 +42,7 @@ class ArrivalPace:
         self.weight = weight
         self._gap: float | None = None  # None: fewer than two arrivals counted
         self._last: float | None = None
+        self._max_gap: float | None = None  # the longest gap between counted arrivals
         self._ended = False  # some program has ended: arrivals from now on count
 
     @property
@@ -53,6 +61,7 @@ class ArrivalPace:
         if self._last is not None:
             gap = max(0.0, now - self._last)
             self._gap = gap if self._gap is None else self._gap + self.weight * (gap - self._gap)
+            self._max_gap = gap if self._max_gap is None else max(self._max_gap, gap)
         self._last = now
 
     def streaming(self, now: float) -> bool:
@@ -60,3 +69,11 @@ class ArrivalPace:
         if self._gap is None or self._last is None:
             return False
         return now - self._last <= self.patience * self._gap
+
+    def over(self, now: float) -> bool:
+        """No more new programs are to be expected: none has counted yet (a batch being
+        offered), or the last came longer ago than the longest gap between two that did.
+        After a single counted arrival, not over (a stream has begun, its pace unknown)."""
+        if self._last is None:
+            return True
+        return self._max_gap is not None and now - self._last > self._max_gap

@@ -52,6 +52,10 @@ __all__ = [
 
 # ---------------------------------------------------------------------------- pausing
 _STREAM_HOOKS = frozenset({"on_request", "on_release"})
+# The fixed orders: calls in flight marked by arrival, the queue resumed by it (queue_key).
+_FIXED_ORDERS = frozenset({"fcfs", "new_first"})
+# The rules that follow the pace of new programs (ArrivalPace).
+_PACED = frozenset({"auto", "new_first"})
 
 
 class StateAwarePause(Stage):
@@ -74,12 +78,17 @@ class StateAwarePause(Stage):
       it run to completion and free their KV, where rotating every program through the
       cache keeps each one's grown context waiting in the host tier (or nowhere) until it
       overflows.
+    - `new_first`: `fcfs`, except that programs not yet begun resume before paused ones
+      (then each kind in arrival order). A drain ends when its last program does, and a
+      program not yet begun has every call and tool still ahead: started late, its whole
+      chain ends late, where a paused program has run part of its own (docs/benchmarks.md,
+      "Programs not yet begun first").
     - `auto` (default): `shortest_first`, yielding nothing, while new programs keep arriving
       (policies/arrival_pace.py): with more work coming, the programs furthest along are
       the ones to finish, and a yield only lets a newcomer churn the cache; `drain_victim`
-      (`cost_benefit` or `fcfs`) once arrivals stop, where the drain's last program sets
-      the makespan. A switch re-keys the pause order (`Reorder`), and the resume order too
-      where it changes with the rule (`fcfs`).
+      (`cost_benefit`, `fcfs` or `new_first`) once arrivals stop, where the drain's last
+      program sets the makespan. A switch re-keys the pause order (`Reorder`), and the
+      resume order too where it changes with the rule (`fcfs`, `new_first`).
     """
 
     name = "state_aware_pause"
@@ -89,6 +98,11 @@ class StateAwarePause(Stage):
     def bind(self, view: StageView) -> Decisions:
         self._pace = ArrivalPace(self.params.stream_patience)
         self._streaming = False  # `auto`: the rule in force (keys in the pause order use it)
+        self._offering_over = False  # `new_first`: new programs resume first (queue keys)
+        victim = self.params.victim
+        self._may_new_first = victim == "new_first" or (
+            victim == "auto" and self.params.drain_victim == "new_first"
+        )
         self._high = self.params.high_watermark
         if self._high is None:
             admission = next((s for s in view.stages if isinstance(s, Admission)), None)
@@ -98,8 +112,8 @@ class StateAwarePause(Stage):
         return (Footprint(acting_weight=self.params.acting_token_weight),)
 
     def unused_hooks(self) -> frozenset[str]:
-        # Arrivals and ends only feed `auto`'s switch.
-        unused = frozenset() if self.params.victim == "auto" else _STREAM_HOOKS
+        # Arrivals and ends only feed the pace (`auto`'s switch, `new_first`'s offering).
+        unused = frozenset() if self.params.victim in _PACED else _STREAM_HOOKS
         return unused if self.params.idle_fate != "weight" else unused | {"idle_share"}
 
     def idle_share(self, view: StageView, program: ProgramView, now: float) -> float | None:
@@ -131,16 +145,32 @@ class StateAwarePause(Stage):
             return self.params.victim
         return "shortest_first" if self._streaming else self.params.drain_victim
 
+    def new_first(self) -> bool:
+        """Do programs not yet begun resume before paused ones now (Migration.queue_key)?
+        Under `new_first`, once the offering is over (ArrivalPace.over), not in every drain:
+        in a lull of a stream more new programs follow, and starting them ahead of paused
+        ones only grows the set of programs under way."""
+        return self._offering_over
+
     def _switch(self, now: float) -> Decisions:
-        """`auto`: latch whether programs keep arriving; on a change, re-key the order."""
-        if self.params.victim != "auto":
+        """`auto`: latch whether programs keep arriving; `new_first`: whether the offering is
+        over. On a change, re-key the order."""
+        if self.params.victim not in _PACED:
             return ()
-        streaming = self._pace.streaming(now)
-        if streaming == self._streaming:
-            return ()
-        self._streaming = streaming
-        # The resume order follows the rule only under `fcfs` (Migration.queue_key).
-        return (Reorder(queue=self.params.drain_victim == "fcfs"),)
+        queue = False
+        changed = False
+        if self.params.victim == "auto":
+            streaming = self._pace.streaming(now)
+            if streaming != self._streaming:
+                self._streaming = streaming
+                changed = True
+                # The resume order follows the rule only under a fixed order (queue_key).
+                queue = self.params.drain_victim in _FIXED_ORDERS
+        over = self._may_new_first and self.rule() == "new_first" and self._pace.over(now)
+        if over != self._offering_over:
+            self._offering_over = over
+            changed = queue = True
+        return (Reorder(queue=queue),) if changed else ()
 
     def on_request(self, view: StageView, program: ProgramView, now: float) -> Decisions:
         # A program's first request: created in this event, nothing sent or held yet.
@@ -159,7 +189,7 @@ class StateAwarePause(Stage):
         rule = self.rule()
         if rule == "shortest_first":
             return (program.reserved_tokens,)
-        if rule == "fcfs" and not acting:
+        if rule in _FIXED_ORDERS and not acting:
             # A call's KV is in use: of those, the program that arrived last goes back to
             # the queue. A program in a tool (below) goes by its tool, as cost_benefit: its
             # KV idles meanwhile, and the longest tool frees the most for the longest.
@@ -269,7 +299,8 @@ class Migration(Stage):
     Order: programs under way before new ones where `started_first` (by default, while the
     fleet has a host KV tier), then priority raised by waiting (ageing), then largest first
     (best-fit-decreasing); while the pause stage's rule is `fcfs`, arrival order instead (its
-    fixed order). Placement: the previous backend when it admits the program, else
+    fixed order), and under `new_first` the programs not yet begun first, then arrival
+    order. Placement: the previous backend when it admits the program, else
     the admitting backend with the most room. A program queued past `resume_timeout_s` is
     force-resumed so nothing starves.
 
@@ -303,10 +334,17 @@ class Migration(Stage):
             first = any(host_tier_tokens(b) for b in view.healthy_backends())
         tier = (0 if program.steps else 1) if first else 0
         key: tuple[Any, ...]
-        if self._pause is not None and self._pause.rule() == "fcfs":
+        rule = self._pause.rule() if self._pause is not None else None
+        if rule == "fcfs":
             # The pause stage's fixed order (Continuum's program-level FCFS): the earliest
             # arrival resumes first, no ageing (the force-resume timeout still bounds a wait).
             key = (tier, -program.priority, program.arrival)
+        elif rule == "new_first":
+            # The same, and once the offering is over a program not yet begun ahead of every
+            # paused one, whatever the host tier: its whole chain is still ahead of it.
+            assert self._pause is not None
+            begun = (1 if program.steps else 0) if self._pause.new_first() else tier
+            key = (begun, -program.priority, program.arrival)
         elif self.params.placement == "best_fit_decreasing":
             key = (tier, band, -program.request_tokens, program.queued_at)
         elif self.params.placement == "mru":
@@ -320,7 +358,7 @@ class Migration(Stage):
     def bind(self, view: StageView) -> Decisions:
         # tier_aware prices a move with what the admission stage learned per engine.
         self._admission = next((s for s in view.stages if isinstance(s, Admission)), None)
-        # Under the pause stage's `fcfs` rule the resume order is its arrival order.
+        # Under the pause stage's fixed orders the resume order is its (queue_key).
         self._pause = next((s for s in view.stages if isinstance(s, StateAwarePause)), None)
         # tier_aware: the queued programs again, by the engine whose host tier holds their
         # context (None: the rest, new programs among them), in the core's queue order; the

@@ -128,20 +128,25 @@ class AdmissionParams(StageParams):
 
 
 class PauseParams(StageParams):
-    victim: Literal["cost_benefit", "shortest_first", "fcfs", "auto"] = Field(
+    victim: Literal["cost_benefit", "shortest_first", "fcfs", "new_first", "auto"] = Field(
         "auto",
         description="How victims are chosen among a backend's programs: `auto` pauses "
         "`shortest_first` (and yields nothing) while new programs keep arriving, and by "
         "`drain_victim` once they stop (a batch's drain); `fcfs`: programs in a tool as "
         "`cost_benefit`, of those in a call the one that arrived last is marked first, and "
-        "paused programs resume in arrival order (docs/scheduling.md).",
+        "paused programs resume in arrival order; `new_first`: `fcfs`, and once no more new "
+        "programs are expected, those not yet begun resume before paused ones "
+        "(docs/scheduling.md).",
     )
-    drain_victim: Literal["cost_benefit", "fcfs"] = Field(
+    drain_victim: Literal["cost_benefit", "fcfs", "new_first"] = Field(
         "cost_benefit",
-        description="`auto`: the rule once new programs stop arriving: `cost_benefit`, or "
+        description="`auto`: the rule once new programs stop arriving: `cost_benefit`, "
         "`fcfs` (one fixed order by arrival for marking calls to pause and for resuming: the "
         "programs furthest ahead in it run to completion and free their KV, instead of every "
-        "program taking turns through the cache and the host tier; docs/scheduling.md).",
+        "program taking turns through the cache and the host tier) or `new_first` (the same "
+        "order, and once no more new programs are expected those not yet begun first: a "
+        "drain ends with its last program, and one that has not begun has all of its calls "
+        "and tools still ahead; docs/scheduling.md).",
     )
     stream_patience: float = Field(
         4.0,

@@ -802,6 +802,10 @@ def resume_jct_table(names: list[str], variant: str = MRU_RESUME) -> str:
 # `<name>-drain.json` (docs/benchmarks.md, "The drain's order").
 DRAIN_FCFS = "thunder-mw/drain-fcfs"
 TIER_DRAIN_FCFS = "thunder-mw/host-tier+drain-fcfs"
+# The same order with programs not yet begun resumed first (`drain_victim: new_first`).
+DRAIN_NEW_FIRST = "thunder-mw/drain-new-first"
+TIER_DRAIN_NEW_FIRST = "thunder-mw/host-tier+drain-new-first"
+NEW_FIRST_PAIR = (DRAIN_NEW_FIRST, TIER_DRAIN_NEW_FIRST)
 
 
 def _rival_values(report: Record, policy: str, wave: bool) -> dict[int, float]:
@@ -819,8 +823,11 @@ def _rival_values(report: Record, policy: str, wave: bool) -> dict[int, float]:
     }
 
 
-def drain_order_table(names: list[str]) -> str:
-    """The drain's fixed order over the default, paired by seed, from `<name>-drain.json`:
+def drain_order_table(
+    names: list[str], variant: str = DRAIN_FCFS, tier_variant: str = TIER_DRAIN_FCFS
+) -> str:
+    """The drain's fixed order (`variant`, on the host tier `tier_variant`) over the
+    default, paired by seed, from `<name>-drain.json`:
     the fixed batch (makespan, inverse) and the long window, without and with the host KV
     tier, and the fixed batch against the strongest baseline of the README's batch column
     on the same hardware (from `<name>.json`, the seeds both ran), the default's beside the
@@ -840,18 +847,18 @@ def drain_order_table(names: list[str]) -> str:
             continue
         report = json.loads(path.read_text())
         split = report["config"].get("split", "tuning")
-        ours = _seed_values(report, DRAIN_FCFS, "recomputed_prefill_tokens", True)
+        ours = _seed_values(report, variant, "recomputed_prefill_tokens", True)
         theirs = _seed_values(report, "thunder-mw", "recomputed_prefill_tokens", True)
         recompute = f"{sum(ours.values()) / sum(theirs.values()):.2f}x" if ours and theirs else "-"
-        batch = _paired_cell(report, "thunder-mw", DRAIN_FCFS, "makespan_s", wave=True)
-        window = _paired_cell(report, DRAIN_FCFS, "thunder-mw", "steps_per_min_steady")
+        batch = _paired_cell(report, "thunder-mw", variant, "makespan_s", wave=True)
+        window = _paired_cell(report, variant, "thunder-mw", "steps_per_min_steady")
         tier = "-"
-        if _seed_values(report, TIER_DRAIN_FCFS, "steps_per_min_steady"):
+        if _seed_values(report, tier_variant, "steps_per_min_steady"):
             tier_batch = _paired_cell(
-                report, "thunder-mw/host-tier", TIER_DRAIN_FCFS, "makespan_s", True
+                report, "thunder-mw/host-tier", tier_variant, "makespan_s", True
             )
             tier_window = _paired_cell(
-                report, TIER_DRAIN_FCFS, "thunder-mw/host-tier", "steps_per_min_steady"
+                report, tier_variant, "thunder-mw/host-tier", "steps_per_min_steady"
             )
             tier = f"{tier_batch}; {tier_window}"
         rival_cell = "-"
@@ -865,7 +872,7 @@ def drain_order_table(names: list[str]) -> str:
             if rival:
                 theirs_ms = _rival_values(main_report, rival, wave=True)
                 cells = []
-                for policy in ("thunder-mw", DRAIN_FCFS):
+                for policy in ("thunder-mw", variant):
                     mine = _seed_values(report, policy, "makespan_s", True)
                     seeds = sorted(set(mine) & set(theirs_ms))
                     cells.append(
@@ -887,9 +894,12 @@ def drain_order_table(names: list[str]) -> str:
 TIERED_RIVALS = ("offload", "offload_capped", "continuum")
 
 
-def drain_tier_table(names: list[str]) -> str:
+def drain_tier_table(
+    names: list[str], variant: str = DRAIN_FCFS, tier_variant: str = TIER_DRAIN_FCFS
+) -> str:
     """thunder-mw on the host tier against each tiered baseline (from `<name>.json`, the
-    capped one at its summary cap), the default's fresh rows and then the drain's order,
+    capped one at its summary cap), the default's fresh rows and then the drain's order
+    (`tier_variant`; `variant` where every engine of the scenario has the tier),
     paired by seed with `<name>-drain.json` (where every engine has the tier, the plain
     rows): fixed batch (the baseline's makespan / ours) and long window (ours / it)."""
     from thunder_mw.benchmarks.bootstrap import compare
@@ -904,10 +914,10 @@ def drain_tier_table(names: list[str]) -> str:
         if not drain_path.is_file() or not main_path.is_file():
             continue
         drain, main = json.loads(drain_path.read_text()), json.loads(main_path.read_text())
-        if _seed_values(drain, TIER_DRAIN_FCFS, "steps_per_min_steady"):
-            pair = ("thunder-mw/host-tier", TIER_DRAIN_FCFS)
+        if _seed_values(drain, tier_variant, "steps_per_min_steady"):
+            pair = ("thunder-mw/host-tier", tier_variant)
         elif "thunder-mw" in _tiered(main):
-            pair = ("thunder-mw", DRAIN_FCFS)
+            pair = ("thunder-mw", variant)
         else:
             continue
         for rival in TIERED_RIVALS:
@@ -1208,6 +1218,9 @@ def update_docs() -> None:
     _replace_block(DOCS, "mru-resume", variant_table([*TUNING, *TEST], MRU_RESUME))
     _replace_block(DOCS, "drain-order", drain_order_table([*TUNING, *TEST]))
     _replace_block(DOCS, "drain-tier", drain_tier_table([*TUNING, *TEST]))
+    names = [*TUNING, *TEST]
+    _replace_block(DOCS, "drain-new-first", drain_order_table(names, *NEW_FIRST_PAIR))
+    _replace_block(DOCS, "drain-new-first-tier", drain_tier_table(names, *NEW_FIRST_PAIR))
     _replace_block(DOCS, "router-resume", router_resume_table([*TUNING, *TEST]))
     _replace_block(DOCS, "mru-resume-jct", resume_jct_table([*TUNING, *TEST]))
     _replace_block(DOCS, "cost-source", cost_source_table([*TUNING, *TEST]))
@@ -1236,6 +1249,8 @@ if __name__ == "__main__":
         "--mru-resume": lambda names: variant_table(names, MRU_RESUME),
         "--drain-order": drain_order_table,
         "--drain-tier": drain_tier_table,
+        "--drain-new-first": lambda names: drain_order_table(names, *NEW_FIRST_PAIR),
+        "--drain-new-first-tier": lambda names: drain_tier_table(names, *NEW_FIRST_PAIR),
         "--router-resume": router_resume_table,
         "--mru-resume-jct": resume_jct_table,
         "--controller": controller_table,

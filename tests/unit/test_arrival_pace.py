@@ -46,6 +46,23 @@ def test_the_pace_follows_a_slower_stream() -> None:
     assert pace.streaming(now + 60.0)
 
 
+def test_the_offering_is_over_only_past_its_longest_gap() -> None:
+    pace = ArrivalPace(patience=4.0)
+    assert pace.over(0.0)  # a batch being offered: nothing counted yet
+    for i in range(5):
+        pace.arrived(float(i))  # before any program ended: the batch, not counted
+    assert pace.over(5.0)
+    pace.ended()
+    pace.arrived(10.0)
+    assert not pace.over(1_000.0)  # one counted arrival: a stream has begun
+    for t in (11.0, 21.0, 22.0, 23.0):  # gaps 1, 10, 1, 1
+        pace.arrived(t)
+    # A lull of 9 s ends the stream (patience x its pace) but not the offering (10 s once).
+    assert not pace.streaming(32.0)
+    assert not pace.over(32.0)
+    assert pace.over(33.5)
+
+
 @pytest.mark.parametrize(("patience", "weight"), [(0.0, 0.1), (4.0, 0.0), (4.0, 1.5)])
 def test_bad_settings_are_refused(patience: float, weight: float) -> None:
     with pytest.raises(ValueError):

@@ -1,7 +1,8 @@
-"""The drain's fixed order (state_aware_pause `fcfs`, and `auto` with `drain_victim: fcfs`):
-of the calls in flight the program that arrived last is marked to pause first, and paused
-programs resume in arrival order, however long each has waited (policies/stages.py), with
-the clock injected."""
+"""The drain's fixed orders (state_aware_pause `fcfs` and `new_first`, and `auto` with
+`drain_victim` one of them): of the calls in flight the program that arrived last is marked
+to pause first, and paused programs resume in arrival order, however long each has waited,
+under `new_first` after every program not yet begun (policies/stages.py), with the clock
+injected."""
 
 from __future__ import annotations
 
@@ -121,6 +122,38 @@ def test_paused_programs_resume_in_arrival_order_not_by_their_wait() -> None:
         assert resumed(out.actions)[:1] == [first], victim
 
 
+def test_new_first_resumes_a_program_not_yet_begun_before_paused_ones() -> None:
+    # a, b and c run tools; n arrives and waits (no room). a grows to 800: b and c pause,
+    # n still does not fit, and b's and c's next requests wait behind it. When a ends,
+    # fcfs resumes by arrival (b, before n); new_first resumes n, whose every call is still
+    # ahead, before both.
+    for victim, first in (("fcfs", "b"), ("new_first", "n")):
+        core, _ = make(victim=victim)
+        in_tools(core, "abc")
+        held = core.handle(RequestArrived(ctx("n"), info(290), 6.0)).decision
+        assert isinstance(held, Hold), victim
+        out = core.handle(RequestArrived(ctx("a"), info(790), 7.0))
+        assert sorted(paused(out.actions)) == ["b", "c"], victim
+        assert not resumed(out.actions), victim
+        for t, pid in ((8.0, "c"), (9.0, "b")):
+            assert isinstance(core.handle(RequestArrived(ctx(pid), info(390), t)).decision, Hold)
+        core.handle(CallFinished("a", Usage(790, 10, 0), True, 10.0))
+        out = core.handle(ReleaseRequested("a", "release", 11.0))
+        assert resumed(out.actions)[:1] == [first], victim
+
+
+def test_new_first_marks_calls_in_flight_as_fcfs_does() -> None:
+    # Of the calls in flight the last arrival's is marked (c), as under fcfs.
+    core, _ = make(victim="new_first")
+    for i, pid in enumerate("abc"):
+        assert isinstance(
+            core.handle(RequestArrived(ctx(pid), info(290), float(i))).decision, Forward
+        )
+    core.handle(CallFinished("a", Usage(290, 10, 0), True, 3.0))
+    outcome = core.handle(RequestArrived(ctx("a"), info(490), 4.0))
+    assert paused(outcome.actions) == ["c"]
+
+
 def test_auto_drains_in_arrival_order_once_arrivals_stop() -> None:
     core, stage = make(victim="auto", drain_victim="fcfs")
     # A batch's first requests are not a stream: the drain's rule from the start.
@@ -140,11 +173,13 @@ def test_auto_drains_in_arrival_order_once_arrivals_stop() -> None:
 def test_off_by_default_and_recorded_when_on() -> None:
     assert PauseParams().drain_victim == "cost_benefit"
     rules = resolved_rules(
-        SCENARIOS["swe-agent-knee"], ["thunder-mw", "thunder-mw/drain-fcfs", "thunderagent"]
+        SCENARIOS["swe-agent-knee"],
+        ["thunder-mw", "thunder-mw/drain-fcfs", "thunder-mw/drain-new-first", "thunderagent"],
     )["pause_victim"]
     assert rules == {
         "thunder-mw": "auto",
         "thunder-mw/drain-fcfs": "auto (drain fcfs)",
+        "thunder-mw/drain-new-first": "auto (drain new_first)",
         "thunderagent": "shortest_first",
     }
     # A file written before it recorded the rule reads it from the pipeline it ran.

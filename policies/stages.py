@@ -334,17 +334,15 @@ class Migration(Stage):
             first = any(host_tier_tokens(b) for b in view.healthy_backends())
         tier = (0 if program.steps else 1) if first else 0
         key: tuple[Any, ...]
-        rule = self._pause.rule() if self._pause is not None else None
-        if rule == "fcfs":
+        pause = self._pause
+        if pause is not None and pause.rule() in _FIXED_ORDERS:
             # The pause stage's fixed order (Continuum's program-level FCFS): the earliest
-            # arrival resumes first, no ageing (the force-resume timeout still bounds a wait).
+            # arrival resumes first, no ageing (the force-resume timeout still bounds a wait);
+            # under `new_first`, once the offering is over, a program not yet begun ahead of
+            # every paused one, whatever the host tier: its whole chain is still ahead of it.
+            if pause.new_first():
+                tier = 1 if program.steps else 0
             key = (tier, -program.priority, program.arrival)
-        elif rule == "new_first":
-            # The same, and once the offering is over a program not yet begun ahead of every
-            # paused one, whatever the host tier: its whole chain is still ahead of it.
-            assert self._pause is not None
-            begun = (1 if program.steps else 0) if self._pause.new_first() else tier
-            key = (begun, -program.priority, program.arrival)
         elif self.params.placement == "best_fit_decreasing":
             key = (tier, band, -program.request_tokens, program.queued_at)
         elif self.params.placement == "mru":

@@ -76,12 +76,19 @@ SWEEP_OF = {"cluster-scaling": "paper-rollout-2node"}
 Record = dict[str, Any]
 
 
-def _reports(names: list[str]) -> Iterator[tuple[str, Record]]:
-    """Each named scenario's committed result, in order; scenarios without one are skipped."""
+def _report(name: str, suffix: str = "") -> Record | None:
+    """The scenario's committed `<name><suffix>.json` (`-variants`, `-drain`), if run."""
+    path = RESULTS / f"{name}{suffix}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _reports(names: list[str], suffix: str = "") -> Iterator[tuple[str, Record]]:
+    """Each named scenario's committed result (`_report`), in order; scenarios without one
+    are skipped."""
     for name in names:
-        path = RESULTS / f"{name}.json"
-        if path.exists():
-            yield name, json.loads(path.read_text())
+        report = _report(name, suffix)
+        if report is not None:
+            yield name, report
 
 
 def _spread(s: Record | None) -> str:
@@ -491,8 +498,7 @@ def _goal_cells(point: Record, among: Any = None) -> tuple[str, str]:
 
 def _variants(name: str) -> Record | None:
     """The scenario's `<name>-variants.json` (the default beside its ablations), if run."""
-    path = RESULTS / f"{name}-variants.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return _report(name, "-variants")
 
 
 def _fixed_ratio(variants: Record | None) -> str:
@@ -717,11 +723,7 @@ def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") ->
         "long window: default / the variant |",
         "|---|---|---|---|---|",
     ]
-    for name in names:
-        path = RESULTS / f"{name}-variants.json"
-        if not path.is_file():
-            continue
-        report = json.loads(path.read_text())
+    for name, report in _reports(names, "-variants"):
         point = _main_point(report)
         ratios = point["ratios"].get(variant) if point else None
         if not ratios:
@@ -841,11 +843,7 @@ def drain_order_table(
         "default's -> / the variant's |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name in names:
-        path = RESULTS / f"{name}-drain.json"
-        if not path.is_file():
-            continue
-        report = json.loads(path.read_text())
+    for name, report in _reports(names, "-drain"):
         split = report["config"].get("split", "tuning")
         ours = _seed_values(report, variant, "recomputed_prefill_tokens", True)
         theirs = _seed_values(report, "thunder-mw", "recomputed_prefill_tokens", True)
@@ -862,8 +860,7 @@ def drain_order_table(
             )
             tier = f"{tier_batch}; {tier_window}"
         rival_cell = "-"
-        main = RESULTS / f"{name}.json"
-        main_report = json.loads(main.read_text()) if main.is_file() else None
+        main_report = _report(name)
         point = _main_point(main_report) if main_report is not None else None
         if main_report is not None and point is not None:
             tiered = _tiered(main_report)
@@ -909,11 +906,10 @@ def drain_tier_table(
         "long window: the default / it -> the variant / it |",
         "|---|---|---|---|",
     ]
-    for name in names:
-        drain_path, main_path = RESULTS / f"{name}-drain.json", RESULTS / f"{name}.json"
-        if not drain_path.is_file() or not main_path.is_file():
+    for name, drain in _reports(names, "-drain"):
+        main = _report(name)
+        if main is None:
             continue
-        drain, main = json.loads(drain_path.read_text()), json.loads(main_path.read_text())
         if _seed_values(drain, tier_variant, "steps_per_min_steady"):
             pair = ("thunder-mw/host-tier", tier_variant)
         elif "thunder-mw" in _tiered(main):

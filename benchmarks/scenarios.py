@@ -197,6 +197,10 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     "thunder-mw/host-tier+drain-new-first": _thunder_mw(
         **{"state-aware-pause": {"drain_victim": "new_first"}}
     ),
+    # The router's resume order (`mru-resume`: the program queued last resumes first, no
+    # ageing) on the same engines: the host tier's LRU still holds the context of the
+    # program paused last, and has lost first that of the one paused first.
+    "thunder-mw/host-tier+mru-resume": _thunder_mw(migration={"placement": "mru", "aging_s": 1e9}),
     # `tier-only-overflow` on the same engines.
     "thunder-mw/host-tier+tier-only-overflow": _thunder_mw(admission=_TIER_ONLY_OVERFLOW),
     # The rule before min-waste became the default (2026-12-04): an ACTING program's
@@ -241,6 +245,7 @@ POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "thunder-mw/host-tier+tier-only-overflow": {"host_tier": True},
     "thunder-mw/host-tier+drain-fcfs": {"host_tier": True},
     "thunder-mw/host-tier+drain-new-first": {"host_tier": True},
+    "thunder-mw/host-tier+mru-resume": {"host_tier": True},
     "thunder-mw/host-tier+tier-overflow": {"host_tier": True},
     "thunder-mw/call-timings": {"engine_counters": False},
     "continuum": {"program_fcfs": True},

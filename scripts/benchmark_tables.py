@@ -810,6 +810,43 @@ TIER_DRAIN_NEW_FIRST = "thunder-mw/host-tier+drain-new-first"
 NEW_FIRST_PAIR = (DRAIN_NEW_FIRST, TIER_DRAIN_NEW_FIRST)
 
 
+# The router's resume order on the host tier (`thunder-mw/host-tier+mru-resume`, opt-in),
+# run beside the default on the same engines in `<name>-drain.json`.
+TIER_MRU_RESUME = "thunder-mw/host-tier+mru-resume"
+# drain_tier_table's pair: where every engine has the tier (hicache) it is the same variant.
+TIER_MRU_PAIR = (TIER_MRU_RESUME, TIER_MRU_RESUME)
+
+
+def tier_variant_table(names: list[str], variant: str = TIER_MRU_RESUME) -> str:
+    """A variant on the host tier over the default on the same engines, paired by seed, from
+    `<name>-drain.json`: the fixed batch (makespan, inverse) with the prompt tokens it
+    recomputed, the long window, and the window's max / median JCT (means over the seeds)."""
+    lines = [
+        "| scenario | set | seeds | fixed batch: default's makespan / the variant's; "
+        "recomputed prompt tokens, variant / default | long window: the variant / default "
+        "| long window's max / median JCT: default -> variant |",
+        "|---|---|---|---|---|---|",
+    ]
+    base = "thunder-mw/host-tier"
+    for name, report in _reports(names, "-drain"):
+        if not _seed_values(report, variant, "steps_per_min_steady"):
+            continue
+        split = report["config"].get("split", "tuning")
+        ours = _seed_values(report, variant, "recomputed_prefill_tokens", True)
+        theirs = _seed_values(report, base, "recomputed_prefill_tokens", True)
+        recompute = f"{sum(ours.values()) / sum(theirs.values()):.2f}x" if ours and theirs else "-"
+        batch = _paired_cell(report, base, variant, "makespan_s", wave=True)
+        window = _paired_cell(report, variant, base, "steps_per_min_steady")
+        spread = [_seed_values(report, p, "jct_max_over_median") for p in (base, variant)]
+        seeds = sorted(set(spread[0]) & set(spread[1]))
+        jct = " -> ".join(f"{statistics.mean(v[k] for k in seeds):.2f}" for v in spread)
+        lines.append(
+            f"| `{name}` | {split} | {len(report['seeds'])} | {batch}; {recompute} | {window} "
+            f"| {jct if seeds else '-'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _rival_values(report: Record, policy: str, wave: bool) -> dict[int, float]:
     """A baseline's makespan (`wave`) or steady steps/min per seed at the file's main point,
     at the cap its summary figure took (a capped baseline), else uncapped."""
@@ -1217,6 +1254,8 @@ def update_docs() -> None:
     names = [*TUNING, *TEST]
     _replace_block(DOCS, "drain-new-first", drain_order_table(names, *NEW_FIRST_PAIR))
     _replace_block(DOCS, "drain-new-first-tier", drain_tier_table(names, *NEW_FIRST_PAIR))
+    _replace_block(DOCS, "tier-mru-resume", tier_variant_table(names))
+    _replace_block(DOCS, "tier-mru-resume-rivals", drain_tier_table(names, *TIER_MRU_PAIR))
     _replace_block(DOCS, "router-resume", router_resume_table([*TUNING, *TEST]))
     _replace_block(DOCS, "mru-resume-jct", resume_jct_table([*TUNING, *TEST]))
     _replace_block(DOCS, "cost-source", cost_source_table([*TUNING, *TEST]))
@@ -1247,6 +1286,8 @@ if __name__ == "__main__":
         "--drain-tier": drain_tier_table,
         "--drain-new-first": lambda names: drain_order_table(names, *NEW_FIRST_PAIR),
         "--drain-new-first-tier": lambda names: drain_tier_table(names, *NEW_FIRST_PAIR),
+        "--tier-mru-resume": tier_variant_table,
+        "--tier-mru-resume-rivals": lambda names: drain_tier_table(names, *TIER_MRU_PAIR),
         "--router-resume": router_resume_table,
         "--mru-resume-jct": resume_jct_table,
         "--controller": controller_table,

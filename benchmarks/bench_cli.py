@@ -784,7 +784,8 @@ def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[st
                 rules["idle_engine"][policy] = "admit" if admission.fill_idle_engine else "hold"
             if "state_aware_pause" in stage:
                 pause = PauseParams(**stage["state_aware_pause"])
-                rules["pause_victim"][policy] = pause_rule(pause.victim, pause.drain_victim)
+                rule = pause_rule(pause.victim, pause.drain_victim, tiered)
+                rules["pause_victim"][policy] = rule
                 fate = pause.idle_fate
                 if fate == "tiered_min_waste":
                     fate = "min_waste" if tiered else "weight"

@@ -53,9 +53,12 @@ LEGACY_PAUSE_VICTIM = "cost_benefit"
 LEGACY_DRAIN_VICTIM = "cost_benefit"
 
 
-def pause_rule(victim: str, drain_victim: str) -> str:
+def pause_rule(victim: str, drain_victim: str | None, tiered: bool = False) -> str:
     """The pause victim as a result file records it: the stage's `victim`, and for `auto`
-    the drain's rule where it is not the one `auto` always had (`cost_benefit`)."""
+    the drain's rule where it is not the one `auto` always had (`cost_benefit`); a null
+    `drain_victim` as it acts on the run's engines (`fcfs` with a host tier)."""
+    if drain_victim is None:
+        drain_victim = "fcfs" if tiered else LEGACY_DRAIN_VICTIM
     if victim == "auto" and drain_victim != LEGACY_DRAIN_VICTIM:
         return f"auto (drain {drain_victim})"
     return victim

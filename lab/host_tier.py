@@ -4,7 +4,8 @@ same hardware.
 The tiered thunder-mw rows (`TIERED`: the default pipeline on offload's engines, its tier
 rules in force, their ablation, the rules before them, `tier_reload` on, and the variant
 that overflows only onto the tier) run in a
-scenario's `<name>-variants.json`; the baselines that ran with the host tier (the file's
+scenario's `<name>-variants.json` (the default's own in `<name>-drain.json`, where it ran
+there: `DEFAULT_SOURCE`); the baselines that ran with the host tier (the file's
 `config.host_tier`: `offload`, `offload_capped` at the cap that was best on each figure,
 Continuum where its engines have the tier) in `<name>.json`; both files hold the same seeds'
 workloads and engines, so their runs pair by seed. This writes the paired ratios (fixed batch
@@ -92,6 +93,23 @@ def caps(main: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The default's tiered row is read from the scenario's `-drain` file where it ran there: those
+# files are rerun with every change of the default's rules (the drain's order on the tier
+# since 2026-12-05); the `-variants` files' rows are the default of when they were written.
+DEFAULT_SOURCE = "-drain"
+
+
+def _source(results: Path, name: str, ours: str, variants: dict[str, Any]) -> dict[str, Any]:
+    """The file `ours`'s rows are read from: `<name>-drain.json` for the default's tiered
+    row where that file has it, else the variants file."""
+    path = results / f"{name}{DEFAULT_SOURCE}.json"
+    if ours == TIERED[0] and path.is_file():
+        drain: dict[str, Any] = json.loads(path.read_text())
+        if ours in drain["config"]["policies"]:
+            return drain
+    return variants
+
+
 def main(results: Path = RESULTS_DIR) -> int:
     scenarios: dict[str, Any] = {}
     for vpath in sorted(results.glob("*-variants.json")):
@@ -102,17 +120,21 @@ def main(results: Path = RESULTS_DIR) -> int:
             continue
         report = json.loads(path.read_text())
         rows: dict[str, Any] = {}
+        sources: dict[str, str] = {}
         for ours in TIERED:
-            if ours not in variants["config"]["policies"]:
+            source = _source(results, name, ours, variants)
+            if ours not in source["config"]["policies"]:
                 continue
+            if source is not variants:
+                sources[ours] = f"{name}{DEFAULT_SOURCE}.json"
             against = {
-                theirs: pair(report, variants, ours, theirs) for theirs in tiered_baselines(report)
+                theirs: pair(report, source, ours, theirs) for theirs in tiered_baselines(report)
             }
             against = {theirs: figures for theirs, figures in against.items() if figures}
             if against:
                 rows[ours] = against
         if rows:
-            scenarios[name] = {"rows": rows, "caps": caps(report)}
+            scenarios[name] = {"rows": rows, "caps": caps(report), "sources": sources}
     write_result(
         results / "host-tier.json",
         {"ours": list(TIERED), "scenarios": scenarios},

@@ -89,6 +89,13 @@ class StateAwarePause(Stage):
       (`cost_benefit`, `fcfs` or `new_first`) once arrivals stop, where the drain's last
       program sets the makespan. A switch re-keys the pause order (`Reorder`), and the
       resume order too where it changes with the rule (`fcfs`, `new_first`).
+      `drain_victim: null` (default) chooses by the host tier, as the migration stage's
+      `started_first` does: `fcfs` while a backend has one, else `cost_benefit`. With a
+      tier a paused program's context waits there, in an LRU: rotating every held program
+      through the engine (`cost_benefit`'s order by wait) resumes them in the order the
+      tier loses their contexts, where one fixed order keeps the contexts of the programs
+      behind waiting untouched (docs/benchmarks.md, "The drain's order"); without one a
+      paused context is gone either way, and `cost_benefit`'s batches were the shorter.
     """
 
     name = "state_aware_pause"
@@ -98,6 +105,10 @@ class StateAwarePause(Stage):
     def bind(self, view: StageView) -> Decisions:
         self._pace = ArrivalPace(self.params.stream_patience)
         self._streaming = False  # `auto`: the rule in force (keys in the pause order use it)
+        # `auto`'s rule once arrivals stop; for null read again at the first request (a
+        # tier the config declares is known by then) and whenever backends change.
+        self._drain = self._drain_rule(view)
+        self._drain_read = self.params.drain_victim is not None
         self._offering_over = False  # `new_first`: new programs resume first (queue keys)
         victim = self.params.victim
         self._may_new_first = victim == "new_first" or (
@@ -143,7 +154,15 @@ class StateAwarePause(Stage):
         """The victim rule in force: `auto` resolves to `shortest_first` or `drain_victim`."""
         if self.params.victim != "auto":
             return self.params.victim
-        return "shortest_first" if self._streaming else self.params.drain_victim
+        return "shortest_first" if self._streaming else self._drain
+
+    def _drain_rule(self, view: StageView) -> str:
+        """`drain_victim`, or for null by the host tier (read where backends change: a tier
+        reported later switches the rule then)."""
+        if self.params.drain_victim is not None:
+            return self.params.drain_victim
+        tiered = any(host_tier_tokens(b) for b in view.healthy_backends())
+        return "fcfs" if tiered else "cost_benefit"
 
     def new_first(self) -> bool:
         """Do programs not yet begun resume before paused ones now (Migration.queue_key)?
@@ -165,7 +184,7 @@ class StateAwarePause(Stage):
                 self._streaming = streaming
                 changed = True
                 # The resume order follows the rule only under a fixed order (queue_key).
-                queue = self.params.drain_victim in _FIXED_ORDERS
+                queue = self._drain in _FIXED_ORDERS
         over = self._may_new_first and self.rule() == "new_first" and self._pace.over(now)
         if over != self._offering_over:
             self._offering_over = over
@@ -177,6 +196,9 @@ class StateAwarePause(Stage):
         fresh = not (program.steps or program.in_flight or program.waiting)
         if fresh and program.created_at == now:
             self._pace.arrived(now)
+        if not self._drain_read:
+            self._drain_read = True
+            self._drain = self._drain_rule(view)
         return self._switch(now)
 
     def on_release(
@@ -203,6 +225,12 @@ class StateAwarePause(Stage):
 
     def on_backend_change(self, view: StageView, backend: BackendView, now: float) -> Decisions:
         switch = self._switch(now)
+        drain = self._drain_rule(view)
+        if drain != self._drain:
+            self._drain = drain
+            if self.params.victim == "auto" and not self._streaming:
+                # The rule in force changed: re-key the pause order and the queue.
+                switch = (Reorder(queue=True),)
         if self.params.check != "event":
             return switch
         if switch:

@@ -138,9 +138,10 @@ class PauseParams(StageParams):
         "programs are expected, those not yet begun resume before paused ones "
         "(docs/scheduling.md).",
     )
-    drain_victim: Literal["cost_benefit", "fcfs", "new_first"] = Field(
-        "cost_benefit",
-        description="`auto`: the rule once new programs stop arriving: `cost_benefit`, "
+    drain_victim: Literal["cost_benefit", "fcfs", "new_first"] | None = Field(
+        None,
+        description="`auto`: the rule once new programs stop arriving (null: `fcfs` while "
+        "the fleet has a host KV tier, else `cost_benefit`): `cost_benefit`, "
         "`fcfs` (one fixed order by arrival for marking calls to pause and for resuming: the "
         "programs furthest ahead in it run to completion and free their KV, instead of every "
         "program taking turns through the cache and the host tier) or `new_first` (the same "

@@ -4,7 +4,7 @@ so the figures there are the files' figures: python scripts/benchmark_tables.py"
 import json
 import statistics
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,17 +76,31 @@ SWEEP_OF = {"cluster-scaling": "paper-rollout-2node"}
 Record = dict[str, Any]
 
 
-def _report(name: str, suffix: str = "") -> Record | None:
-    """The scenario's committed `<name><suffix>.json` (`-variants`, `-drain`), if run."""
+def _report(name: str, suffix: str = "", revision: str | None = None) -> Record | None:
+    """The scenario's committed `<name><suffix>.json` (`-variants`, `-drain`), if run; with
+    `revision`, as it was at that git revision (a record of then)."""
+    if revision is not None:
+        import subprocess
+
+        shown = subprocess.run(
+            ["git", "show", f"{revision}:results/{name}{suffix}.json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return json.loads(shown.stdout) if shown.returncode == 0 else None
     path = RESULTS / f"{name}{suffix}.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _reports(names: list[str], suffix: str = "") -> Iterator[tuple[str, Record]]:
+def _reports(
+    names: list[str], suffix: str = "", revision: str | None = None
+) -> Iterator[tuple[str, Record]]:
     """Each named scenario's committed result (`_report`), in order; scenarios without one
     are skipped."""
     for name in names:
-        report = _report(name, suffix)
+        report = _report(name, suffix, revision)
         if report is not None:
             yield name, report
 
@@ -560,16 +574,17 @@ def _starvation_cell(point: Record) -> str:
     return f"{tail:.2f}: " + ("met" if tail <= 3 else f"over by {tail - 3:.2f}")
 
 
-# What `thunder-mw` resolves to today, as result files record it (`config.admission_overflow`,
-# `config.pause_victim`; schemas/stage_params.py's defaults, pinned by tests/unit/test_docs.py).
+# What `thunder-mw` resolves to today, as result files record it (`config.admission_overflow`;
+# schemas/stage_params.py's defaults, pinned by tests/unit/test_docs.py).
 # A file that names another rule, or none (written before it named it), ran an earlier default.
-DEFAULT_RULES = {"admission_overflow": "adaptive", "pause_victim": "auto"}
+DEFAULT_RULES = {"admission_overflow": "adaptive"}
 # The default's tier rules as the result files record them (bench_cli.resolved_rules: as
 # they act), on engines with a host KV tier and without: (resume placement, idle fate,
-# tier reload). Files written before they were recorded ran the untiered row's.
+# tier reload, pause victim: the drain's order is `fcfs` with a tier since 2026-12-05).
+# Files written before they were recorded ran the untiered row's.
 DEFAULT_TIER_RULES = {
-    True: ("tier_aware", "min_waste", "off"),
-    False: ("home_if_room", "min_waste", "off"),
+    True: ("tier_aware", "min_waste", "off", "auto (drain fcfs)"),
+    False: ("home_if_room", "min_waste", "off", "auto"),
 }
 # The default's cost source in the simulator: the engine's counters, as live (bench_cli
 # `engine_counters`; the default's rows learned from call timings before 2026-12-04).
@@ -584,6 +599,7 @@ def runs_default(report: Record) -> bool:
         config.get("resume_placement", {}).get("thunder-mw", "home_if_room"),
         config.get("idle_fate", {}).get("thunder-mw", "weight"),
         config.get("tier_reload", {}).get("thunder-mw", "off"),
+        config.get("pause_victim", {}).get("thunder-mw"),
     )
     counters = bool(config.get("engine_counters", {}).get("thunder-mw", False))
     rules = rules and tier_rules == DEFAULT_TIER_RULES[_tiered_default(config)]
@@ -817,7 +833,9 @@ TIER_MRU_RESUME = "thunder-mw/host-tier+mru-resume"
 TIER_MRU_PAIR = (TIER_MRU_RESUME, TIER_MRU_RESUME)
 
 
-def tier_variant_table(names: list[str], variant: str = TIER_MRU_RESUME) -> str:
+def tier_variant_table(
+    names: list[str], variant: str = TIER_MRU_RESUME, revision: str | None = None
+) -> str:
     """A variant on the host tier over the default on the same engines, paired by seed, from
     `<name>-drain.json`: the fixed batch (makespan, inverse) with the prompt tokens it
     recomputed, the long window, and the window's max / median JCT (means over the seeds)."""
@@ -828,7 +846,7 @@ def tier_variant_table(names: list[str], variant: str = TIER_MRU_RESUME) -> str:
         "|---|---|---|---|---|---|",
     ]
     base = "thunder-mw/host-tier"
-    for name, report in _reports(names, "-drain"):
+    for name, report in _reports(names, "-drain", revision):
         if not _seed_values(report, variant, "steps_per_min_steady"):
             continue
         split = report["config"].get("split", "tuning")
@@ -863,7 +881,10 @@ def _rival_values(report: Record, policy: str, wave: bool) -> dict[int, float]:
 
 
 def drain_order_table(
-    names: list[str], variant: str = DRAIN_FCFS, tier_variant: str = TIER_DRAIN_FCFS
+    names: list[str],
+    variant: str = DRAIN_FCFS,
+    tier_variant: str = TIER_DRAIN_FCFS,
+    revision: str | None = None,
 ) -> str:
     """The drain's fixed order (`variant`, on the host tier `tier_variant`) over the
     default, paired by seed, from `<name>-drain.json`:
@@ -880,7 +901,7 @@ def drain_order_table(
         "default's -> / the variant's |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, report in _reports(names, "-drain"):
+    for name, report in _reports(names, "-drain", revision):
         split = report["config"].get("split", "tuning")
         ours = _seed_values(report, variant, "recomputed_prefill_tokens", True)
         theirs = _seed_values(report, "thunder-mw", "recomputed_prefill_tokens", True)
@@ -929,7 +950,10 @@ TIERED_RIVALS = ("offload", "offload_capped", "continuum")
 
 
 def drain_tier_table(
-    names: list[str], variant: str = DRAIN_FCFS, tier_variant: str = TIER_DRAIN_FCFS
+    names: list[str],
+    variant: str = DRAIN_FCFS,
+    tier_variant: str = TIER_DRAIN_FCFS,
+    revision: str | None = None,
 ) -> str:
     """thunder-mw on the host tier against each tiered baseline (from `<name>.json`, the
     capped one at its summary cap), the default's fresh rows and then the drain's order
@@ -943,7 +967,7 @@ def drain_tier_table(
         "long window: the default / it -> the variant / it |",
         "|---|---|---|---|",
     ]
-    for name, drain in _reports(names, "-drain"):
+    for name, drain in _reports(names, "-drain", revision):
         main = _report(name)
         if main is None:
             continue
@@ -1237,6 +1261,57 @@ def _replace_block(path: Path, marker: str, body: str) -> None:
     path.write_text(f"{head}{start}\n{body}{end}{tail}")
 
 
+# The `-drain` files as they were before the drain's order became `fcfs` on the host tier
+# (2026-12-05): their tables compare the opt-in orders with the default of then, and stay a
+# record of it (the files' rows since compare them with the new default).
+DRAIN_RECORD = "b82a21b"
+
+
+def tier_default_change_table(names: list[str], revision: str = DRAIN_RECORD) -> str:
+    """The default on the host tier now (`thunder-mw/host-tier` of `<name>-drain.json`)
+    over the same rows at git `revision`, paired by seed: what the drain's order by the
+    tier did (fixed batch: then's makespan / now's, with the prompt tokens recomputed, now
+    over then; long window: now / then)."""
+    from thunder_mw.benchmarks.bootstrap import compare
+
+    lines = [
+        f"| scenario | set | seeds | fixed batch: {revision}'s makespan / now's; recomputed "
+        f"prompt tokens, now / then | long window: now / {revision}'s |",
+        "|---|---|---|---|---|",
+    ]
+    policy = "thunder-mw/host-tier"
+    for name, report in _reports(names, "-drain"):
+        then = _report(name, "-drain", revision)
+        if then is None or not _seed_values(report, policy, "steps_per_min_steady"):
+            continue
+        cells = []
+        for wave, metric in ((True, "makespan_s"), (False, "steps_per_min_steady")):
+            now, before = (_seed_values(r, policy, metric, wave) for r in (report, then))
+            seeds = sorted(set(now) & set(before))
+            a, b = [before[k] for k in seeds], [now[k] for k in seeds]
+            cells.append(_ratio_cell(compare(a, b) if wave else compare(b, a)) if seeds else "-")
+        rec = [_seed_values(r, policy, "recomputed_prefill_tokens", True) for r in (report, then)]
+        ratio = f"{sum(rec[0].values()) / sum(rec[1].values()):.2f}x" if all(rec) else "-"
+        split = report["config"].get("split", "tuning")
+        lines.append(
+            f"| `{name}` | {split} | {len(report['seeds'])} | {cells[0]}; {ratio} | {cells[1]} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _drain_record_tables() -> dict[str, Callable[[list[str]], str]]:
+    """The docs' blocks read from the `-drain` files at `DRAIN_RECORD`, by block name."""
+    at = DRAIN_RECORD
+    return {
+        "drain-order": lambda names: drain_order_table(names, revision=at),
+        "drain-tier": lambda names: drain_tier_table(names, revision=at),
+        "drain-new-first": lambda names: drain_order_table(names, *NEW_FIRST_PAIR, at),
+        "drain-new-first-tier": lambda names: drain_tier_table(names, *NEW_FIRST_PAIR, at),
+        "tier-mru-resume": lambda names: tier_variant_table(names, revision=at),
+        "tier-mru-resume-rivals": lambda names: drain_tier_table(names, *TIER_MRU_PAIR, at),
+    }
+
+
 def update_docs() -> None:
     """Rewrites the figures blocks of docs/benchmarks.md and the README's summary table."""
     _replace_block(DOCS, "tuning-figures", figure_tables(TUNING))
@@ -1249,13 +1324,10 @@ def update_docs() -> None:
     _replace_block(DOCS, "no-admission", variant_table([*TUNING, *TEST], NO_ADMISSION))
     _replace_block(DOCS, "tier-only-overflow", variant_table([*TUNING, *TEST], TIER_ONLY_OVERFLOW))
     _replace_block(DOCS, "mru-resume", variant_table([*TUNING, *TEST], MRU_RESUME))
-    _replace_block(DOCS, "drain-order", drain_order_table([*TUNING, *TEST]))
-    _replace_block(DOCS, "drain-tier", drain_tier_table([*TUNING, *TEST]))
     names = [*TUNING, *TEST]
-    _replace_block(DOCS, "drain-new-first", drain_order_table(names, *NEW_FIRST_PAIR))
-    _replace_block(DOCS, "drain-new-first-tier", drain_tier_table(names, *NEW_FIRST_PAIR))
-    _replace_block(DOCS, "tier-mru-resume", tier_variant_table(names))
-    _replace_block(DOCS, "tier-mru-resume-rivals", drain_tier_table(names, *TIER_MRU_PAIR))
+    for block, table in _drain_record_tables().items():
+        _replace_block(DOCS, block, table(names))
+    _replace_block(DOCS, "tier-default-change", tier_default_change_table(names))
     _replace_block(DOCS, "router-resume", router_resume_table([*TUNING, *TEST]))
     _replace_block(DOCS, "mru-resume-jct", resume_jct_table([*TUNING, *TEST]))
     _replace_block(DOCS, "cost-source", cost_source_table([*TUNING, *TEST]))
@@ -1282,12 +1354,8 @@ if __name__ == "__main__":
         "--no-admission": lambda names: variant_table(names, NO_ADMISSION),
         "--tier-only-overflow": lambda names: variant_table(names, TIER_ONLY_OVERFLOW),
         "--mru-resume": lambda names: variant_table(names, MRU_RESUME),
-        "--drain-order": drain_order_table,
-        "--drain-tier": drain_tier_table,
-        "--drain-new-first": lambda names: drain_order_table(names, *NEW_FIRST_PAIR),
-        "--drain-new-first-tier": lambda names: drain_tier_table(names, *NEW_FIRST_PAIR),
-        "--tier-mru-resume": tier_variant_table,
-        "--tier-mru-resume-rivals": lambda names: drain_tier_table(names, *TIER_MRU_PAIR),
+        **{f"--{block}": table for block, table in _drain_record_tables().items()},
+        "--tier-default-change": tier_default_change_table,
         "--router-resume": router_resume_table,
         "--mru-resume-jct": resume_jct_table,
         "--controller": controller_table,

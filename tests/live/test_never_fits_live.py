@@ -49,6 +49,12 @@ def client(demo_gateway: ServerThread) -> Iterator[openai.OpenAI]:
         yield c
 
 
+# "At once": well before a hold of a request larger than every engine could end
+# (`alone_hold_s`, 10 s by default), with room for a loaded machine (a 1-s bound failed with
+# the two cores shared by four processes).
+AT_ONCE_S = 5.0
+
+
 def _refused(
     client: openai.OpenAI, program_id: str, **body: Any
 ) -> tuple[openai.BadRequestError, float]:
@@ -81,7 +87,7 @@ def test_max_tokens_past_the_model_length_is_refused_at_once_and_nobody_pauses(
     error, took = _refused(
         client, "outgrown", messages=[{"role": "user", "content": "go"}], max_tokens=max_tokens
     )
-    assert took < 1.0
+    assert took < AT_ONCE_S
     assert error.code == code and error.param == "max_tokens"
     if code == "context_length_exceeded":
         assert "32768 tokens (max_model_len of sim-" in error.message
@@ -95,8 +101,9 @@ def test_a_prompt_past_every_engine_is_refused_at_once(
     demo_gateway: ServerThread, client: openai.OpenAI
 ) -> None:
     error, took = _refused(client, "long", messages=[{"role": "user", "content": HUGE_PROMPT}])
-    assert took < 1.0
+    assert took < AT_ONCE_S
     assert error.code == "context_length_exceeded" and error.param == "messages"
+    assert httpx.get(f"{demo_gateway.url}/programs/long").status_code == 404  # never held
 
 
 # ---------------------------------------------------------------------- bounds on held requests
@@ -191,7 +198,7 @@ def real_gateway(vllm_engine: RealVllm) -> Iterator[ServerThread]:
     ],
     ids=["max_tokens", "prompt_past_model_length", "huge_prompt"],
 )
-def test_the_real_engine_and_the_gateway_refuse_the_same_bodies_in_under_a_second(
+def test_the_real_engine_and_the_gateway_refuse_the_same_bodies_at_once(
     real_gateway: ServerThread, vllm_engine: RealVllm, body: dict[str, Any]
 ) -> None:
     body = {"model": vllm_engine.model, **body}
@@ -205,6 +212,6 @@ def test_the_real_engine_and_the_gateway_refuse_the_same_bodies_in_under_a_secon
     took = time.monotonic() - started
     assert direct.status_code == 400, direct.text
     assert through.status_code == 400, through.text
-    assert took < 1.0
+    assert took < AT_ONCE_S
     assert through.json()["error"]["message"]
     assert httpx.get(f"{real_gateway.url}/programs/too-long").status_code == 404

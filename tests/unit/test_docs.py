@@ -102,15 +102,15 @@ def test_the_tables_know_the_default_rules_the_result_files_record() -> None:
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
     resolved: dict[str, str] = {"admission_overflow": AdmissionParams().overflow}
-    resolved["pause_victim"] = PauseParams().victim
     assert tables.DEFAULT_RULES == resolved
     # The tier rules as bench_cli.resolved_rules records them: as they act, on engines with a
-    # host KV tier and without.
+    # host KV tier and without (the pause victim's drain order among them).
     for tiered in (True, False):
         scenario = replace(SCENARIOS["chat-control"], host_tier=tiered)
         recorded = resolved_rules(scenario, ["thunder-mw"])
-        rules = tuple(recorded[k]["thunder-mw"] for k in ("resume_placement", "idle_fate"))
-        rules += (recorded["tier_reload"]["thunder-mw"],)
+        keys = ("resume_placement", "idle_fate", "tier_reload", "pause_victim")
+        rules = tuple(recorded[k]["thunder-mw"] for k in keys)
         assert tables.DEFAULT_TIER_RULES[tiered] == rules
+        assert rules[3].startswith(PauseParams().victim)
     counted = engine_counters(SCENARIOS["chat-control"], "thunder-mw")
     assert tables.DEFAULT_ENGINE_COUNTERS == counted

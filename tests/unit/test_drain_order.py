@@ -1,8 +1,8 @@
 """The drain's fixed orders (state_aware_pause `fcfs` and `new_first`, and `auto` with
-`drain_victim` one of them): of the calls in flight the program that arrived last is marked
-to pause first, and paused programs resume in arrival order, however long each has waited,
-under `new_first` after every program not yet begun (policies/stages.py), with the clock
-injected."""
+`drain_victim` one of them, or null on a fleet with a host KV tier): of the calls in flight
+the program that arrived last is marked to pause first, and paused programs resume in
+arrival order, however long each has waited, under `new_first` after every program not yet
+begun (policies/stages.py), with the clock injected."""
 
 from __future__ import annotations
 
@@ -11,9 +11,17 @@ from typing import Any
 from thunder_mw.benchmarks.bench_cli import resolved_rules
 from thunder_mw.benchmarks.reuse import RECORDED_RULES, pause_rule
 from thunder_mw.benchmarks.scenarios import SCENARIOS
-from thunder_mw.policies import CallFinished, ReleaseRequested, RequestArrived, Tick
+from thunder_mw.policies import (
+    BackendChanged,
+    CallFinished,
+    HostTierDeclared,
+    ReleaseRequested,
+    RequestArrived,
+    Tick,
+)
 from thunder_mw.policies.core import Forward, Hold, RequestInfo, Resumed, SchedulerCore
 from thunder_mw.policies.decisions import Paused
+from thunder_mw.policies.events import BackendMetrics
 from thunder_mw.policies.pipeline import build_pipeline
 from thunder_mw.policies.program_table import Usage
 from thunder_mw.policies.stages import StateAwarePause
@@ -170,14 +178,46 @@ def test_auto_drains_in_arrival_order_once_arrivals_stop() -> None:
     assert stage.rule() == "fcfs"
 
 
-def test_off_by_default_and_recorded_when_on() -> None:
-    assert PauseParams().drain_victim == "cost_benefit"
+def test_the_default_drains_by_the_host_tier() -> None:
+    # drain_victim null: fcfs where a backend has a host KV tier, cost_benefit elsewhere; a
+    # tier the config declares after the core is built is read at the first request.
+    for tokens, drain in ((0, "cost_benefit"), (4000, "fcfs")):
+        core, stage = make(victim="auto")
+        if tokens:
+            core.handle(HostTierDeclared("b0", tokens, 1e6))
+        in_tools(core, "cab")
+        assert stage.rule() == drain, tokens
+    # A tier reported later (a backend change) switches the drain's rule then, and the
+    # queue is re-keyed with it.
+    core, stage = make(victim="auto")
+    in_tools(core, "acb")
+    out = core.handle(RequestArrived(ctx("a"), info(690), 6.0))
+    assert sorted(paused(out.actions)) == ["b", "c"]
+    for t, pid in ((7.0, "c"), (8.0, "b")):  # c queues first
+        assert isinstance(core.handle(RequestArrived(ctx(pid), info(390), t)).decision, Hold)
+    assert stage.rule() == "cost_benefit"
+    core.handle(BackendChanged("b0", 9.0, metrics=BackendMetrics(host_kv_tokens=4000)))
+    assert stage.rule() == "fcfs"
+    core.handle(CallFinished("a", Usage(690, 10, 0), True, 10.0))
+    out = core.handle(ReleaseRequested("a", "release", 11.0))
+    assert resumed(out.actions)[:1] == ["b"]  # by arrival, not by wait
+
+
+def test_recorded_as_it_acts() -> None:
+    assert PauseParams().drain_victim is None
     rules = resolved_rules(
         SCENARIOS["swe-agent-knee"],
-        ["thunder-mw", "thunder-mw/drain-fcfs", "thunder-mw/drain-new-first", "thunderagent"],
+        [
+            "thunder-mw",
+            "thunder-mw/host-tier",
+            "thunder-mw/drain-fcfs",
+            "thunder-mw/drain-new-first",
+            "thunderagent",
+        ],
     )["pause_victim"]
     assert rules == {
         "thunder-mw": "auto",
+        "thunder-mw/host-tier": "auto (drain fcfs)",
         "thunder-mw/drain-fcfs": "auto (drain fcfs)",
         "thunder-mw/drain-new-first": "auto (drain new_first)",
         "thunderagent": "shortest_first",

@@ -354,7 +354,12 @@ def test_queue_order_is_priority_then_largest_first() -> None:
 def test_started_first_queues_a_paused_program_ahead_of_one_not_yet_begun(
     started_first: bool | None, host_tier: int, order: list[str]
 ) -> None:
-    core = make(migration={} if started_first is None else {"started_first": started_first})
+    # The queue's own order (ageing, then largest first): the drain's fixed order, the
+    # default on a tiered fleet (test_drain_order.py), would order by arrival instead.
+    core = make(
+        migration={} if started_first is None else {"started_first": started_first},
+        pause={"drain_victim": "cost_benefit"},
+    )
     if host_tier:
         core.handle(HostTierDeclared("b0", host_tier, 1e6))
     run_step(core, "old", 300, 0)

@@ -1074,8 +1074,6 @@ def against_table(names: list[str], revision: str) -> str:
     """The default's rows now over the same files' at a git `revision` (the default of
     then), paired by seed: what a change of the default did, on the figures the summary
     table reads (fixed batch: then's makespan / now's; long window: now / then)."""
-    import subprocess
-
     from thunder_mw.benchmarks.bootstrap import compare
 
     lines = [
@@ -1084,16 +1082,9 @@ def against_table(names: list[str], revision: str) -> str:
         "|---|---|---|---|---|",
     ]
     for name, report in _reports(names):
-        shown = subprocess.run(
-            ["git", "show", f"{revision}:results/{name}.json"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if shown.returncode != 0:
+        then = _report(name, revision=revision)
+        if then is None:
             continue
-        then = json.loads(shown.stdout)
         cells = []
         for wave, metric in ((True, "makespan_s"), (False, "steps_per_min_steady")):
             now = _seed_values(report, "thunder-mw", metric, wave)

@@ -5,7 +5,7 @@ on measured goodput (policies/operating_point.py), else the cost-aware rule
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from thunder_mw.policies.decisions import Footprint, PlanBackend, StageDecision
 from thunder_mw.policies.operating_point import Bounds, OperatingPoint
@@ -23,7 +23,7 @@ from thunder_mw.policies.stage_contract import Decisions, Stage, StageView
 from thunder_mw.policies.views import BackendView, ProgramView
 from thunder_mw.schemas.stage_params import AdmissionParams
 
-__all__ = ["Admission", "host_tier_tokens"]
+__all__ = ["Admission", "host_tier_tokens", "tiered_fleet"]
 
 
 def host_tier_tokens(backend: BackendView) -> int:
@@ -31,6 +31,12 @@ def host_tier_tokens(backend: BackendView) -> int:
     declared for it."""
     reported = backend.metrics.host_kv_tokens
     return int(reported) if reported is not None else backend.host_kv_tokens
+
+
+def tiered_fleet(backends: Iterable[BackendView]) -> bool:
+    """Has any of `backends` a host KV tier? (The rules that choose by what a resume costs:
+    the migration stage's `started_first: null`, the pause stage's `drain_victim: null`.)"""
+    return any(host_tier_tokens(b) for b in backends)
 
 
 class Admission(Stage):

@@ -15,7 +15,7 @@ from typing import Any
 from thunder_mw.policies._failed_expiry import FailedExpiry
 from thunder_mw.policies._lazy_heap import LazyHeap
 from thunder_mw.policies.admission import Admission as Admission
-from thunder_mw.policies.admission import host_tier_tokens
+from thunder_mw.policies.admission import host_tier_tokens, tiered_fleet
 from thunder_mw.policies.arrival_pace import ArrivalPace
 from thunder_mw.policies.decisions import (
     Footprint,
@@ -161,8 +161,7 @@ class StateAwarePause(Stage):
         reported later switches the rule then)."""
         if self.params.drain_victim is not None:
             return self.params.drain_victim
-        tiered = any(host_tier_tokens(b) for b in view.healthy_backends())
-        return "fcfs" if tiered else "cost_benefit"
+        return "fcfs" if tiered_fleet(view.healthy_backends()) else "cost_benefit"
 
     def new_first(self) -> bool:
         """Do programs not yet begun resume before paused ones now (Migration.queue_key)?
@@ -359,7 +358,7 @@ class Migration(Stage):
             # the time it resumes (a full recompute, dearer than a new program's first
             # prompt), and arrival order is kept. Read when the program is queued: a tier
             # reported later orders only the programs queued after it.
-            first = any(host_tier_tokens(b) for b in view.healthy_backends())
+            first = tiered_fleet(view.healthy_backends())
         tier = (0 if program.steps else 1) if first else 0
         key: tuple[Any, ...]
         pause = self._pause

@@ -208,7 +208,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--rerun",
         help="Comma-separated policies to rerun; every other run is taken from the result "
         "file being replaced (--output), which must have been made with the same scenario "
-        "and those policies' pipelines (benchmarks/reuse.py).",
+        "and those policies' pipelines (benchmarks/reuse.py). Empty (--rerun=): rerun none, "
+        "run only what the file lacks (a capped policy's lower caps, where its best cap is "
+        "the lowest it ran).",
     )
     des.add_argument("--no-plots", action="store_true", help="Do not write PNG plots.")
     des.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="Worker processes.")
@@ -331,8 +333,8 @@ _HARNESSES: dict[str, Callable[[argparse.Namespace], int]] = {
 def _run_des(scenario: Scenario, policies: list[str], args: argparse.Namespace) -> int:
     output = args.output or args.results_dir / f"{scenario.name}.json"
     reuse, rerun = None, None
-    if args.rerun:
-        rerun = set(args.rerun.split(","))
+    if args.rerun is not None:
+        rerun = set(filter(None, args.rerun.split(",")))
         unknown = sorted(rerun - set(policies))
         if unknown:
             print(f"--rerun names policies the run has not: {unknown}", file=sys.stderr)
@@ -849,6 +851,91 @@ def scenario_config(
     }
 
 
+def lower_caps(scenario: Scenario, policies: list[str], rows: list[dict[str, Any]]) -> list[Job]:
+    """The next cap down for the first capped policy whose best cap, on either figure, is
+    the lowest it ran (half of it, at least one program per engine; none once that is
+    run): its runs at that cap, as `plan_jobs` plans a cap's (every seed, both figures)."""
+    main = (scenario.engines, scenario.programs_per_engine)
+    for name in (p for p in policies if p in CAPPED):
+        caps = choose_caps(scenario, policies, rows, name)
+        if caps is None:
+            continue
+        ran = sorted({r["cap"] for r in rows if r["policy"] == name})
+        lowest = ran[0]
+        if lowest <= scenario.engines or lowest not in (caps["batch_cap"], caps["window_cap"]):
+            continue
+        cap = max(scenario.engines, lowest // 2)
+        runs = [r for r in rows if r["policy"] == name and r["cap"] == lowest]
+        return [
+            Job(name, *main, r["programs"], True, r["seed"], r["wave"], cap)
+            for r in sorted(runs, key=lambda r: (r["wave"], r["seed"]))
+        ]
+    return []
+
+
+def _rows(done: list[tuple[Job, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per run: its job's keys and its metrics."""
+    return [
+        {
+            "policy": job.policy,
+            "engines": job.engines,
+            "programs_per_engine": job.per_engine,
+            "concurrency": job.engines * job.per_engine,
+            "programs": job.programs,
+            "main": job.main,
+            "seed": job.seed,
+            "wave": job.wave,
+            "cap": job.cap,
+            **out["metrics"],
+        }
+        for job, out in done
+    ]
+
+
+def _run_jobs(
+    scenario: Scenario, work: list[Job], trace: Path | None, seed: int, jobs: int
+) -> list[tuple[Job, dict[str, Any]]]:
+    if jobs > 1 and len(work) > 1:
+        portable = replace(scenario, targets=())  # targets hold closures; workers need none
+        with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
+            futures = [pool.submit(run_job, portable, j, trace, seed) for j in work]
+            return [f.result() for f in futures]
+    return [run_job(scenario, j, trace, seed) for j in work]
+
+
+def _run_down_the_grid(
+    scenario: Scenario,
+    policies: list[str],
+    work: list[Job],
+    done: list[tuple[Job, dict[str, Any]]],
+    reuse: dict[str, Any] | None,
+    reused: list[str],
+    trace: Path | None,
+    seed: int,
+    jobs: int,
+) -> list[tuple[Job, dict[str, Any]]]:
+    """`done` and the runs of `work`; then, while a capped policy's best cap is the lowest of
+    its grid, its runs at the next cap down (`lower_caps`: what a user tuning the cap would
+    try next) until the best is inside it. A cap the file being replaced has is taken from
+    it, as its policy's other runs are."""
+    while True:
+        if work:
+            done = done + _run_jobs(scenario, work, trace, seed, jobs)
+        lower = lower_caps(scenario, policies, _rows(done))
+        if not lower:
+            return done
+        work = []
+        for job in lower:
+            try:
+                if reuse is None or job.policy not in reused:
+                    raise ReuseError(job.policy)
+                done = [*done, (job, reused_output(reuse, job, seed))]
+            except ReuseError:
+                work.append(job)
+        if work:
+            print(f"{job.policy}: best at its lowest cap, adding cap {job.cap}", file=sys.stderr)
+
+
 def run_scenario(
     scenario: Scenario,
     policies: list[str],
@@ -875,29 +962,9 @@ def run_scenario(
         check_config(reuse["config"], config, reused)
         done = [(j, reused_output(reuse, j, seed)) for j in work if j.policy in reused]
         work = [j for j in work if j.policy not in reused]
-    if jobs > 1 and len(work) > 1:
-        portable = replace(scenario, targets=())  # targets hold closures; workers need none
-        with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
-            futures = [pool.submit(run_job, portable, j, trace, seed) for j in work]
-            done += [f.result() for f in futures]
-    else:
-        done += [run_job(scenario, j, trace, seed) for j in work]
+    done = _run_down_the_grid(scenario, policies, work, done, reuse, reused, trace, seed, jobs)
 
-    all_rows = [
-        {
-            "policy": job.policy,
-            "engines": job.engines,
-            "programs_per_engine": job.per_engine,
-            "concurrency": job.engines * job.per_engine,
-            "programs": job.programs,
-            "main": job.main,
-            "seed": job.seed,
-            "wave": job.wave,
-            "cap": job.cap,
-            **out["metrics"],
-        }
-        for job, out in done
-    ]
+    all_rows = _rows(done)
     all_rows.sort(
         key=lambda r: (
             r["engines"],

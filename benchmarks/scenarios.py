@@ -62,7 +62,8 @@ OFFLOAD_CAPPED = "offload_capped"
 # `session_affinity`; figures._uncapped).
 CAPPED: dict[str, str | None] = {VLLM_CAPPED: None, OFFLOAD_CAPPED: "offload"}
 # The caps vllm_capped is swept over, as fractions of the scenario's concurrency; the
-# uncapped engine (the scenario's `vllm` or `session_affinity` run) is the sweep's 1.0.
+# uncapped engine (the scenario's `vllm` or `session_affinity` run) is the sweep's 1.0. Where
+# the best is the lowest, `bench` goes on down by halves (bench_cli.lower_caps).
 CAP_FRACTIONS = (0.25, 0.5, 0.75)
 
 

@@ -1101,6 +1101,48 @@ def against_table(names: list[str], revision: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The client-side caps a user puts in front of plain vLLM and in front of offload's engines
+# (benchmarks/scenarios.py CAPPED; each a sweep whose best cap stands for it).
+CAPPED_BASELINES = ("vllm_capped", "offload_capped")
+# The result files as they were before a capped baseline's grid went on down below 0.25 of
+# the concurrency while its best cap was the lowest run (2026-12-06).
+CAP_GRID_BEFORE = "a3c948b"
+
+
+def cap_grid_table(names: list[str], revision: str = CAP_GRID_BEFORE) -> str:
+    """Each capped baseline whose grid went further down since git `revision`: the caps it
+    ran, its best cap per figure with that figure (then -> now), and thunder-mw's ratio over
+    it (then -> now; fixed batch: its makespan / thunder-mw's, long window: thunder-mw's /
+    its)."""
+    lines = [
+        "| scenario | baseline | caps run | fixed batch: best cap, makespan s; thunder-mw's ratio "
+        "| long window: best cap, steady steps/min; thunder-mw's ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for name, report in _reports(names):
+        then = _report(name, revision=revision)
+        if then is None:
+            continue
+        for policy in CAPPED_BASELINES:
+            caps, old = report.get(policy), then.get(policy)
+            if not caps or not old or len(caps["sweep"]) == len(old["sweep"]):
+                continue
+            ran = ", ".join(str(s["cap"]) for s in caps["sweep"])
+            cells = []
+            figures = (("makespan_s", "batch_cap"), ("steps_per_min_steady", "window_cap"))
+            for metric, key in figures:
+                sides = []
+                for r in (then, report):
+                    cap = r[policy][key]
+                    value = next(s[metric] for s in r[policy]["sweep"] if s["cap"] == cap)
+                    point = _main_point(r)
+                    ratio = (point or {}).get("ratios", {}).get(policy, {}).get(metric)
+                    sides.append((f"{cap}, {value:,.1f}", _ratio_cell(ratio)))
+                cells.append(f"{sides[0][0]} -> {sides[1][0]}; {sides[0][1]} -> {sides[1][1]}")
+            lines.append(f"| `{name}` | {policy} | {ran} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 REAL_SYSTEMS = {
     "direct": "plain vLLM",
     "direct/cap-2": "plain vLLM, client cap 2",
@@ -1323,6 +1365,7 @@ def update_docs() -> None:
     _replace_block(DOCS, "mru-resume-jct", resume_jct_table([*TUNING, *TEST]))
     _replace_block(DOCS, "cost-source", cost_source_table([*TUNING, *TEST]))
     _replace_block(DOCS, "default-change", against_table([*TUNING, *TEST], DEFAULT_BEFORE))
+    _replace_block(DOCS, "cap-grid", cap_grid_table([*TUNING, *TEST]))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
     _replace_block(README, "real-engine-table", real_engine_table())
     _replace_block(DOCS, "real-engine-table", real_engine_table())
@@ -1351,6 +1394,7 @@ if __name__ == "__main__":
         "--mru-resume-jct": resume_jct_table,
         "--controller": controller_table,
         "--cost-source": cost_source_table,
+        "--cap-grid": cap_grid_table,
     }
     if sys.argv[1:2] and sys.argv[1] in per_scenario:
         print(per_scenario[sys.argv[1]](sys.argv[2:] or [*TUNING, *TEST]))

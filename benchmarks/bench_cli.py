@@ -73,6 +73,7 @@ __all__ = [
     "engine_options",
     "format_table",
     "job_inputs",
+    "lower_caps",
     "main_jobs",
     "plan_jobs",
     "resolved_rules",

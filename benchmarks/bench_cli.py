@@ -904,6 +904,19 @@ def _run_jobs(
     return [run_job(scenario, j, trace, seed) for j in work]
 
 
+def _kept(
+    reuse: dict[str, Any] | None, reused: list[str], job: Job, seed: int
+) -> dict[str, Any] | None:
+    """`job`'s run as the file being replaced holds it, where its policy is reused and the
+    file has that run (None: it is to be run)."""
+    if reuse is None or job.policy not in reused:
+        return None
+    try:
+        return reused_output(reuse, job, seed)
+    except ReuseError:
+        return None
+
+
 def _run_down_the_grid(
     scenario: Scenario,
     policies: list[str],
@@ -927,12 +940,11 @@ def _run_down_the_grid(
             return done
         work = []
         for job in lower:
-            try:
-                if reuse is None or job.policy not in reused:
-                    raise ReuseError(job.policy)
-                done = [*done, (job, reused_output(reuse, job, seed))]
-            except ReuseError:
+            kept = _kept(reuse, reused, job, seed)
+            if kept is None:
                 work.append(job)
+            else:
+                done = [*done, (job, kept)]
         if work:
             print(f"{job.policy}: best at its lowest cap, adding cap {job.cap}", file=sys.stderr)
 

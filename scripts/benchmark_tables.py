@@ -1101,9 +1101,6 @@ def against_table(names: list[str], revision: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-# The client-side caps a user puts in front of plain vLLM and in front of offload's engines
-# (benchmarks/scenarios.py CAPPED; each a sweep whose best cap stands for it).
-CAPPED_BASELINES = ("vllm_capped", "offload_capped")
 # The result files as they were before a capped baseline's grid went on down below 0.25 of
 # the concurrency while its best cap was the lowest run (2026-12-06).
 CAP_GRID_BEFORE = "a3c948b"
@@ -1114,6 +1111,8 @@ def cap_grid_table(names: list[str], revision: str = CAP_GRID_BEFORE) -> str:
     ran, its best cap per figure with that figure (then -> now), and thunder-mw's ratio over
     it (then -> now; fixed batch: its makespan / thunder-mw's, long window: thunder-mw's /
     its)."""
+    from thunder_mw.benchmarks.scenarios import CAPPED  # vllm_capped, offload_capped
+
     lines = [
         "| scenario | baseline | caps run | fixed batch: best cap, makespan s; thunder-mw's ratio "
         "| long window: best cap, steady steps/min; thunder-mw's ratio |",
@@ -1123,7 +1122,7 @@ def cap_grid_table(names: list[str], revision: str = CAP_GRID_BEFORE) -> str:
         then = _report(name, revision=revision)
         if then is None:
             continue
-        for policy in CAPPED_BASELINES:
+        for policy in CAPPED:
             caps, old = report.get(policy), then.get(policy)
             if not caps or not old or len(caps["sweep"]) == len(old["sweep"]):
                 continue

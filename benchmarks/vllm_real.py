@@ -85,6 +85,7 @@ __all__ = [
     "AGREEMENT_TOLERANCE",
     "BLOCK_SIZE",
     "CALL_OVERHEAD_S",
+    "DRAIN_FCFS",
     "ENGINE_SECONDS",
     "MAX_NUM_BATCHED_TOKENS",
     "MAX_NUM_SEQS",
@@ -213,6 +214,12 @@ class RealSystem:
 # thunder-mw's own forms are named "thunder-mw/..."; they are controls, not peers a user picks
 # instead, so no target compares the default with them.
 ROUTING_ONLY = "thunder-mw/routing-only"
+# The default with the drain's fixed order where the fleet has no host KV tier too
+# (`drain_victim: fcfs`; the default takes it only where one has): on this batch of four
+# programs, whether running the programs furthest ahead to completion, as the client cap
+# does, beats rotating them through the cache. Not among the scenario's systems (it was run
+# once, with --policies: results/vllm-cpu-real-drain.json, docs/benchmarks.md).
+DRAIN_FCFS = "thunder-mw/drain-fcfs"
 
 
 def direct_capped(cap: int) -> RealSystem:
@@ -231,6 +238,7 @@ SYSTEMS: dict[str, RealSystem] = {
         RealSystem(
             ROUTING_ONLY, "thunder-mw", "session_affinity", thunder_identity, "session_affinity"
         ),
+        RealSystem(DRAIN_FCFS, "thunder-mw", DRAIN_FCFS, thunder_identity, DRAIN_FCFS),
         RealSystem(
             "vllm-router/program", "vllm-router", "vllm_router_program", session_header_identity
         ),

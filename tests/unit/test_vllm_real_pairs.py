@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from thunder_mw.benchmarks import vllm_real
-from thunder_mw.benchmarks.scenarios import SCENARIOS
+from thunder_mw.benchmarks.scenarios import POLICIES, SCENARIOS
 
 
 def _runs(figures: dict[str, list[float]]) -> dict[str, list[dict[str, Any]]]:
@@ -54,3 +54,13 @@ def test_the_routing_only_form_serves_the_routing_stage_alone() -> None:
     assert system.kind == "thunder-mw"
     assert system.pipeline == system.stand_in == "session_affinity"
     assert vllm_real.ROUTING_ONLY in SCENARIOS["vllm-cpu-real"].policies
+
+
+def test_the_drain_fcfs_form_serves_the_default_with_the_fixed_drain_order() -> None:
+    system = vllm_real.system_named(vllm_real.DRAIN_FCFS)
+    assert system.kind == "thunder-mw"
+    assert system.pipeline == system.stand_in == vllm_real.DRAIN_FCFS
+    pause = next(
+        e["state_aware_pause"] for e in POLICIES[system.pipeline] if "state_aware_pause" in e
+    )
+    assert pause["drain_victim"] == "fcfs"

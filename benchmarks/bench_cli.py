@@ -946,7 +946,8 @@ def _run_down_the_grid(
             else:
                 done = [*done, (job, kept)]
         if work:
-            print(f"{job.policy}: best at its lowest cap, adding cap {job.cap}", file=sys.stderr)
+            step = lower[0]  # every job of a step down: one policy, one cap
+            print(f"{step.policy}: best at its lowest cap, adding cap {step.cap}", file=sys.stderr)
 
 
 def run_scenario(

@@ -1129,13 +1129,13 @@ def cap_grid_table(names: list[str], revision: str = CAP_GRID_BEFORE) -> str:
             ran = ", ".join(str(s["cap"]) for s in caps["sweep"])
             cells = []
             figures = (("makespan_s", "batch_cap"), ("steps_per_min_steady", "window_cap"))
+            points = [(r, (_main_point(r) or {}).get("ratios", {})) for r in (then, report)]
             for metric, key in figures:
                 sides = []
-                for r in (then, report):
+                for r, ratios in points:
                     cap = r[policy][key]
                     value = next(s[metric] for s in r[policy]["sweep"] if s["cap"] == cap)
-                    point = _main_point(r)
-                    ratio = (point or {}).get("ratios", {}).get(policy, {}).get(metric)
+                    ratio = ratios.get(policy, {}).get(metric)
                     sides.append((f"{cap}, {value:,.1f}", _ratio_cell(ratio)))
                 cells.append(f"{sides[0][0]} -> {sides[1][0]}; {sides[0][1]} -> {sides[1][1]}")
             lines.append(f"| `{name}` | {policy} | {ran} | " + " | ".join(cells) + " |")

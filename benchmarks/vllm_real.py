@@ -105,6 +105,7 @@ __all__ = [
     "best_cap",
     "direct_capped",
     "disagreements",
+    "draw_seeds",
     "engine_kv_tokens",
     "format_report",
     "front",
@@ -112,6 +113,7 @@ __all__ = [
     "held_seconds",
     "ideal_prefill_tokens",
     "no_identity",
+    "over_repeats",
     "overflow_check",
     "paired_compare",
     "paired_ratios",
@@ -128,6 +130,7 @@ __all__ = [
     "run_vllm_real_scenario",
     "session_header_identity",
     "sim_cluster",
+    "simulate_draws",
     "simulated",
     "simulated_figures",
     "spread",
@@ -294,6 +297,31 @@ def regime_programs(
         replace(p, calls=tuple(replace(c, tool_s=c.tool_s * scale) for c in p.calls))
         for p in programs
     ]
+
+
+def draw_seeds(
+    scenario: Scenario, regime: Regime, seed: int, repeats: int, count: int | None = None
+) -> list[int]:
+    """The seed of each repeat's draw of the wave: the first `repeats` seeds from `seed` whose
+    contexts at their peaks overflow the KV cache by construction (OVERFLOW_AT_LEAST x its
+    tokens). One draw replayed every repeat measured that draw (across six draws the simulator
+    put thunder-mw anywhere from 0.96x to 1.23x the client cap in the dear regime); a draw per
+    repeat, every system on it within the repeat, measures the workload family and keeps the
+    pairing. A draw that falls short of the overflow is skipped (seed 1 of the 4-program wave
+    peaks at 7,571 of the 8,000 tokens asked), so every repeat measures the overflow it is built
+    for. A wave too small for any draw to overflow (the short form's 3 programs): consecutive
+    seeds, and the document's overflow check says it."""
+    assert scenario.kv_tokens is not None, "the real-engine scenario sizes its KV cache"
+    bar = OVERFLOW_AT_LEAST * scenario.kv_tokens
+    candidates = range(seed, seed + 10 * repeats)
+    overflowing = [
+        s
+        for s in candidates
+        if sum(peak_context(p) for p in regime_programs(scenario, regime, s, count)) >= bar
+    ]
+    if len(overflowing) >= repeats:
+        return overflowing[:repeats]
+    return list(range(seed, seed + repeats))
 
 
 def ideal_prefill_tokens(programs: list[ProgramSpec], block_size: int = BLOCK_SIZE) -> int:
@@ -538,13 +566,61 @@ def simulated(
     return metrics
 
 
-def best_cap(programs: list[ProgramSpec], cluster: ClusterConfig) -> tuple[int, dict[int, float]]:
-    """The client-side cap the simulator finds best (steps/min), and every cap's figure."""
+def best_cap(
+    draws: list[list[ProgramSpec]], cluster: ClusterConfig
+) -> tuple[int, dict[int, float]]:
+    """The client-side cap the simulator finds best over the draws (its mean steps/min on
+    them: the paired comparisons are ratios of means over the repeats), and every cap's
+    figure. One cap for every draw, as a user sets one cap for a workload."""
+    size = max(len(d) for d in draws)
     figures = {
-        cap: simulated(direct_capped(cap), programs, cluster)["steps_per_min"]
-        for cap in range(1, max(2, len(programs)))
+        cap: round(
+            statistics.fmean(
+                simulated(direct_capped(cap), d, cluster)["steps_per_min"] for d in draws
+            ),
+            4,
+        )
+        for cap in range(1, max(2, size))
     }
     return max(figures, key=lambda c: figures[c]), figures
+
+
+def simulate_draws(
+    systems: list[RealSystem], draws: dict[int, list[ProgramSpec]], cluster: ClusterConfig
+) -> dict[int, dict[str, dict[str, Any]]]:
+    """The DES stand-in of each system on each draw: {seed: {system: metrics}}."""
+    return {
+        seed: {s.name: simulated(s, programs, cluster) for s in systems}
+        for seed, programs in draws.items()
+    }
+
+
+def over_repeats(
+    by_draw: dict[int, dict[str, dict[str, Any]]], seeds: list[int]
+) -> dict[str, dict[str, Any]]:
+    """Each system's simulated figures as the real runs' are summarised: the median over the
+    repeats, each repeat's draw simulated (a nested figure, engine_seconds, field by field).
+    One draw replayed every repeat gives that draw's figures as they are."""
+    names = list(by_draw[seeds[0]])
+    return {
+        name: _median_of([simulated_figures(by_draw[seed])[name] for seed in seeds])
+        for name in names
+    }
+
+
+def _median_of(figures: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, first in figures[0].items():
+        values: list[Any] = [f.get(key) for f in figures]
+        if isinstance(first, dict):
+            out[key] = _median_of(values)
+        elif any(v is None for v in values):
+            out[key] = None
+        elif all(v == first for v in values):
+            out[key] = first  # one draw: its figure to the digit, its type kept
+        else:
+            out[key] = round(statistics.median(values), 4)
+    return out
 
 
 # ------------------------------------------------------------------------------ a regime
@@ -579,6 +655,18 @@ def engine_kv_tokens(url: str) -> int:
     return block_size * blocks
 
 
+def _draw_config(programs: list[ProgramSpec]) -> dict[str, Any]:
+    """What a draw of the wave asks of the engine: its contexts at their peaks, the hit rate a
+    perfect cache would reach on it, its calls and tool seconds."""
+    prompts = sum(sum(p.context_tokens()) for p in programs)
+    return {
+        "peak_context_tokens_sum": sum(peak_context(p) for p in programs),
+        "prefix_hit_rate_ideal": round(1 - ideal_prefill_tokens(programs) / prompts, 4),
+        "calls": sum(len(p.calls) for p in programs),
+        "tool_s_total": round(sum(c.tool_s for p in programs for c in p.calls), 2),
+    }
+
+
 def run_regime(
     scenario: Scenario,
     regime: Regime,
@@ -611,7 +699,8 @@ def run_regime(
         scenario = replace(scenario, kv_tokens=kv_tokens, max_model_len=max_model_len)
         vocab = _vocab_size(url)
         words = single_token_words(str(_model_folder(url) / "tokenizer.json"))
-        workload = regime_programs(scenario, regime, seed, programs)
+        seeds = draw_seeds(scenario, regime, seed, repeats, programs)
+        draws = {s: regime_programs(scenario, regime, s, programs) for s in dict.fromkeys(seeds)}
         profile, overhead, in_situ = regime.profile, CALL_OVERHEAD_S[regime.profile], None
         if engine is not None:
             # The profile fitted on this engine just before its runs, under the machine's
@@ -623,12 +712,16 @@ def run_regime(
             profile, overhead = f"{regime.profile}-in-situ", in_situ["per_call_overhead_s"]
             PROFILES[profile] = cost
         cluster = sim_cluster(regime, kv_blocks, max_model_len, profile, overhead)
-        cap, cap_figures = best_cap(workload, cluster)
+        cap, cap_figures = best_cap(list(draws.values()), cluster)
         names = [f"direct/cap-{cap}" if s == "direct/cap" else s for s in systems]
         chosen = [system_named(n) for n in names]
         runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}
         ratio = _recompute_cost.measure(
-            url, model, recompute_context(workload), vocab_size=vocab, repeats=5
+            url,
+            model,
+            recompute_context([p for d in draws.values() for p in d]),
+            vocab_size=vocab,
+            repeats=5,
         )
         log(f"{regime.name}: {ratio['decode_steps_per_recompute']} decode steps per recompute")
         for r in range(repeats):
@@ -637,7 +730,7 @@ def run_regime(
                 try:
                     record = run_once(
                         system,
-                        workload,
+                        draws[seeds[r]],
                         url,
                         model=model,
                         words=words,
@@ -649,24 +742,28 @@ def run_regime(
                     # figures (their `n` says so), and the other systems' runs go on.
                     log(f"{regime.name} {r} {system.name}: FAILED {exc!r}"[:300])
                     runs[system.name].append({"system": system.name, "error": repr(exc)[:500]})
-                    runs[system.name][-1]["repeat"] = r
+                    runs[system.name][-1].update(repeat=r, draw=seeds[r])
                     continue
-                record["repeat"] = r
+                record.update(repeat=r, draw=seeds[r])
                 runs[system.name].append(record)
                 log(
-                    f"{regime.name} {r} {system.name}: {record['steps_per_min']} steps/min, "
+                    f"{regime.name} {r} (draw {seeds[r]}) {system.name}: "
+                    f"{record['steps_per_min']} steps/min, "
                     f"hit {record['prefix_hit_rate']}, preempt {record['preemptions']}, "
                     f"failed calls {record['failed_calls']}, load {record['load_avg_1m']}"
                 )
-    sims = {s.name: simulated(s, workload, cluster) for s in chosen}
+    by_draw = simulate_draws(chosen, draws, cluster)
+    sims = over_repeats(by_draw, seeds)
     policies = {
         name: {key: spread([r.get(key) for r in rs]) for key in SPREAD_KEYS}
         for name, rs in runs.items()
     }
-    peak_sum = sum(peak_context(p) for p in workload)
-    prompts = sum(sum(p.context_tokens()) for p in workload)
-    ideal = round(1 - ideal_prefill_tokens(workload) / prompts, 4)
-    calls = sum(len(p.calls) for p in workload)
+    each = {s: _draw_config(programs) for s, programs in draws.items()}
+    # The document's single figures: the draw nearest the overflow's edge (every draw clears
+    # it, or none could) and the middle of the rest.
+    peak_sum = min(d["peak_context_tokens_sum"] for d in each.values())
+    ideal = round(statistics.median(each[s]["prefix_hit_rate_ideal"] for s in seeds), 4)
+    calls = int(statistics.median(each[s]["calls"] for s in seeds))
     return {
         "regime": regime.name,
         "description": regime.description,
@@ -683,7 +780,7 @@ def run_regime(
         "decode_steps_per_recompute": ratio["decode_steps_per_recompute"],
         "recompute_measurement": ratio,
         "config": {
-            "programs": len(workload),
+            "programs": len(next(iter(draws.values()))),
             "calls": calls,
             "kv_tokens": kv_tokens,
             "kv_blocks": kv_blocks,
@@ -691,9 +788,11 @@ def run_regime(
             "contexts_over_kv": round(peak_sum / kv_tokens, 2) if kv_tokens else None,
             "prefix_hit_rate_ideal": ideal,
             "tool_time_scale": scenario.tool_time_scale * regime.tool_time_scale,
-            "tool_s_total": round(sum(c.tool_s for p in workload for c in p.calls), 2),
+            "tool_s_total": round(statistics.median(each[s]["tool_s_total"] for s in seeds), 2),
             "max_model_len": scenario.max_model_len,
             "repeats": repeats,
+            "draw_seeds": seeds,
+            "draws": {str(s): d for s, d in each.items()},
             "client_cap": {
                 "chosen": cap,
                 "by": "simulator",
@@ -705,7 +804,8 @@ def run_regime(
         "overflow": overflow_check(policies, peak_sum, kv_tokens, ideal),
         "paired": paired_ratios(runs),
         "agreement": agreement(policies, sims, runs),
-        "simulated": simulated_figures(sims),
+        "simulated": sims,
+        "simulated_by_draw": {str(s): simulated_figures(f) for s, f in by_draw.items()},
         "targets": regime_targets(regime.name, runs),
         "runs": runs,
         "engine_start_s": start_s,
@@ -731,7 +831,7 @@ def simulated_figures(sims: dict[str, dict[str, Any]]) -> dict[str, dict[str, An
 
 def resimulate(report: dict[str, Any]) -> dict[str, Any]:
     """`report` with each regime's `simulated` and `agreement` recomputed by the DES as the
-    code stands, from what the regime recorded of its run (seed, programs, KV blocks,
+    code stands, from what the regime recorded of its run (each repeat's draw, programs, KV blocks,
     context limit, the profile fitted on its engine and its per-call overhead); the real
     runs and their figures are kept as they are (`paired`, derived from them alone, is
     recomputed). For a change to a stand-in or to the
@@ -744,17 +844,21 @@ def resimulate(report: dict[str, Any]) -> dict[str, Any]:
         profile = f"{fitted['profile']}-recorded"
         PROFILES[profile] = StepCost(**fitted["coefficients"], source=f"{name}: recorded")
         limit = config["max_model_len"]
-        programs = regime_programs(
-            replace(scenario, kv_tokens=config["kv_tokens"], max_model_len=limit),
-            regime,
-            report["seed"],
-            config["programs"],
-        )
+        # A file from before a draw per repeat replayed the document's seed every repeat.
+        seeds = config.get("draw_seeds") or [report["seed"]] * config["repeats"]
+        fitted_scenario = replace(scenario, kv_tokens=config["kv_tokens"], max_model_len=limit)
+        draws = {
+            s: regime_programs(fitted_scenario, regime, s, config["programs"])
+            for s in dict.fromkeys(seeds)
+        }
         cluster = sim_cluster(
             regime, config["kv_blocks"], limit, profile, fitted["call_overhead_s"]
         )
-        sims = {s: simulated(system_named(s), programs, cluster) for s in doc["runs"]}
-        doc["simulated"] = simulated_figures(sims)
+        by_draw = simulate_draws([system_named(s) for s in doc["runs"]], draws, cluster)
+        sims = over_repeats(by_draw, seeds)
+        doc["simulated"] = sims
+        if "simulated_by_draw" in doc:
+            doc["simulated_by_draw"] = {str(s): simulated_figures(f) for s, f in by_draw.items()}
         doc["agreement"] = agreement(doc["policies"], sims, doc["runs"])
         # A pure function of the real runs: recomputed, so a file from before the intervals
         # were recorded gains them (the same runs give the same figures).

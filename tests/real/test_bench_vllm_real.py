@@ -109,12 +109,25 @@ def test_the_simulator_predicts_the_real_engine(report: dict[str, Any]) -> None:
 def test_a_scenario_overflows_its_kv_cache_by_construction() -> None:
     scenario = SCENARIOS["vllm-cpu-real"]
     for regime in vllm_real.REGIMES.values():
-        programs = vllm_real.regime_programs(scenario, regime, seed=0)
-        peak = sum(vllm_real.peak_context(p) for p in programs)
-        assert scenario.kv_tokens is not None
-        assert peak >= vllm_real.OVERFLOW_AT_LEAST * scenario.kv_tokens
-        # Equal lengths: every program is live until the last turns.
-        assert len({len(p.calls) for p in programs}) == 1
+        for seed in vllm_real.draw_seeds(scenario, regime, 0, REPEATS):
+            programs = vllm_real.regime_programs(scenario, regime, seed=seed)
+            peak = sum(vllm_real.peak_context(p) for p in programs)
+            assert scenario.kv_tokens is not None
+            assert peak >= vllm_real.OVERFLOW_AT_LEAST * scenario.kv_tokens
+            # Equal lengths: every program is live until the last turns.
+            assert len({len(p.calls) for p in programs}) == 1
+
+
+def test_each_repeat_runs_every_system_on_its_own_draw(report: dict[str, Any]) -> None:
+    regime = report["regimes"]["cheap"]
+    seeds = regime["config"]["draw_seeds"]
+    assert len(set(seeds)) == REPEATS
+    for runs in regime["runs"].values():
+        assert [r["draw"] for r in runs] == [seeds[r["repeat"]] for r in runs]
+    # The simulator ran every draw; its summary is the median over them, as the runs' is.
+    assert set(regime["simulated_by_draw"]) == {str(s) for s in seeds}
+    medians = sorted(d["direct"]["steps_per_min"] for d in regime["simulated_by_draw"].values())
+    assert regime["simulated"]["direct"]["steps_per_min"] == round(medians[REPEATS // 2], 4)
 
 
 def test_both_regimes_replay_the_same_tokens_with_their_own_tool_times() -> None:

@@ -64,3 +64,46 @@ def test_the_drain_fcfs_form_serves_the_default_with_the_fixed_drain_order() -> 
         e["state_aware_pause"] for e in POLICIES[system.pipeline] if "state_aware_pause" in e
     )
     assert pause["drain_victim"] == "fcfs"
+
+
+def test_each_repeat_draws_its_own_wave_and_every_draw_overflows() -> None:
+    scenario = SCENARIOS["vllm-cpu-real"]
+    assert scenario.kv_tokens is not None
+    bar = vllm_real.OVERFLOW_AT_LEAST * scenario.kv_tokens
+    for regime in vllm_real.REGIMES.values():
+        seeds = vllm_real.draw_seeds(scenario, regime, 0, 5)
+        assert len(set(seeds)) == 5 and seeds[0] == 0 and seeds == sorted(seeds)
+        for seed in range(seeds[-1] + 1):
+            peak = sum(
+                vllm_real.peak_context(p) for p in vllm_real.regime_programs(scenario, regime, seed)
+            )
+            # Taken exactly when the draw overflows by construction (seed 1 falls short).
+            assert (seed in seeds) == (peak >= bar), (seed, peak, bar)
+    # Too few programs for any draw to overflow (the short form): consecutive seeds.
+    small = vllm_real.draw_seeds(scenario, vllm_real.REGIMES["cheap"], 7, 3, count=1)
+    assert small == [7, 8, 9]
+
+
+def test_the_simulator_is_summarised_over_the_repeats_draws_as_the_runs_are() -> None:
+    def figures(steps: float, prefill: float) -> dict[str, Any]:
+        return {
+            "steps_per_min": steps,
+            "preemptions": 2,
+            "makespan_s": None,
+            "engine_seconds": {"prefill": prefill, "decode": 1.0},
+        }
+
+    by_draw = {
+        0: {"direct": figures(100.0, 0.5)},
+        2: {"direct": figures(120.0, 0.7)},
+        3: {"direct": figures(90.0, 0.6)},
+    }
+    summary = vllm_real.over_repeats(by_draw, [0, 2, 3])["direct"]
+    assert summary["steps_per_min"] == 100.0 and summary["preemptions"] == 2
+    assert summary["engine_seconds"] == {"prefill": 0.6, "decode": 1.0}
+    assert summary["makespan_s"] is None
+    # One draw replayed every repeat (a file from before the draws): its figures as they are.
+    assert (
+        vllm_real.over_repeats(by_draw, [2, 2, 2])["direct"]
+        == vllm_real.simulated_figures(by_draw[2])["direct"]
+    )

@@ -107,3 +107,20 @@ def test_the_simulator_is_summarised_over_the_repeats_draws_as_the_runs_are() ->
         vllm_real.over_repeats(by_draw, [2, 2, 2])["direct"]
         == vllm_real.simulated_figures(by_draw[2])["direct"]
     )
+
+
+def test_a_target_reads_the_tables_ratio_and_interval_not_the_runs_spread() -> None:
+    # Four runs of 0.90-1.01x plain vLLM: their spread holds 1.0, the interval does not.
+    runs = _runs(
+        {
+            "direct": [100.0, 100.0, 100.0, 100.0],
+            "thunder-mw": [90.0, 91.0, 92.0, 101.0],
+            "smg/cache_aware": [99.0, 99.0, 99.0, 99.0],
+        }
+    )
+    target = vllm_real.regime_targets("cheap", runs)[0]
+    compared = vllm_real.paired_ratios(runs)["thunder-mw/direct"]["steps_per_min_ratio"]
+    assert target["value"] == compared["ratio"] and target["ci95"] == compared["ci95"]
+    assert target["verdict"] == compared["verdict"]
+    assert target["value"] < 1.0 and target["met"] is False
+    assert compared["verdict"] == "loss" and target["tie"] is False

@@ -4,6 +4,8 @@ keeping the decode-only figures already in the file."""
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,66 @@ def test_keep_adds_runs_to_those_in_the_file(tmp_path: Path) -> None:
     assert [r["scenario"] for r in part["runs"]] == ["x", "chat-control"]
     assert part["runs"][1]["wall_s"] < 1e6
     assert part["slowest_run"]["scenario"] == "x" and part["targets"][0]["met"] is False
+
+
+def _copying(
+    source: Path, change: dict[str, object] | None = None
+) -> Callable[[str, Path], list[str]]:
+    """A stand-in for `thunder-mw bench`: writes `source`'s document (changed by `change`,
+    the clocks moved) where the command would write its result."""
+
+    def command(name: str, output: Path) -> list[str]:
+        doc = json.loads(source.read_text())
+        doc.update({"wall_s": 1.0, "run_wall_s": {}, **(change or {})})
+        doc.pop("reused", None)
+        script = "import sys; open(sys.argv[1], 'w').write(sys.argv[2])"
+        return [sys.executable, "-c", script, str(output), json.dumps(doc)]
+
+    return command
+
+
+def test_a_whole_scenario_is_timed_and_checked_against_the_committed_file(
+    tmp_path: Path,
+) -> None:
+    committed = tmp_path / "chat-control.json"
+    committed.write_text(
+        json.dumps({"seeds": [0, 1], "results": {"a": {"x": 1}, "b": {"x": 2}}, "wall_s": 9})
+    )
+    same = sim_perf.scenarios_part(
+        ["chat-control"], results_dir=tmp_path, command=_copying(committed)
+    )
+    record = same["scenarios"][0]
+    assert record["reproduces_committed"] is True and record["differs_in"] == []
+    assert (record["seeds"], record["policies"]) == (2, 2) and record["wall_s"] >= 0
+    assert same["target"]["goal_s"] == 900.0 and same["target"]["met_by_those_timed"] is True
+    # A figure that moved: named, and the file does not reproduce.
+    moved = sim_perf.scenarios_part(
+        ["chat-control"],
+        kept=[{"scenario": "x", "wall_s": 1000.0}],
+        results_dir=tmp_path,
+        command=_copying(committed, {"results": {"a": {"x": 1}, "b": {"x": 3}}}),
+    )
+    assert moved["scenarios"][1]["differs_in"] == ["results"]
+    assert moved["scenarios"][1]["reproduces_committed"] is False
+    assert (
+        moved["target"]["slowest_timed"] == "x" and moved["target"]["met_by_those_timed"] is False
+    )
+
+
+def test_the_other_parts_keep_the_whole_scenarios(tmp_path: Path) -> None:
+    out = tmp_path / "sim-perf.json"
+    whole = {"scenarios": [{"scenario": "x", "wall_s": 5.0}]}
+    out.write_text(json.dumps({"whole_scenarios": whole}))
+    assert sim_perf.main(["--part", "runs", "--runs", SMALL, "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["whole_scenarios"] == whole
+
+
+def test_part_scenarios_refuses_an_unknown_or_missing_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sim-perf.json"
+    for extra, word in ((["--scenarios", "nope"], "nope"), ([], "--scenarios")):
+        with pytest.raises(SystemExit):
+            sim_perf.main(["--part", "scenarios", *extra, "--output", str(out)])
+        assert word in capsys.readouterr().err
+    assert not out.exists()

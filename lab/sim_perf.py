@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -244,9 +245,11 @@ def time_scenario(
     name: str,
     committed: Path,
     command: Callable[[str, Path], list[str]] = bench_command,
+    keep_in: Path | None = None,
 ) -> dict[str, Any]:
     """One whole scenario's wall seconds, and the figures in which its fresh result file
-    differs from the committed one (none: it reproduces)."""
+    differs from the committed one (none: it reproduces); the fresh file kept in `keep_in`
+    (to see how it differs)."""
     with tempfile.TemporaryDirectory() as folder:
         output = Path(folder) / f"{name}.json"
         load_before = os.getloadavg()[0]
@@ -255,6 +258,9 @@ def time_scenario(
         wall = time.perf_counter() - started
         load_after = os.getloadavg()[0]
         fresh = json.loads(output.read_text())
+        if keep_in is not None:
+            keep_in.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(output, keep_in / output.name)
     before = json.loads(committed.read_text()) if committed.is_file() else {}
     differ = sorted(
         k
@@ -278,12 +284,13 @@ def scenarios_part(
     kept: Sequence[dict[str, Any]] = (),
     results_dir: Path = RESULTS_DIR,
     command: Callable[[str, Path], list[str]] = bench_command,
+    keep_in: Path | None = None,
 ) -> dict[str, Any]:
     """Each scenario timed whole, one after another, after `kept` (earlier records, less
     those timed again), and the issue's target over those timed."""
     timed = []
     for name in names:
-        record = time_scenario(name, results_dir / f"{name}.json", command)
+        record = time_scenario(name, results_dir / f"{name}.json", command, keep_in)
         print(json.dumps(record), flush=True)
         timed.append(record)
     again = {r["scenario"] for r in timed}
@@ -351,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
         help="--part scenarios: the published scenarios to time whole",
     )
     parser.add_argument(
+        "--keep-fresh",
+        type=Path,
+        metavar="DIR",
+        help="--part scenarios: keep each fresh result file in DIR (to diff with results/)",
+    )
+    parser.add_argument(
         "--runs",
         nargs="+",
         metavar="SCENARIO:POLICY[:SEED]",
@@ -372,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown scenarios {unknown}")
         kept_scenarios = old.get("whole_scenarios", {}).get("scenarios", [])
-        old["whole_scenarios"] = scenarios_part(args.scenarios, kept_scenarios)
+        old["whole_scenarios"] = scenarios_part(
+            args.scenarios, kept_scenarios, keep_in=args.keep_fresh
+        )
         write_result(args.output, old)
         print(json.dumps(old["whole_scenarios"], indent=2))
         return 0

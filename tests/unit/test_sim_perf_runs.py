@@ -103,8 +103,13 @@ def test_a_whole_scenario_is_timed_and_checked_against_the_committed_file(
         json.dumps({"seeds": [0, 1], "results": {"a": {"x": 1}, "b": {"x": 2}}, "wall_s": 9})
     )
     same = sim_perf.scenarios_part(
-        ["chat-control"], results_dir=tmp_path, command=_copying(committed)
+        ["chat-control"],
+        results_dir=tmp_path,
+        command=_copying(committed),
+        keep_in=tmp_path / "fresh",
     )
+    kept = json.loads((tmp_path / "fresh" / "chat-control.json").read_text())
+    assert kept["results"] == {"a": {"x": 1}, "b": {"x": 2}} and kept["wall_s"] == 1.0
     record = same["scenarios"][0]
     assert record["reproduces_committed"] is True and record["differs_in"] == []
     assert (record["seeds"], record["policies"]) == (2, 2) and record["wall_s"] >= 0

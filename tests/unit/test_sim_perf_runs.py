@@ -145,3 +145,13 @@ def test_part_scenarios_refuses_an_unknown_or_missing_name(
             sim_perf.main(["--part", "scenarios", *extra, "--output", str(out)])
         assert word in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_rows_in_another_order_still_reproduce_but_a_moved_figure_does_not() -> None:
+    committed = {"results": [{"policy": "a", "x": 1}, {"policy": "b", "x": 2}], "wall_s": 3}
+    reordered = {"results": [{"policy": "b", "x": 2}, {"policy": "a", "x": 1}], "wall_s": 9}
+    assert sim_perf.differs_in(reordered, committed) == []
+    # A series keeps its order: a time series reversed is another series.
+    assert sim_perf.differs_in({"ts": [1, 2]}, {"ts": [2, 1]}) == ["ts"]
+    moved = {"results": [{"policy": "b", "x": 2}, {"policy": "a", "x": 5}]}
+    assert sim_perf.differs_in(moved, committed) == ["results"]

@@ -120,6 +120,7 @@ __all__ = [
     "pairwise_order",
     "peak_context",
     "recompute_context",
+    "regime_draws",
     "regime_programs",
     "regime_targets",
     "reset_prefix_cache",
@@ -297,6 +298,13 @@ def regime_programs(
         replace(p, calls=tuple(replace(c, tool_s=c.tool_s * scale) for c in p.calls))
         for p in programs
     ]
+
+
+def regime_draws(
+    scenario: Scenario, regime: Regime, seeds: list[int], count: int | None = None
+) -> dict[int, list[ProgramSpec]]:
+    """Each repeat's draw of the wave, once per seed: {seed: programs}."""
+    return {s: regime_programs(scenario, regime, s, count) for s in dict.fromkeys(seeds)}
 
 
 def draw_seeds(
@@ -601,11 +609,8 @@ def over_repeats(
     """Each system's simulated figures as the real runs' are summarised: the median over the
     repeats, each repeat's draw simulated (a nested figure, engine_seconds, field by field).
     One draw replayed every repeat gives that draw's figures as they are."""
-    names = list(by_draw[seeds[0]])
-    return {
-        name: _median_of([simulated_figures(by_draw[seed])[name] for seed in seeds])
-        for name in names
-    }
+    figures = {seed: simulated_figures(by_draw[seed]) for seed in dict.fromkeys(seeds)}
+    return {name: _median_of([figures[seed][name] for seed in seeds]) for name in figures[seeds[0]]}
 
 
 def _median_of(figures: list[dict[str, Any]]) -> dict[str, Any]:
@@ -700,7 +705,7 @@ def run_regime(
         vocab = _vocab_size(url)
         words = single_token_words(str(_model_folder(url) / "tokenizer.json"))
         seeds = draw_seeds(scenario, regime, seed, repeats, programs)
-        draws = {s: regime_programs(scenario, regime, s, programs) for s in dict.fromkeys(seeds)}
+        draws = regime_draws(scenario, regime, seeds, programs)
         profile, overhead, in_situ = regime.profile, CALL_OVERHEAD_S[regime.profile], None
         if engine is not None:
             # The profile fitted on this engine just before its runs, under the machine's
@@ -847,10 +852,7 @@ def resimulate(report: dict[str, Any]) -> dict[str, Any]:
         # A file from before a draw per repeat replayed the document's seed every repeat.
         seeds = config.get("draw_seeds") or [report["seed"]] * config["repeats"]
         fitted_scenario = replace(scenario, kv_tokens=config["kv_tokens"], max_model_len=limit)
-        draws = {
-            s: regime_programs(fitted_scenario, regime, s, config["programs"])
-            for s in dict.fromkeys(seeds)
-        }
+        draws = regime_draws(fitted_scenario, regime, seeds, config["programs"])
         cluster = sim_cluster(
             regime, config["kv_blocks"], limit, profile, fitted["call_overhead_s"]
         )

@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,14 +118,18 @@ def test_a_whole_scenario_is_timed_and_checked_against_the_committed_file(
     # A figure that moved: named, and the file does not reproduce.
     moved = sim_perf.scenarios_part(
         ["chat-control"],
-        kept=[{"scenario": "x", "wall_s": 1000.0}],
+        kept=[
+            {"scenario": "hicache-batch192", "wall_s": 1000.0},
+            {"scenario": "x-variants", "wall_s": 2e3},
+        ],
         results_dir=tmp_path,
         command=_copying(committed, {"results": {"a": {"x": 1}, "b": {"x": 3}}}),
     )
-    assert moved["scenarios"][1]["differs_in"] == ["results"]
-    assert moved["scenarios"][1]["reproduces_committed"] is False
+    assert moved["scenarios"][2]["differs_in"] == ["results"]
+    assert moved["scenarios"][2]["reproduces_committed"] is False
     assert (
-        moved["target"]["slowest_timed"] == "x" and moved["target"]["met_by_those_timed"] is False
+        moved["target"]["slowest_timed"] == "hicache-batch192"  # files of variants aside
+        and moved["target"]["met_by_those_timed"] is False
     )
 
 
@@ -155,3 +160,84 @@ def test_rows_in_another_order_still_reproduce_but_a_moved_figure_does_not() -> 
     assert sim_perf.differs_in({"ts": [1, 2]}, {"ts": [2, 1]}) == ["ts"]
     moved = {"results": [{"policy": "b", "x": 2}, {"policy": "a", "x": 5}]}
     assert sim_perf.differs_in(moved, committed) == ["results"]
+
+
+def _des_file(folder: Path, stem: str, **config: object) -> None:
+    doc = {
+        "scenario": "tool-orchestra-knee",
+        "mode": "des",
+        "seed": 0,
+        "config": {"policies": ["thunder-mw", "thunder-mw/fixed"], "seeds": [0, 1], **config},
+        "results": {"thunder-mw": {"x": 1}},
+    }
+    (folder / f"{stem}.json").write_text(json.dumps(doc))
+
+
+def test_a_file_of_variants_is_remade_with_the_policies_and_seeds_it_records(
+    tmp_path: Path,
+) -> None:
+    assert SCENARIOS["tool-orchestra-knee"].sweep  # so that a file without one says so
+    _des_file(tmp_path, "tool-orchestra-knee-variants", sweep=[])
+    out = tmp_path / "fresh.json"
+    command = sim_perf.rerun_command("tool-orchestra-knee-variants", out, tmp_path)
+    assert command[command.index("--scenario") + 1] == "tool-orchestra-knee"
+    assert command[command.index("--policies") + 1] == "thunder-mw,thunder-mw/fixed"
+    assert command[command.index("--seeds") + 1] == "2" and "--no-sweep" in command
+    assert command[command.index("--output") + 1] == str(out)
+    # A published scenario: its own command, whatever files of variants lie beside it.
+    assert sim_perf.rerun_command("tool-orchestra-knee", out, tmp_path) == (
+        sim_perf.bench_command("tool-orchestra-knee", out)
+    )
+    _des_file(tmp_path, "tool-orchestra-knee-swept", sweep=[[4, 96]])
+    assert "--no-sweep" not in sim_perf.rerun_command("tool-orchestra-knee-swept", out, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("stem", "doc", "word"),
+    [
+        ("nope", None, "neither"),
+        ("live-x", {"scenario": "tool-orchestra-knee", "mode": "live", "config": {}}, "not a DES"),
+        ("gaps", {"scenario": "tool-orchestra-knee", "mode": "des", "seed": 0,
+                  "config": {"policies": ["a"], "seeds": [0, 2]}}, "consecutive"),
+    ],
+)  # fmt: skip
+def test_what_cannot_be_remade_is_refused_by_name(
+    tmp_path: Path, stem: str, doc: dict[str, object] | None, word: str
+) -> None:
+    if doc is not None:
+        (tmp_path / f"{stem}.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=word) as caught:
+        sim_perf.rerun_command(stem, tmp_path / "fresh.json", tmp_path)
+    assert stem in str(caught.value)
+
+
+def test_the_three_hour_target_counts_every_committed_des_file(tmp_path: Path) -> None:
+    _des_file(tmp_path, "tool-orchestra-knee-variants", sweep=[])
+    _des_file(tmp_path, "tool-orchestra-knee-drain", sweep=[])
+    (tmp_path / "other.json").write_text(json.dumps({"mode": "live", "scenario": "x"}))
+    assert sim_perf.des_result_files(tmp_path) == [
+        "tool-orchestra-knee-drain",
+        "tool-orchestra-knee-variants",
+    ]
+    seen: list[dict[str, Any]] = []
+    one = sim_perf.scenarios_part(
+        ["tool-orchestra-knee-variants"],
+        results_dir=tmp_path,
+        command=_copying(tmp_path / "tool-orchestra-knee-variants.json"),
+        on_record=seen.append,  # what main writes after each file, so none timed is lost
+    )
+    assert seen == [one]
+    every = one["all_files"]
+    assert (every["files"], every["timed"]) == (2, 1) and every["met"] is None
+    assert every["untimed"] == ["tool-orchestra-knee-drain"]
+    assert one["scenarios"][0]["reproduces_committed"] is True
+    # Past three hours already: missed, whatever is left untimed.
+    slow = [{"scenario": "tool-orchestra-knee-drain", "wall_s": 11_000.0}]
+    both = sim_perf.scenarios_part(
+        ["tool-orchestra-knee-variants"],
+        kept=slow,
+        results_dir=tmp_path,
+        command=_copying(tmp_path / "tool-orchestra-knee-variants.json"),
+    )
+    assert both["all_files"]["timed"] == 2 and both["all_files"]["met"] is False
+    assert both["all_files"]["untimed"] == []

@@ -365,26 +365,25 @@ def scenarios_part(
         def command(stem: str, output: Path) -> list[str]:
             return rerun_command(stem, output, results_dir)
 
+    every = des_result_files(results_dir)  # read once: it parses every result file
     timed: list[dict[str, Any]] = []
-    summary = scenarios_summary(list(kept), results_dir)
+    summary = scenarios_summary(list(kept), every)
     for name in names:
         record = time_scenario(name, results_dir / f"{name}.json", command, keep_in)
         print(json.dumps(record), flush=True)
         timed.append(record)
         again = {r["scenario"] for r in timed}
-        summary = scenarios_summary(
-            [r for r in kept if r["scenario"] not in again] + timed, results_dir
-        )
+        summary = scenarios_summary([r for r in kept if r["scenario"] not in again] + timed, every)
         if on_record is not None:
             on_record(summary)
     return summary
 
 
-def scenarios_summary(timed: list[dict[str, Any]], results_dir: Path) -> dict[str, Any]:
-    """The records, and the issue's targets over them."""
+def scenarios_summary(timed: list[dict[str, Any]], every: list[str]) -> dict[str, Any]:
+    """The records, and the issue's targets over them; `every`: the committed DES files'
+    stems (`des_result_files`)."""
     published = [r for r in timed if r["scenario"] in SCENARIOS]
     slowest = max(published, key=lambda r: r["wall_s"], default={"scenario": None, "wall_s": None})
-    every = des_result_files(results_dir)
     done = [r for r in timed if r["scenario"] in every]
     named = {r["scenario"] for r in done}
     total = sum(r["wall_s"] for r in done)

@@ -23,10 +23,11 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 FAST_MARKERS="not slow and not real_vllm and not docker and not browser and not peers and not redis"
 
-# The editable install is redone only when pyproject.toml or the interpreter changed, or when
+# The editable install is redone only when pyproject.toml, the compiled part
+# (sim/_kvblocks.c: a stale build would run old C) or the interpreter changed, or when
 # `thunder_mw` resolves to another checkout.
 stamp=.cache/editable-install.stamp
-want="$(python3 --version 2>&1) $(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(python3 --version 2>&1) $(cat pyproject.toml sim/_kvblocks.c | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! python3 -c \
   'import os, sys, thunder_mw; sys.exit(os.path.dirname(thunder_mw.__file__) != os.getcwd())' \
   2>/dev/null; then

@@ -21,11 +21,20 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import compress, repeat
 from operator import eq, not_
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from thunder_mw.sim.kv_tier import KvTier
+from thunder_mw.sim.native_blocks import pick
 
-__all__ = ["NEW_HASHES_KEPT", "ROOT_HASH", "BlockHash", "BlockPool", "KvTier", "block_hashes"]
+__all__ = [
+    "NEW_HASHES_KEPT",
+    "ROOT_HASH",
+    "BlockHash",
+    "BlockPool",
+    "BlockPoolPy",
+    "KvTier",
+    "block_hashes",
+]
 
 BlockHash = int
 
@@ -65,8 +74,11 @@ class _Run:
         self.pos = 0  # blocks before it were handed out
 
 
-class BlockPool:
+class BlockPoolPy:
     """All KV blocks of one engine: reference counts, cached hashes and the free queue.
+
+    The specification of the compiled `BlockPool` (sim/_kvblocks.c), which runs where it
+    was built (sim/native_blocks.py): the same results and the same free queue, call by call.
 
     The free queue is the LRU order of vLLM's. An OrderedDict of free blocks did it, but a
     long simulation moves tens of millions of blocks through it, and a hit on free blocks
@@ -554,3 +566,9 @@ class BlockPool:
             "free": self._num_free,
             "cached": self.num_cached(),
         }
+
+
+if TYPE_CHECKING:
+    BlockPool = BlockPoolPy
+else:
+    BlockPool = pick(BlockPoolPy, "BlockPool")

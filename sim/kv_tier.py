@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["KvTier"]
+from thunder_mw.sim.native_blocks import pick
+
+__all__ = ["KvTier", "KvTierPy"]
 
 BlockHash = int
 
@@ -31,8 +33,11 @@ BlockHash = int
 _drain: Callable[[Iterable[Any]], None] = deque[Any](maxlen=0).extend
 
 
-class KvTier:
-    """A host-memory or disk KV store of full blocks, by chain hash, evicting LRU."""
+class KvTierPy:
+    """A host-memory or disk KV store of full blocks, by chain hash, evicting LRU.
+
+    The specification of the compiled `KvTier` (sim/_kvblocks.c), which runs where it was
+    built (sim/native_blocks.py)."""
 
     __slots__ = (
         "_lru",
@@ -50,7 +55,7 @@ class KvTier:
         name: str,
         capacity_blocks: int,
         load_tokens_per_s: float,
-        lower: KvTier | None = None,
+        lower: KvTierPy | None = None,
     ) -> None:
         if capacity_blocks < 1:
             raise ValueError(f"the {name} KV tier needs at least one block")
@@ -166,3 +171,9 @@ class KvTier:
         self._lru.clear()
         if self.lower is not None:
             self.lower.clear()
+
+
+if TYPE_CHECKING:
+    KvTier = KvTierPy
+else:
+    KvTier = pick(KvTierPy, "KvTier")

@@ -9,7 +9,7 @@ from collections import OrderedDict
 
 import pytest
 
-from thunder_mw.sim.kv_tier import KvTier
+from thunder_mw.sim.kv_tier import KvTier, KvTierPy
 
 
 class _ReferenceTier:
@@ -62,13 +62,17 @@ def _ref_state(tier: _ReferenceTier) -> tuple[list[int], int, int, int, int]:
     return (list(tier.lru), tier.stored, tier.evicted, tier.loaded, len(tier.lru))
 
 
+# The tier the simulator runs (compiled where built) and the Python one it is checked against.
+@pytest.mark.parametrize("tier_class", [KvTier, KvTierPy], ids=["KvTier", "KvTierPy"])
 @pytest.mark.parametrize("seed", range(40))
-def test_runs_of_stores_and_loads_match_a_per_block_lru(seed: int) -> None:
+def test_runs_of_stores_and_loads_match_a_per_block_lru(
+    seed: int, tier_class: type[KvTier]
+) -> None:
     rng = random.Random(seed)
     cap, disk_cap = rng.randint(1, 40), rng.randint(1, 60)
     with_disk = rng.random() < 0.5
-    disk = KvTier("disk", disk_cap, 1.0) if with_disk else None
-    tier = KvTier("host", cap, 1.0, disk)
+    disk = tier_class("disk", disk_cap, 1.0) if with_disk else None
+    tier = tier_class("host", cap, 1.0, disk)
     ref_disk = _ReferenceTier(disk_cap) if with_disk else None
     ref = _ReferenceTier(cap, ref_disk)
     universe = rng.randint(5, 120)  # few hashes: runs often hit blocks held, or evicted

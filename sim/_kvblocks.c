@@ -1,0 +1,1439 @@
+/* The simulated engine's KV blocks in C: BlockPool (vLLM v1's block pool: reference counts,
+ * chain hashes of full blocks, the LRU free queue) and KvTier (the host or disk tier behind it,
+ * LRU by chain hash).
+ *
+ * Why C: a long simulation moves tens of millions of blocks through these structures, one at
+ * a time, and in Python that was 80 % of the slowest runs (docs/benchmarks.md, "Where the time
+ * goes": five passes at cheaper Python layouts all ended at the floor of a few dict operations
+ * per block). Here a block costs a few array writes and one open-addressing probe.
+ *
+ * The Python classes in sim/kv_cache.py and sim/kv_tier.py (BlockPoolPy, KvTierPy) are the
+ * specification: same methods, same results, same order of eviction, call by call
+ * (tests/sim/test_sim_kv_native.py runs both on the same random calls and compares every
+ * result and every state). The Python layout is lazy (runs of freed blocks with stale
+ * entries); here the free queue is a plain doubly linked list, which is the order the lazy
+ * runs stand for.
+ *
+ * Optional: setup.py builds it where a compiler is; without it the Python classes run.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
+/* BlockPoolPy.NEW_HASHES_KEPT: past this many new hashes, the free epoch moves on. */
+#define NEW_HASHES_KEPT (1 << 16)
+
+/* How far ahead a loop over hashes asks for the map's line (the memory misses of several
+ * lookups then overlap instead of following one another). */
+#define AHEAD 8
+
+/* Arrays of a few MB are read at random: on Linux, ask for huge pages (fewer TLB misses; a
+ * whole run measured ~15 % faster with them). Freed with free(). */
+#define HUGE_PAGE ((size_t)2 << 20)
+
+static void *big_alloc(size_t bytes)
+{
+    if (bytes == 0)
+        bytes = 1;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (bytes >= 2 * HUGE_PAGE) {
+        void *p = NULL;
+        size_t rounded = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+        if (posix_memalign(&p, HUGE_PAGE, rounded) != 0)
+            return NULL;
+        madvise(p, rounded, MADV_HUGEPAGE);
+        return p;
+    }
+#endif
+    return malloc(bytes);
+}
+
+/* ---- int64 -> int32 map, open addressing, linear probing, backward-shift deletion ----
+ * Key and value side by side: a probe is one cache line (the maps are far larger than the
+ * caches, so a lookup costs what its memory misses cost). */
+
+typedef struct {
+    int64_t key;
+    int32_t val; /* -1: empty */
+    int32_t pad;
+} HEntry;
+
+typedef struct {
+    HEntry *e;
+    Py_ssize_t mask;
+    Py_ssize_t used;
+} HMap;
+
+static inline Py_ssize_t hm_home(Py_ssize_t mask, int64_t k)
+{
+    uint64_t x = (uint64_t)k;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return (Py_ssize_t)(x & (uint64_t)mask);
+}
+
+/* A hint: the line a lookup of k will read first. */
+static inline void hm_prefetch(const HMap *m, int64_t k)
+{
+    __builtin_prefetch(&m->e[hm_home(m->mask, k)]);
+}
+
+static int hm_alloc(HMap *m, Py_ssize_t cap)
+{
+    m->e = big_alloc(sizeof(HEntry) * (size_t)cap);
+    if (!m->e) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < cap; i++)
+        m->e[i].val = -1;
+    m->mask = cap - 1;
+    m->used = 0;
+    return 0;
+}
+
+static void hm_free(HMap *m)
+{
+    free(m->e);
+    m->e = NULL;
+    m->mask = 0;
+    m->used = 0;
+}
+
+static void hm_clear(HMap *m)
+{
+    if (m->e)
+        for (Py_ssize_t i = 0; i <= m->mask; i++)
+            m->e[i].val = -1;
+    m->used = 0;
+}
+
+/* The slot holding k, or -1. */
+static inline Py_ssize_t hm_find(const HMap *m, int64_t k)
+{
+    Py_ssize_t i = hm_home(m->mask, k);
+    for (;;) {
+        const HEntry *x = &m->e[i];
+        if (x->val < 0)
+            return -1;
+        if (x->key == k)
+            return i;
+        i = (i + 1) & m->mask;
+    }
+}
+
+static inline int32_t hm_get(const HMap *m, int64_t k)
+{
+    Py_ssize_t i = hm_find(m, k);
+    return i < 0 ? -1 : m->e[i].val;
+}
+
+static int hm_grow(HMap *m)
+{
+    HMap old = *m;
+    if (hm_alloc(m, (old.mask + 1) * 2) < 0) {
+        *m = old;
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i <= old.mask; i++) {
+        if (old.e[i].val >= 0) {
+            Py_ssize_t j = hm_home(m->mask, old.e[i].key);
+            while (m->e[j].val >= 0)
+                j = (j + 1) & m->mask;
+            m->e[j] = old.e[i];
+            m->used++;
+        }
+    }
+    hm_free(&old);
+    return 0;
+}
+
+/* Insert k (not present) -> v. */
+static int hm_insert(HMap *m, int64_t k, int32_t v)
+{
+    if ((m->used + 1) * 2 > m->mask + 1 && hm_grow(m) < 0)
+        return -1;
+    Py_ssize_t i = hm_home(m->mask, k);
+    while (m->e[i].val >= 0)
+        i = (i + 1) & m->mask;
+    m->e[i].key = k;
+    m->e[i].val = v;
+    m->used++;
+    return 0;
+}
+
+static void hm_delete_slot(HMap *m, Py_ssize_t i)
+{
+    Py_ssize_t j = i;
+    for (;;) {
+        j = (j + 1) & m->mask;
+        if (m->e[j].val < 0)
+            break;
+        Py_ssize_t home = hm_home(m->mask, m->e[j].key);
+        /* Entry j stays where it is iff its home lies cyclically in (i, j]. */
+        int stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
+        if (!stays) {
+            m->e[i] = m->e[j];
+            i = j;
+        }
+    }
+    m->e[i].val = -1;
+    m->used--;
+}
+
+static inline int get_i64(PyObject *o, int64_t *out)
+{
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* ================================ KvTier ================================ */
+
+/* One stored block: its hash and its neighbours in the LRU, in one line. */
+typedef struct KvTierObject {
+    PyObject_HEAD
+    PyObject *name;
+    Py_ssize_t capacity_blocks;
+    PyObject *load_tokens_per_s; /* as given (an int stays an int, as in KvTierPy) */
+    PyObject *lower;             /* None or a KvTier */
+    long long stored_blocks;
+    long long evicted_blocks;
+    long long loaded_blocks;
+    /* The LRU as a log: every store and every move appends the hash at the tail (sequence
+     * number `tail`); the entry it had before goes stale (live = 0). The live entries from
+     * `head` to `tail`, in order, are the LRU order, next evicted first. Evicting reads the
+     * log in order (memory read in sequence, unlike a linked list's), and the map's lines of
+     * the hashes about to be evicted can be fetched ahead. The log is a ring; when it is
+     * full it is rewritten with its live entries only (or grown, if they fill half). */
+    HMap map; /* hash -> its live entry's index in the ring */
+    int64_t *rkey;
+    uint8_t *rlive;
+    int64_t rmask; /* the ring's size - 1 */
+    int64_t head;  /* sequence numbers: entries [head, tail) are in the ring */
+    int64_t tail;
+    Py_ssize_t len; /* live entries */
+} KvTierObject;
+
+static PyTypeObject KvTierType;
+
+#define TIER_READY(t)                                                                   \
+    do {                                                                                \
+        if ((t)->rkey == NULL) {                                                        \
+            PyErr_SetString(PyExc_RuntimeError, "KvTier.__init__ was not called");      \
+            return NULL;                                                                \
+        }                                                                               \
+    } while (0)
+
+static void tier_release(KvTierObject *t)
+{
+    hm_free(&t->map);
+    free(t->rkey);
+    free(t->rlive);
+    t->rkey = NULL;
+    t->rlive = NULL;
+}
+
+static int tier_reset_slots(KvTierObject *t)
+{
+    tier_release(t);
+    Py_ssize_t size = 1024;
+    t->rkey = big_alloc(sizeof(int64_t) * (size_t)size);
+    t->rlive = big_alloc((size_t)size);
+    if (!t->rkey || !t->rlive || hm_alloc(&t->map, 64) < 0) {
+        tier_release(t);
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->rmask = size - 1;
+    t->head = 0;
+    t->tail = 0;
+    t->len = 0;
+    return 0;
+}
+
+static int tier_init(KvTierObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"name", "capacity_blocks", "load_tokens_per_s", "lower", NULL};
+    PyObject *name, *speed_obj, *lower = Py_None;
+    Py_ssize_t capacity;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnO|O", kwlist, &name, &capacity, &speed_obj,
+                                     &lower))
+        return -1;
+    double speed = PyFloat_AsDouble(speed_obj);
+    if (speed == -1.0 && PyErr_Occurred())
+        return -1;
+    if (capacity < 1) {
+        PyErr_Format(PyExc_ValueError, "the %S KV tier needs at least one block", name);
+        return -1;
+    }
+    if (!(speed > 0)) {
+        PyErr_Format(PyExc_ValueError, "the %S KV tier needs a positive load speed (tokens/s)", name);
+        return -1;
+    }
+    if (lower != Py_None && !PyObject_TypeCheck(lower, &KvTierType)) {
+        PyErr_SetString(PyExc_TypeError, "lower must be a KvTier or None");
+        return -1;
+    }
+    if (tier_reset_slots(self) < 0)
+        return -1;
+    Py_INCREF(name);
+    Py_XSETREF(self->name, name);
+    Py_INCREF(speed_obj);
+    Py_XSETREF(self->load_tokens_per_s, speed_obj);
+    Py_INCREF(lower);
+    Py_XSETREF(self->lower, lower);
+    self->capacity_blocks = capacity;
+    self->stored_blocks = 0;
+    self->evicted_blocks = 0;
+    self->loaded_blocks = 0;
+    return 0;
+}
+
+static void tier_dealloc(KvTierObject *self)
+{
+    tier_release(self);
+    Py_XDECREF(self->name);
+    Py_XDECREF(self->load_tokens_per_s);
+    Py_XDECREF(self->lower);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Rewrite the ring with its live entries only, in order, from index 0, in a ring of `size`;
+ * each live hash's map entry is pointed at its new index. */
+static int tier_rewrite(KvTierObject *t, int64_t size)
+{
+    int64_t *rkey = big_alloc(sizeof(int64_t) * (size_t)size);
+    uint8_t *rlive = big_alloc((size_t)size);
+    if (!rkey || !rlive) {
+        free(rkey);
+        free(rlive);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(rlive, 0, (size_t)size);
+    int64_t n = 0;
+    for (int64_t q = t->head; q < t->tail; q++) {
+        int64_t i = q & t->rmask;
+        if (!t->rlive[i])
+            continue;
+        if (q + AHEAD < t->tail)
+            hm_prefetch(&t->map, t->rkey[(q + AHEAD) & t->rmask]);
+        rkey[n] = t->rkey[i];
+        rlive[n] = 1;
+        t->map.e[hm_find(&t->map, rkey[n])].val = (int32_t)n;
+        n++;
+    }
+    free(t->rkey);
+    free(t->rlive);
+    t->rkey = rkey;
+    t->rlive = rlive;
+    t->rmask = size - 1;
+    t->head = 0;
+    t->tail = n;
+    return 0;
+}
+
+/* Append h at the tail (live); its index in the ring, or -1 (memory error). The map's entries
+ * keep their slots (a rewrite only changes their values). */
+static int32_t tier_push(KvTierObject *t, int64_t h)
+{
+    if (t->tail - t->head > t->rmask) {
+        while (t->head < t->tail && !t->rlive[t->head & t->rmask])
+            t->head++;
+        if (t->tail - t->head > t->rmask) {
+            int64_t size = t->rmask + 1;
+            /* Grown while the live entries fill half of it: a rewrite then frees at least
+             * half, so rewrites cost at most one map probe per entry appended. */
+            if (2 * (int64_t)t->len >= size) {
+                if (size >= ((int64_t)1 << 30)) {
+                    PyErr_SetString(PyExc_OverflowError, "KvTier: too many blocks");
+                    return -1;
+                }
+                size *= 2;
+            }
+            if (tier_rewrite(t, size) < 0)
+                return -1;
+        }
+    }
+    int64_t i = t->tail & t->rmask;
+    t->rkey[i] = h;
+    t->rlive[i] = 1;
+    t->tail++;
+    return (int32_t)i;
+}
+
+/* The map slot `at` (its hash held here) becomes most recent. */
+static inline int tier_move(KvTierObject *t, Py_ssize_t at)
+{
+    t->rlive[t->map.e[at].val] = 0;
+    int32_t i = tier_push(t, t->map.e[at].key);
+    if (i < 0) {
+        t->rlive[t->map.e[at].val] = 1; /* the ring was not changed: as before */
+        return -1;
+    }
+    t->map.e[at].val = i;
+    return 0;
+}
+
+static int tier_store_c(KvTierObject *t, int64_t h);
+
+/* KvTierPy.store: a copy already here becomes most recent; else the LRU head goes to the
+ * tier below (if full) and h is kept at the tail. */
+static int tier_store_c(KvTierObject *t, int64_t h)
+{
+    Py_ssize_t at = hm_find(&t->map, h);
+    if (at >= 0)
+        return tier_move(t, at);
+    if (t->len >= t->capacity_blocks) {
+        while (!t->rlive[t->head & t->rmask])
+            t->head++;
+        int64_t i = t->head & t->rmask;
+        int64_t old = t->rkey[i];
+        t->rlive[i] = 0;
+        t->head++;
+        if (t->head + AHEAD < t->tail)
+            hm_prefetch(&t->map, t->rkey[(t->head + AHEAD) & t->rmask]);
+        hm_delete_slot(&t->map, hm_find(&t->map, old));
+        t->len--;
+        t->evicted_blocks++;
+        if (t->lower != Py_None && tier_store_c((KvTierObject *)t->lower, old) < 0)
+            return -1;
+    }
+    int32_t i = tier_push(t, h);
+    if (i < 0)
+        return -1;
+    if (hm_insert(&t->map, h, i) < 0) {
+        t->rlive[i] = 0;
+        return -1;
+    }
+    t->len++;
+    t->stored_blocks++;
+    return 0;
+}
+
+/* A load: most recently used where held. 1 if held, 0 if not, -1 on error. */
+static inline int tier_touch_c(KvTierObject *t, int64_t h)
+{
+    Py_ssize_t at = hm_find(&t->map, h);
+    if (at < 0)
+        return 0;
+    return tier_move(t, at) < 0 ? -1 : 1;
+}
+
+static PyObject *tier_store(KvTierObject *self, PyObject *arg)
+{
+    TIER_READY(self);
+    int64_t h;
+    if (get_i64(arg, &h) < 0 || tier_store_c(self, h) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* tier_store_c of each of hs[0:n], in order. */
+static int tier_store_batch(KvTierObject *t, const int64_t *hs, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + AHEAD < n)
+            hm_prefetch(&t->map, hs[i + AHEAD]);
+        if (tier_store_c(t, hs[i]) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The hashes of a sequence of ints, as int64 (PyMem_Free it); NULL on error. */
+static int64_t *hashes_of(PyObject *seq, Py_ssize_t n)
+{
+    int64_t *hs = PyMem_Malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    if (!hs) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (get_i64(items[i], &hs[i]) < 0) {
+            PyMem_Free(hs);
+            return NULL;
+        }
+    }
+    return hs;
+}
+
+static PyObject *tier_store_many(KvTierObject *self, PyObject *arg)
+{
+    TIER_READY(self);
+    PyObject *seq = PySequence_Fast(arg, "store_many takes an iterable of hashes");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int64_t *hs = hashes_of(seq, n);
+    Py_DECREF(seq);
+    if (!hs)
+        return NULL;
+    int rc = tier_store_batch(self, hs, n);
+    PyMem_Free(hs);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Move the held ones of items[0:n] to the tail, in order; with `stop`, only up to the first
+ * not held. How many were held (with `stop`: the run's length); -1 on error. Lookups run
+ * AHEAD of the moves (a move changes no map slot, only its value): the misses
+ * of later hashes overlap the work on this one. */
+static Py_ssize_t tier_touch_run(KvTierObject *t, PyObject **items, Py_ssize_t n, int stop)
+{
+    Py_ssize_t ring[AHEAD];
+    Py_ssize_t held = 0;
+    Py_ssize_t looked = 0; /* items looked up so far, the last AHEAD in ring[j % AHEAD] */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        while (looked < n && looked < i + AHEAD) {
+            if (looked + AHEAD < n) {
+                long long ahead = PyLong_AsLongLong(items[looked + AHEAD]);
+                if (ahead == -1 && PyErr_Occurred())
+                    PyErr_Clear(); /* raised when its turn comes */
+                else
+                    hm_prefetch(&t->map, (int64_t)ahead);
+            }
+            int64_t h;
+            if (get_i64(items[looked], &h) < 0)
+                return -1;
+            Py_ssize_t at = hm_find(&t->map, h);
+            if (at >= 0)
+                __builtin_prefetch(&t->rlive[t->map.e[at].val]);
+            ring[looked % AHEAD] = at;
+            looked++;
+        }
+        Py_ssize_t at = ring[i % AHEAD];
+        if (at < 0) {
+            if (stop)
+                break;
+            continue;
+        }
+        if (tier_move(t, at) < 0)
+            return -1;
+        held++;
+    }
+    return held;
+}
+
+static PyObject *tier_load(KvTierObject *self, PyObject *arg)
+{
+    TIER_READY(self);
+    int64_t h;
+    if (get_i64(arg, &h) < 0)
+        return NULL;
+    if (tier_touch_c(self, h) < 0)
+        return NULL;
+    self->loaded_blocks++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *tier_load_many(KvTierObject *self, PyObject *arg)
+{
+    TIER_READY(self);
+    PyObject *seq = PySequence_Fast(arg, "load_many takes a sequence of hashes");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t held = tier_touch_run(self, PySequence_Fast_ITEMS(seq), n, 0);
+    Py_DECREF(seq);
+    if (held < 0)
+        return NULL;
+    self->loaded_blocks += n;
+    Py_RETURN_NONE;
+}
+
+static PyObject *tier_load_prefix(KvTierObject *self, PyObject *arg)
+{
+    TIER_READY(self);
+    PyObject *seq = PySequence_Fast(arg, "load_prefix takes a sequence of hashes");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t held = tier_touch_run(self, PySequence_Fast_ITEMS(seq), n, 1);
+    Py_DECREF(seq);
+    if (held < 0)
+        return NULL;
+    self->loaded_blocks += held;
+    return PyLong_FromSsize_t(held);
+}
+
+static PyObject *tier_lru_order(KvTierObject *self, PyObject *Py_UNUSED(ignored))
+{
+    TIER_READY(self);
+    PyObject *out = PyList_New(self->len);
+    if (!out)
+        return NULL;
+    Py_ssize_t n = 0;
+    for (int64_t q = self->head; q < self->tail; q++) {
+        int64_t i = q & self->rmask;
+        if (!self->rlive[i])
+            continue;
+        PyObject *v = PyLong_FromLongLong(self->rkey[i]);
+        if (!v) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, n++, v);
+    }
+    return out;
+}
+
+static PyObject *tier_clear(KvTierObject *self, PyObject *Py_UNUSED(ignored))
+{
+    TIER_READY(self);
+    if (tier_reset_slots(self) < 0)
+        return NULL;
+    if (self->lower != Py_None) {
+        PyObject *r = tier_clear((KvTierObject *)self->lower, NULL);
+        if (!r)
+            return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *tier_usage(KvTierObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyFloat_FromDouble((double)self->len / (double)self->capacity_blocks);
+}
+
+static Py_ssize_t tier_len(KvTierObject *self) { return self->len; }
+
+static int tier_contains(KvTierObject *self, PyObject *arg)
+{
+    if (self->rkey == NULL)
+        return 0;
+    int64_t h;
+    if (!PyLong_Check(arg))
+        return 0;
+    long long v = PyLong_AsLongLong(arg);
+    if (v == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        return 0; /* no hash this large is stored */
+    }
+    h = (int64_t)v;
+    return hm_get(&self->map, h) >= 0;
+}
+
+static PyMethodDef tier_methods[] = {
+    {"store", (PyCFunction)tier_store, METH_O, "Keep a block the tier above evicted."},
+    {"store_many", (PyCFunction)tier_store_many, METH_O, "store each, in order."},
+    {"load", (PyCFunction)tier_load, METH_O, "A block read back: most recently used."},
+    {"load_many", (PyCFunction)tier_load_many, METH_O, "load each, in order."},
+    {"load_prefix", (PyCFunction)tier_load_prefix, METH_O,
+     "load the longest run held, from the first; its length."},
+    {"lru_order", (PyCFunction)tier_lru_order, METH_NOARGS, "Stored hashes, next evicted first."},
+    {"clear", (PyCFunction)tier_clear, METH_NOARGS, "Forget every block, the tier below's too."},
+    {"usage", (PyCFunction)tier_usage, METH_NOARGS, "Fraction of the capacity held."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef tier_members[] = {
+    {"name", T_OBJECT, offsetof(KvTierObject, name), READONLY, NULL},
+    {"capacity_blocks", T_PYSSIZET, offsetof(KvTierObject, capacity_blocks), READONLY, NULL},
+    {"load_tokens_per_s", T_OBJECT, offsetof(KvTierObject, load_tokens_per_s), READONLY, NULL},
+    {"lower", T_OBJECT, offsetof(KvTierObject, lower), READONLY, NULL},
+    {"stored_blocks", T_LONGLONG, offsetof(KvTierObject, stored_blocks), 0, NULL},
+    {"evicted_blocks", T_LONGLONG, offsetof(KvTierObject, evicted_blocks), 0, NULL},
+    {"loaded_blocks", T_LONGLONG, offsetof(KvTierObject, loaded_blocks), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PySequenceMethods tier_as_sequence = {
+    .sq_length = (lenfunc)tier_len,
+    .sq_contains = (objobjproc)tier_contains,
+};
+
+static PyTypeObject KvTierType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "thunder_mw.sim._kvblocks.KvTier",
+    .tp_basicsize = sizeof(KvTierObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "A host-memory or disk KV store of full blocks, by chain hash, evicting LRU.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)tier_init,
+    .tp_dealloc = (destructor)tier_dealloc,
+    .tp_methods = tier_methods,
+    .tp_members = tier_members,
+    .tp_as_sequence = &tier_as_sequence,
+};
+
+/* =============================== BlockPool =============================== */
+
+typedef struct {
+    PyObject_HEAD
+    int num_blocks;
+    int block_size;
+    int32_t *ref;     /* references held; 0: in the free queue */
+    int64_t *hash;    /* valid where has_hash */
+    uint8_t *has_hash;
+    /* The free queue: a circular doubly linked list through node num_blocks (next: head, the
+     * next reused; prev: tail). */
+    int32_t *prev;
+    int32_t *next;
+    /* Blocks with the same hash (two requests filled identical blocks at once, as vLLM
+     * allows): the map names the first, dup[] chains the others in the order cached. */
+    int32_t *dup;
+    HMap by_hash;
+    Py_ssize_t num_free;
+    Py_ssize_t num_hashed; /* blocks carrying a hash */
+    PyObject *tier;        /* None or a KvTier */
+    long long free_epoch;
+    PyObject *new_hashes; /* a list */
+    PyObject **ints;      /* ints[b]: the int b, made once (results list blocks by the thousand) */
+} PoolObject;
+
+#define POOL_READY(p)                                                                   \
+    do {                                                                                \
+        if ((p)->ref == NULL) {                                                         \
+            PyErr_SetString(PyExc_RuntimeError, "BlockPool.__init__ was not called");   \
+            return NULL;                                                                \
+        }                                                                               \
+    } while (0)
+
+static void pool_release(PoolObject *p)
+{
+    free(p->ref);
+    free(p->hash);
+    free(p->has_hash);
+    free(p->prev);
+    free(p->next);
+    free(p->dup);
+    hm_free(&p->by_hash);
+    if (p->ints) {
+        for (int b = 0; b < p->num_blocks; b++)
+            Py_XDECREF(p->ints[b]);
+        PyMem_Free(p->ints);
+    }
+    p->ints = NULL;
+    p->ref = NULL;
+    p->hash = NULL;
+    p->has_hash = NULL;
+    p->prev = NULL;
+    p->next = NULL;
+    p->dup = NULL;
+}
+
+static int pool_init(PoolObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"num_blocks", "block_size", "tier", NULL};
+    int num_blocks, block_size;
+    PyObject *tier = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ii|O", kwlist, &num_blocks, &block_size, &tier))
+        return -1;
+    if (num_blocks < 2) {
+        PyErr_SetString(PyExc_ValueError, "num_blocks must be at least 2 (block 0 is the null block)");
+        return -1;
+    }
+    if (num_blocks > INT32_MAX - 2) {
+        PyErr_SetString(PyExc_OverflowError, "num_blocks is too large");
+        return -1;
+    }
+    if (tier != Py_None && !PyObject_TypeCheck(tier, &KvTierType)) {
+        PyErr_SetString(PyExc_TypeError, "tier must be a KvTier or None");
+        return -1;
+    }
+    pool_release(self);
+    size_t n = (size_t)num_blocks;
+    self->ref = big_alloc(n * sizeof(int32_t));
+    self->hash = big_alloc(n * sizeof(int64_t));
+    self->has_hash = big_alloc(n);
+    self->prev = big_alloc((n + 1) * sizeof(int32_t));
+    self->next = big_alloc((n + 1) * sizeof(int32_t));
+    self->dup = big_alloc(n * sizeof(int32_t));
+    Py_ssize_t cap = 64;
+    while (cap < 2 * (Py_ssize_t)n)
+        cap *= 2;
+    if (!self->ref || !self->hash || !self->has_hash || !self->prev || !self->next || !self->dup ||
+        hm_alloc(&self->by_hash, cap) < 0) {
+        pool_release(self);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(self->ref, 0, n * sizeof(int32_t));
+    memset(self->hash, 0, n * sizeof(int64_t));
+    memset(self->has_hash, 0, n);
+    memset(self->dup, 0xff, n * sizeof(int32_t));
+    self->num_blocks = num_blocks;
+    self->ints = PyMem_Calloc(n, sizeof(PyObject *));
+    if (!self->ints) {
+        pool_release(self);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int b = 0; b < num_blocks; b++) {
+        self->ints[b] = PyLong_FromLong(b);
+        if (!self->ints[b]) {
+            pool_release(self);
+            return -1;
+        }
+    }
+    self->block_size = block_size;
+    /* Block 0 is the null block, never free: it holds a reference nobody drops. */
+    self->ref[0] = 1;
+    int32_t s = num_blocks;
+    int32_t last = s;
+    for (int32_t b = 1; b < num_blocks; b++) {
+        self->next[last] = b;
+        self->prev[b] = last;
+        last = b;
+    }
+    self->next[last] = s;
+    self->prev[s] = last;
+    self->num_free = num_blocks - 1;
+    self->num_hashed = 0;
+    Py_INCREF(tier);
+    Py_XSETREF(self->tier, tier);
+    self->free_epoch = 0;
+    PyObject *fresh = PyList_New(0);
+    if (!fresh) {
+        pool_release(self);
+        return -1;
+    }
+    Py_XSETREF(self->new_hashes, fresh);
+    return 0;
+}
+
+static void pool_dealloc(PoolObject *self)
+{
+    pool_release(self);
+    Py_XDECREF(self->tier);
+    Py_XDECREF(self->new_hashes);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static inline int pool_block(PoolObject *p, PyObject *o, int32_t *out)
+{
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0 || v >= p->num_blocks) {
+        PyErr_Format(PyExc_IndexError, "block %ld is not in this pool (0..%d)", v, p->num_blocks - 1);
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
+}
+
+static inline void q_unlink(PoolObject *p, int32_t b)
+{
+    int32_t pr = p->prev[b], nx = p->next[b];
+    p->next[pr] = nx;
+    p->prev[nx] = pr;
+}
+
+static inline void q_append(PoolObject *p, int32_t b)
+{
+    int32_t s = p->num_blocks, last = p->prev[s];
+    p->next[last] = b;
+    p->prev[b] = last;
+    p->next[b] = s;
+    p->prev[s] = b;
+}
+
+static inline void q_prepend(PoolObject *p, int32_t b)
+{
+    int32_t s = p->num_blocks, first = p->next[s];
+    p->prev[first] = b;
+    p->next[b] = first;
+    p->prev[b] = s;
+    p->next[s] = b;
+}
+
+/* Forget block b's hash (b is being reused): the map's entry moves to the next block with
+ * the same hash, if any (BlockPoolPy._uncache_dup). */
+static void pool_uncache(PoolObject *p, int32_t b)
+{
+    int64_t h = p->hash[b];
+    Py_ssize_t i = hm_find(&p->by_hash, h);
+    if (i >= 0) {
+        int32_t first = p->by_hash.e[i].val;
+        if (first == b) {
+            if (p->dup[b] >= 0)
+                p->by_hash.e[i].val = p->dup[b];
+            else
+                hm_delete_slot(&p->by_hash, i);
+        }
+        else {
+            for (int32_t x = first; p->dup[x] >= 0; x = p->dup[x]) {
+                if (p->dup[x] == b) {
+                    p->dup[x] = p->dup[b];
+                    break;
+                }
+            }
+        }
+    }
+    p->dup[b] = -1;
+    p->has_hash[b] = 0;
+    p->num_hashed--;
+}
+
+/* Take the head of the free queue with one reference, its hash evicted (to the tier). */
+static int pool_pop(PoolObject *p, int32_t *out)
+{
+    int32_t b = p->next[p->num_blocks];
+    q_unlink(p, b);
+    p->ref[b] = 1;
+    p->num_free--;
+    *out = b;
+    if (p->has_hash[b]) {
+        int64_t h = p->hash[b];
+        pool_uncache(p, b);
+        if (p->tier != Py_None)
+            return tier_store_c((KvTierObject *)p->tier, h);
+    }
+    return 0;
+}
+
+static PyObject *pool_allocate(PoolObject *self, PyObject *arg)
+{
+    POOL_READY(self);
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n > self->num_free) {
+        PyErr_Format(PyExc_ValueError, "cannot allocate %zd blocks, %zd free", n, self->num_free);
+        return NULL;
+    }
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "cannot allocate %zd blocks", n);
+        return NULL;
+    }
+    PyObject *out = PyList_New(n);
+    int32_t *evicted = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    int64_t *gone = PyMem_Malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    if (!out || !evicted || !gone) {
+        Py_XDECREF(out);
+        PyMem_Free(evicted);
+        PyMem_Free(gone);
+        return PyErr_NoMemory();
+    }
+    /* Take them off the head; then forget their hashes, in the same order; then store those
+     * in the tier, in that order (BlockPoolPy.allocate: the tier sees only the order). */
+    Py_ssize_t ne = 0;
+    int32_t sentinel = self->num_blocks;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t b = self->next[sentinel];
+        q_unlink(self, b);
+        self->ref[b] = 1;
+        Py_INCREF(self->ints[b]);
+        PyList_SET_ITEM(out, i, self->ints[b]);
+        if (self->has_hash[b])
+            evicted[ne++] = b;
+    }
+    self->num_free -= n;
+    for (Py_ssize_t i = 0; i < ne; i++) {
+        if (i + AHEAD < ne)
+            hm_prefetch(&self->by_hash, self->hash[evicted[i + AHEAD]]);
+        gone[i] = self->hash[evicted[i]];
+        pool_uncache(self, evicted[i]);
+    }
+    int rc = 0;
+    if (ne && self->tier != Py_None)
+        rc = tier_store_batch((KvTierObject *)self->tier, gone, ne);
+    PyMem_Free(evicted);
+    PyMem_Free(gone);
+    if (rc < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+static PyObject *pool_allocate_one(PoolObject *self, PyObject *Py_UNUSED(ignored))
+{
+    POOL_READY(self);
+    if (!self->num_free) {
+        PyErr_SetString(PyExc_ValueError, "cannot allocate 1 block, 0 free");
+        return NULL;
+    }
+    int32_t b;
+    if (pool_pop(self, &b) < 0)
+        return NULL;
+    return Py_NewRef(self->ints[b]);
+}
+
+static PyObject *pool_touch(PoolObject *self, PyObject *arg)
+{
+    POOL_READY(self);
+    PyObject *seq = PySequence_Fast(arg, "touch takes an iterable of blocks");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t b;
+        if (pool_block(self, items[i], &b) < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (self->ref[b] > 0) {
+            self->ref[b]++;
+            continue;
+        }
+        q_unlink(self, b);
+        self->ref[b] = 1;
+        self->num_free--;
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+}
+
+static int pool_new_epoch_list(PoolObject *self)
+{
+    PyObject *fresh = PyList_New(0);
+    if (!fresh)
+        return -1;
+    Py_SETREF(self->new_hashes, fresh);
+    return 0;
+}
+
+/* BlockPoolPy._release: drop a reference on each block; those freed of `cached` join the
+ * tail in that order, those freed of `uncached` the head, uncached[0] first.
+ * `rev_*`: walk the sequence from its end (free_request's reversal, without a copy). */
+static int pool_release_blocks(PoolObject *self, PyObject **cached, Py_ssize_t nc, int rev_c,
+                               PyObject **uncached, Py_ssize_t nu, int rev_u)
+{
+    self->free_epoch++;
+    if (pool_new_epoch_list(self) < 0)
+        return -1;
+    /* Check every block first: nothing changes on a bad one. */
+    for (Py_ssize_t i = 0; i < nc + nu; i++) {
+        int32_t b;
+        if (pool_block(self, i < nc ? cached[i] : uncached[i - nc], &b) < 0)
+            return -1;
+        if (self->ref[b] <= 0) {
+            PyErr_Format(PyExc_ValueError, "block %d is freed but no request holds it", (int)b);
+            return -1;
+        }
+    }
+    for (Py_ssize_t k = 0; k < nc; k++) {
+        PyObject *o = cached[rev_c ? nc - 1 - k : k];
+        int32_t b = (int32_t)PyLong_AsLong(o);
+        if (self->ref[b] == 1) {
+            self->ref[b] = 0;
+            q_append(self, b);
+            self->num_free++;
+        }
+        else
+            self->ref[b]--;
+    }
+    /* Prepending from the last to the first leaves the first at the head. */
+    for (Py_ssize_t k = nu - 1; k >= 0; k--) {
+        PyObject *o = uncached[rev_u ? nu - 1 - k : k];
+        int32_t b = (int32_t)PyLong_AsLong(o);
+        if (self->ref[b] == 1) {
+            self->ref[b] = 0;
+            q_prepend(self, b);
+            self->num_free++;
+        }
+        else
+            self->ref[b]--;
+    }
+    return 0;
+}
+
+static PyObject *pool_free(PoolObject *self, PyObject *arg)
+{
+    POOL_READY(self);
+    PyObject *seq = PySequence_Fast(arg, "free takes an iterable of blocks");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject **cached = PyMem_Malloc(sizeof(PyObject *) * (size_t)(n ? n : 1));
+    PyObject **uncached = PyMem_Malloc(sizeof(PyObject *) * (size_t)(n ? n : 1));
+    PyObject *res = NULL;
+    if (!cached || !uncached) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t nc = 0, nu = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t b;
+        if (pool_block(self, items[i], &b) < 0)
+            goto done;
+        if (self->has_hash[b])
+            cached[nc++] = items[i];
+        else
+            uncached[nu++] = items[i];
+    }
+    if (pool_release_blocks(self, cached, nc, 0, uncached, nu, 0) < 0)
+        goto done;
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    PyMem_Free(cached);
+    PyMem_Free(uncached);
+    Py_DECREF(seq);
+    return res;
+}
+
+static PyObject *pool_free_cached(PoolObject *self, PyObject *arg)
+{
+    POOL_READY(self);
+    PyObject *seq = PySequence_Fast(arg, "free_cached takes a sequence of blocks");
+    if (!seq)
+        return NULL;
+    int rc = pool_release_blocks(self, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 0,
+                                 NULL, 0, 0);
+    Py_DECREF(seq);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *pool_free_request(PoolObject *self, PyObject *args)
+{
+    POOL_READY(self);
+    PyObject *blocks;
+    Py_ssize_t num_cached;
+    if (!PyArg_ParseTuple(args, "On:free_request", &blocks, &num_cached))
+        return NULL;
+    PyObject *seq = PySequence_Fast(blocks, "free_request takes a list of blocks");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    /* Python's slice bounds: blocks[:num_cached] and blocks[num_cached:]. */
+    Py_ssize_t k = num_cached;
+    if (k < 0)
+        k = k + n < 0 ? 0 : k + n;
+    if (k > n)
+        k = n;
+    int rc = pool_release_blocks(self, items, k, 1, items + k, n - k, 1);
+    Py_DECREF(seq);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static int pool_cache_pairs(PoolObject *self, PyObject **blocks, PyObject **hashes, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t b;
+        int64_t h;
+        if (i + AHEAD < n) {
+            long long ahead = PyLong_AsLongLong(hashes[i + AHEAD]);
+            if (ahead == -1 && PyErr_Occurred())
+                PyErr_Clear(); /* raised when its turn comes */
+            else
+                hm_prefetch(&self->by_hash, (int64_t)ahead);
+        }
+        if (pool_block(self, blocks[i], &b) < 0 || get_i64(hashes[i], &h) < 0)
+            return -1;
+        if (self->has_hash[b])
+            continue; /* it keeps its hash */
+        Py_ssize_t at = hm_find(&self->by_hash, h);
+        if (at < 0) {
+            if (hm_insert(&self->by_hash, h, b) < 0 || PyList_Append(self->new_hashes, hashes[i]) < 0)
+                return -1;
+        }
+        else {
+            int32_t x = self->by_hash.e[at].val;
+            while (self->dup[x] >= 0)
+                x = self->dup[x];
+            self->dup[x] = b;
+            self->dup[b] = -1;
+        }
+        self->hash[b] = h;
+        self->has_hash[b] = 1;
+        self->num_hashed++;
+    }
+    return 0;
+}
+
+static PyObject *pool_cache_range(PoolObject *self, PyObject *args)
+{
+    POOL_READY(self);
+    PyObject *blocks, *hashes;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "OOnn:cache_range", &blocks, &hashes, &start, &end))
+        return NULL;
+    PyObject *mine = PySequence_GetSlice(blocks, start, end);
+    if (!mine)
+        return NULL;
+    PyObject *part = PySequence_GetSlice(hashes, start, end);
+    if (!part) {
+        Py_DECREF(mine);
+        return NULL;
+    }
+    PyObject *res = NULL;
+    PyObject *bs = PySequence_Fast(mine, "blocks");
+    PyObject *hs = bs ? PySequence_Fast(part, "hashes") : NULL;
+    if (hs) {
+        Py_ssize_t nb = PySequence_Fast_GET_SIZE(bs), nh = PySequence_Fast_GET_SIZE(hs);
+        Py_ssize_t n = nb < nh ? nb : nh;
+        if (pool_cache_pairs(self, PySequence_Fast_ITEMS(bs), PySequence_Fast_ITEMS(hs), n) == 0) {
+            if (nb != nh)
+                PyErr_Format(PyExc_ValueError, "cache_range: %zd blocks for %zd hashes", nb, nh);
+            else if (PyList_GET_SIZE(self->new_hashes) >= NEW_HASHES_KEPT) {
+                /* Forgets every refusal (Engine._admit): safe, only slower. */
+                self->free_epoch++;
+                if (pool_new_epoch_list(self) == 0)
+                    res = Py_None;
+            }
+            else
+                res = Py_None;
+        }
+    }
+    Py_XINCREF(res);
+    Py_XDECREF(hs);
+    Py_XDECREF(bs);
+    Py_DECREF(part);
+    Py_DECREF(mine);
+    return res;
+}
+
+static PyObject *pool_cache(PoolObject *self, PyObject *args)
+{
+    PyObject *block, *h;
+    if (!PyArg_ParseTuple(args, "OO:cache", &block, &h))
+        return NULL;
+    PyObject *call = Py_BuildValue("([O][O]ii)", block, h, 0, 1);
+    if (!call)
+        return NULL;
+    PyObject *r = pool_cache_range(self, call);
+    Py_DECREF(call);
+    return r;
+}
+
+static PyObject *pool_longest_hit(PoolObject *self, PyObject *args, PyObject *kwds)
+{
+    POOL_READY(self);
+    static char *kwlist[] = {"hashes", "max_blocks", "likely", NULL};
+    PyObject *hashes, *likely = Py_None;
+    Py_ssize_t max_blocks;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "On|O:longest_hit", kwlist, &hashes, &max_blocks,
+                                     &likely))
+        return NULL;
+    /* `likely` is only a hint to the Python pool (a block there answers without a dict probe
+     * exactly when the map would name it); a probe here is as cheap as checking it. */
+    PyObject *seq = PySequence_Fast(hashes, "longest_hit takes a sequence of hashes");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t end = max_blocks < n ? max_blocks : n;
+    PyObject *out = PyList_New(0);
+    if (!out)
+        goto fail;
+    for (Py_ssize_t i = 0; i < end; i++) {
+        int64_t h;
+        if (i + AHEAD < end) {
+            long long ahead = PyLong_AsLongLong(items[i + AHEAD]);
+            if (ahead == -1 && PyErr_Occurred())
+                PyErr_Clear(); /* raised when its turn comes */
+            else
+                hm_prefetch(&self->by_hash, (int64_t)ahead);
+        }
+        if (get_i64(items[i], &h) < 0)
+            goto fail;
+        int32_t b = hm_get(&self->by_hash, h);
+        if (b < 0)
+            break;
+        if (PyList_Append(out, self->ints[b]) < 0)
+            goto fail;
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyObject *pool_num_evictable(PoolObject *self, PyObject *arg)
+{
+    POOL_READY(self);
+    PyObject *seq = PySequence_Fast(arg, "num_evictable takes an iterable of blocks");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), c = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t b;
+        if (pool_block(self, items[i], &b) < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        c += self->ref[b] <= 0;
+    }
+    Py_DECREF(seq);
+    return PyLong_FromSsize_t(c);
+}
+
+static PyObject *pool_hash_of(PoolObject *self, PyObject *arg)
+{
+    POOL_READY(self);
+    int32_t b;
+    if (pool_block(self, arg, &b) < 0)
+        return NULL;
+    if (!self->has_hash[b])
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(self->hash[b]);
+}
+
+static PyObject *pool_free_queue(PoolObject *self, PyObject *Py_UNUSED(ignored))
+{
+    POOL_READY(self);
+    PyObject *out = PyList_New(self->num_free);
+    if (!out)
+        return NULL;
+    Py_ssize_t i = 0;
+    for (int32_t b = self->next[self->num_blocks]; b != self->num_blocks; b = self->next[b]) {
+        PyList_SET_ITEM(out, i++, Py_NewRef(self->ints[b]));
+    }
+    return out;
+}
+
+static PyObject *pool_num_cached(PoolObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromSsize_t(self->num_hashed);
+}
+
+static PyObject *pool_num_evictable_cached(PoolObject *self, PyObject *Py_UNUSED(ignored))
+{
+    POOL_READY(self);
+    Py_ssize_t c = 0;
+    for (int32_t b = self->next[self->num_blocks]; b != self->num_blocks; b = self->next[b])
+        c += self->has_hash[b];
+    return PyLong_FromSsize_t(c);
+}
+
+static PyObject *pool_usage(PoolObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyFloat_FromDouble(1.0 - (double)self->num_free / (double)(self->num_blocks - 1));
+}
+
+static PyObject *pool_reset_prefix_cache(PoolObject *self, PyObject *Py_UNUSED(ignored))
+{
+    POOL_READY(self);
+    if (self->num_free != self->num_blocks - 1)
+        Py_RETURN_FALSE;
+    memset(self->has_hash, 0, (size_t)self->num_blocks);
+    memset(self->dup, 0xff, sizeof(int32_t) * (size_t)self->num_blocks);
+    hm_clear(&self->by_hash);
+    self->num_hashed = 0;
+    self->free_epoch++;
+    if (pool_new_epoch_list(self) < 0)
+        return NULL;
+    if (self->tier != Py_None) {
+        PyObject *r = tier_clear((KvTierObject *)self->tier, NULL);
+        if (!r)
+            return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *pool_snapshot(PoolObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("{s:i,s:i,s:n,s:n}", "num_blocks", self->num_blocks, "block_size",
+                         self->block_size, "free", self->num_free, "cached", self->num_hashed);
+}
+
+static PyObject *pool_get_num_free(PoolObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromSsize_t(self->num_free);
+}
+
+static PyObject *pool_get_num_usable(PoolObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromLong(self->num_blocks - 1);
+}
+
+static PyMethodDef pool_methods[] = {
+    {"allocate", (PyCFunction)pool_allocate, METH_O,
+     "Take n blocks from the head of the free queue, evicting their cached hashes."},
+    {"allocate_one", (PyCFunction)pool_allocate_one, METH_NOARGS, "allocate(1)[0]."},
+    {"touch", (PyCFunction)pool_touch, METH_O, "Take a reference on cache-hit blocks."},
+    {"free", (PyCFunction)pool_free, METH_O, "Drop one reference per block, in eviction order."},
+    {"free_cached", (PyCFunction)pool_free_cached, METH_O, "free() of blocks that carry a hash."},
+    {"free_request", (PyCFunction)pool_free_request, METH_VARARGS,
+     "free(reversed(blocks)) where exactly the first num_cached carry a hash."},
+    {"cache", (PyCFunction)pool_cache, METH_VARARGS, "Register a full block's hash."},
+    {"cache_range", (PyCFunction)pool_cache_range, METH_VARARGS,
+     "cache(blocks[i], hashes[i]) for i in [start, end), in order."},
+    {"longest_hit", (PyCFunction)(void (*)(void))pool_longest_hit, METH_VARARGS | METH_KEYWORDS,
+     "Blocks of the longest cached prefix, at most max_blocks long."},
+    {"num_evictable", (PyCFunction)pool_num_evictable, METH_O,
+     "How many of blocks sit in the free queue."},
+    {"hash_of", (PyCFunction)pool_hash_of, METH_O, "A block's hash, or None."},
+    {"free_queue", (PyCFunction)pool_free_queue, METH_NOARGS, "The free queue, head first."},
+    {"num_cached", (PyCFunction)pool_num_cached, METH_NOARGS, "Blocks that carry a hash."},
+    {"num_evictable_cached", (PyCFunction)pool_num_evictable_cached, METH_NOARGS,
+     "Free blocks that still hold a cached prefix."},
+    {"usage", (PyCFunction)pool_usage, METH_NOARGS, "Fraction of usable blocks held."},
+    {"reset_prefix_cache", (PyCFunction)pool_reset_prefix_cache, METH_NOARGS,
+     "Forget every cached hash, the tiers' too; False while any request holds blocks."},
+    {"snapshot", (PyCFunction)pool_snapshot, METH_NOARGS, "Counts, for the admin API."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef pool_members[] = {
+    {"num_blocks", T_INT, offsetof(PoolObject, num_blocks), READONLY, NULL},
+    {"block_size", T_INT, offsetof(PoolObject, block_size), READONLY, NULL},
+    {"tier", T_OBJECT, offsetof(PoolObject, tier), READONLY, NULL},
+    {"free_epoch", T_LONGLONG, offsetof(PoolObject, free_epoch), READONLY, NULL},
+    {"new_hashes", T_OBJECT, offsetof(PoolObject, new_hashes), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef pool_getset[] = {
+    {"num_free", (getter)pool_get_num_free, NULL, NULL, NULL},
+    {"num_usable", (getter)pool_get_num_usable, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PoolType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "thunder_mw.sim._kvblocks.BlockPool",
+    .tp_basicsize = sizeof(PoolObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "All KV blocks of one engine: reference counts, cached hashes and the free queue.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)pool_init,
+    .tp_dealloc = (destructor)pool_dealloc,
+    .tp_methods = pool_methods,
+    .tp_members = pool_members,
+    .tp_getset = pool_getset,
+};
+
+static struct PyModuleDef kvblocks_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "thunder_mw.sim._kvblocks",
+    .m_doc = "The simulated engine's KV block pool and host tier, in C (see sim/kv_cache.py).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__kvblocks(void)
+{
+    if (PyType_Ready(&KvTierType) < 0 || PyType_Ready(&PoolType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&kvblocks_module);
+    if (!m)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "KvTier", (PyObject *)&KvTierType) < 0 ||
+        PyModule_AddObjectRef(m, "BlockPool", (PyObject *)&PoolType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -10,6 +10,9 @@ Mirrors `vllm/v1/core/block_pool.py` (vLLM 0.32) where it decides which tokens h
   blocks tail first, so a prompt's tail is evicted before its head); freed blocks without
   a hash go to the head, they are reused first.
 
+`BlockPool` is the compiled pool (sim/_kvblocks.c) where the install built it, else
+`BlockPoolPy` below, its specification (sim/native_blocks.py picks).
+
 `KvTier` (sim/kv_tier.py) is the host-memory (or disk) tier behind it: a full block evicted
 from the GPU is stored there under its chain hash, LRU again, and loaded back on a later
 prefix hit instead of recomputed.

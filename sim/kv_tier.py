@@ -6,15 +6,17 @@ evicted from here goes to the tier below (disk), if any. A later prefix hit on a
 block is loaded back instead of recomputed; the copy stays here (as the host copies of those
 engines do), most recently used.
 
-An OrderedDict, block by block, measured faster than the alternatives tried (issue 43,
-callgrind on a recorded replay of `swe-agent-knee` `offload`'s block calls): whole runs
-as plain-dict operations in C, +8.6 % instructions (a dict's first key is found past every
-entry deleted before it); stamps in a list with stale entries, slower still; whole-run
-OrderedDict operations, +19 %. tests/sim/test_sim_kv_tier.py holds any replacement to this
-per-block LRU. Where a segment-based LRU would pay (same replay): prefix loads arrive in
-pieces of ~33 blocks that sit together in the LRU, stores of blocks already here in pieces
-of ~166; but two thirds of the blocks stored are new, each one insert and one eviction
-whatever the structure.
+What runs is the compiled `KvTier` (sim/_kvblocks.c: the LRU as a log in a ring, read in
+order when evicting) where the install built it; `KvTierPy` here is its specification.
+Among Python layouts, an OrderedDict, block by block, measured faster than the alternatives
+tried (issue 43, callgrind on a recorded replay of `swe-agent-knee` `offload`'s block
+calls): whole runs as plain-dict operations in C, +8.6 % instructions (a dict's first key is
+found past every entry deleted before it); stamps in a list with stale entries, slower
+still; whole-run OrderedDict operations, +19 %. tests/sim/test_sim_kv_tier.py holds any
+replacement to this per-block LRU. Where a segment-based LRU would pay (same replay): prefix
+loads arrive in pieces of ~33 blocks that sit together in the LRU, stores of blocks already
+here in pieces of ~166; but two thirds of the blocks stored are new, each one insert and one
+eviction whatever the structure.
 """
 
 from __future__ import annotations

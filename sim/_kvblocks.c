@@ -541,34 +541,35 @@ static PyObject *tier_load(KvTierObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-static PyObject *tier_load_many(KvTierObject *self, PyObject *arg)
+/* load_many (every one, all counted as loaded) or, with `stop`, load_prefix (up to the first
+ * not held; the run's length, counted and returned). */
+static PyObject *tier_load_seq(KvTierObject *self, PyObject *arg, int stop)
 {
     TIER_READY(self);
-    PyObject *seq = PySequence_Fast(arg, "load_many takes a sequence of hashes");
+    PyObject *seq = PySequence_Fast(arg, "a KvTier load takes a sequence of hashes");
     if (!seq)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    Py_ssize_t held = tier_touch_run(self, PySequence_Fast_ITEMS(seq), n, 0);
+    Py_ssize_t held = tier_touch_run(self, PySequence_Fast_ITEMS(seq), n, stop);
     Py_DECREF(seq);
     if (held < 0)
         return NULL;
-    self->loaded_blocks += n;
-    Py_RETURN_NONE;
+    if (!stop) {
+        self->loaded_blocks += n;
+        Py_RETURN_NONE;
+    }
+    self->loaded_blocks += held;
+    return PyLong_FromSsize_t(held);
+}
+
+static PyObject *tier_load_many(KvTierObject *self, PyObject *arg)
+{
+    return tier_load_seq(self, arg, 0);
 }
 
 static PyObject *tier_load_prefix(KvTierObject *self, PyObject *arg)
 {
-    TIER_READY(self);
-    PyObject *seq = PySequence_Fast(arg, "load_prefix takes a sequence of hashes");
-    if (!seq)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    Py_ssize_t held = tier_touch_run(self, PySequence_Fast_ITEMS(seq), n, 1);
-    Py_DECREF(seq);
-    if (held < 0)
-        return NULL;
-    self->loaded_blocks += held;
-    return PyLong_FromSsize_t(held);
+    return tier_load_seq(self, arg, 1);
 }
 
 static PyObject *tier_lru_order(KvTierObject *self, PyObject *Py_UNUSED(ignored))

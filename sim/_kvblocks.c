@@ -14,7 +14,8 @@
  * entries); here the free queue is a plain doubly linked list, which is the order the lazy
  * runs stand for.
  *
- * Optional: setup.py builds it where a compiler is; without it the Python classes run.
+ * Optional: pyproject.toml's ext-modules build it where a compiler is; without it the Python
+ * classes run (sim/native_blocks.py picks).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,6 +33,13 @@
 /* How far ahead a loop over hashes asks for the map's line (the memory misses of several
  * lookups then overlap instead of following one another). */
 #define AHEAD 8
+
+/* An int as int64 (see get_i64): PyLong_AsLong where long is 64 bits. */
+#if LONG_MAX == INT64_MAX
+#define AS_I64(o) ((int64_t)PyLong_AsLong(o))
+#else
+#define AS_I64(o) ((int64_t)PyLong_AsLongLong(o))
+#endif
 
 /* Arrays of a few MB are read at random: on Linux, ask for huge pages (fewer TLB misses; a
  * whole run measured ~15 % faster with them). Freed with free(). */
@@ -190,12 +198,130 @@ static void hm_delete_slot(HMap *m, Py_ssize_t i)
     m->used--;
 }
 
+/* An int as int64. PyLong_AsLong, not PyLong_AsLongLong: on CPython 3.11 the latter goes
+ * through _PyLong_AsByteArray for every int past one digit (a chain hash is three), about
+ * half of a lookup's time; the former folds the digits in a loop. Same errors (TypeError,
+ * OverflowError past 64 bits); where long is 32 bits (Windows), PyLong_AsLongLong. */
 static inline int get_i64(PyObject *o, int64_t *out)
 {
-    long long v = PyLong_AsLongLong(o);
+    int64_t v = AS_I64(o);
     if (v == -1 && PyErr_Occurred())
         return -1;
     *out = (int64_t)v;
+    return 0;
+}
+
+/* A sequence of hashes as a caller hands it: an int64 buffer (array('q'): the simulated
+ * engine keeps each request's chain so, read here in place: a list's ints are objects
+ * scattered over the heap, one memory miss each in a long context) or any sequence of ints. */
+typedef struct {
+    const int64_t *raw; /* the buffer's, or NULL */
+    PyObject **items;   /* else the sequence's */
+    Py_ssize_t n;
+    Py_buffer view;
+    int has_view;
+    PyObject *fast;
+} HashSrc;
+
+static int src_open(HashSrc *s, PyObject *o, const char *what)
+{
+    s->raw = NULL;
+    s->items = NULL;
+    s->has_view = 0;
+    s->fast = NULL;
+    if (PyObject_CheckBuffer(o)) {
+        if (PyObject_GetBuffer(o, &s->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+            return -1;
+        const char *f = s->view.format;
+        if (s->view.itemsize == 8 && f && (!strcmp(f, "q") || !strcmp(f, "l"))) {
+            s->has_view = 1;
+            s->raw = (const int64_t *)s->view.buf;
+            s->n = s->view.len / 8;
+            return 0;
+        }
+        PyBuffer_Release(&s->view); /* bytes and the like: a sequence of ints */
+    }
+    s->fast = PySequence_Fast(o, what);
+    if (!s->fast)
+        return -1;
+    s->items = PySequence_Fast_ITEMS(s->fast);
+    s->n = PySequence_Fast_GET_SIZE(s->fast);
+    return 0;
+}
+
+static void src_close(HashSrc *s)
+{
+    if (s->has_view)
+        PyBuffer_Release(&s->view);
+    s->has_view = 0;
+    Py_CLEAR(s->fast);
+}
+
+/* Item i as an int (new reference), for the lists that hand hashes back. */
+static inline PyObject *src_item(const HashSrc *s, Py_ssize_t i)
+{
+    return s->raw ? PyLong_FromLongLong(s->raw[i]) : Py_NewRef(s->items[i]);
+}
+
+/* Hashes read AHEAD of their lookups, each converted once: the lookup of item i finds its
+ * value here, and the map's line for item i + AHEAD was asked for when that one was
+ * converted. An item that does not convert is raised when its turn comes (the items before
+ * it are processed first, as in the Python classes). */
+#define FEED_RING 16 /* a power of two above AHEAD */
+
+typedef struct {
+    const HashSrc *src;
+    Py_ssize_t n;    /* items fed: src's first n */
+    Py_ssize_t done; /* items converted: [0, done) */
+    Py_ssize_t bad;  /* the first item that did not convert, or n */
+    const HMap *map;
+    int64_t val[FEED_RING];
+} HashFeed;
+
+static inline void feed_fill(HashFeed *f, Py_ssize_t upto)
+{
+    if (upto > f->bad)
+        upto = f->bad;
+    const int64_t *raw = f->src->raw;
+    while (f->done < upto) {
+        int64_t v;
+        if (raw)
+            v = raw[f->done];
+        else {
+            v = AS_I64(f->src->items[f->done]);
+            if (v == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                f->bad = f->done;
+                return;
+            }
+            f->val[f->done & (FEED_RING - 1)] = v;
+        }
+        hm_prefetch(f->map, v);
+        f->done++;
+    }
+}
+
+static inline void feed_init(HashFeed *f, const HashSrc *src, Py_ssize_t n, const HMap *map)
+{
+    f->src = src;
+    f->n = n;
+    f->done = 0;
+    f->bad = n;
+    f->map = map;
+    feed_fill(f, n < AHEAD ? n : AHEAD);
+}
+
+/* Item i's hash (i < n, called in order), having asked for the lines AHEAD of it. */
+static inline int feed_get(HashFeed *f, Py_ssize_t i, int64_t *out)
+{
+    feed_fill(f, i + 1 + AHEAD < f->n ? i + 1 + AHEAD : f->n);
+    if (f->src->raw) {
+        *out = f->src->raw[i];
+        return 0;
+    }
+    if (i >= f->bad)
+        return get_i64(f->src->items[i], out); /* raises its error */
+    *out = f->val[i & (FEED_RING - 1)];
     return 0;
 }
 
@@ -454,14 +580,13 @@ static int tier_store_batch(KvTierObject *t, const int64_t *hs, Py_ssize_t n)
 }
 
 /* The hashes of a sequence of ints, as int64 (PyMem_Free it); NULL on error. */
-static int64_t *hashes_of(PyObject *seq, Py_ssize_t n)
+static int64_t *hashes_of(PyObject **items, Py_ssize_t n)
 {
     int64_t *hs = PyMem_Malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
     if (!hs) {
         PyErr_NoMemory();
         return NULL;
     }
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (get_i64(items[i], &hs[i]) < 0) {
             PyMem_Free(hs);
@@ -474,16 +599,16 @@ static int64_t *hashes_of(PyObject *seq, Py_ssize_t n)
 static PyObject *tier_store_many(KvTierObject *self, PyObject *arg)
 {
     TIER_READY(self);
-    PyObject *seq = PySequence_Fast(arg, "store_many takes an iterable of hashes");
-    if (!seq)
+    HashSrc src;
+    if (src_open(&src, arg, "store_many takes an iterable of hashes") < 0)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    int64_t *hs = hashes_of(seq, n);
-    Py_DECREF(seq);
-    if (!hs)
-        return NULL;
-    int rc = tier_store_batch(self, hs, n);
+    /* Every one converted before any is stored (an error stores none). */
+    int64_t *hs = src.raw ? NULL : hashes_of(src.items, src.n);
+    int rc = -1;
+    if (src.raw || hs)
+        rc = tier_store_batch(self, src.raw ? src.raw : hs, src.n);
     PyMem_Free(hs);
+    src_close(&src);
     if (rc < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -493,22 +618,18 @@ static PyObject *tier_store_many(KvTierObject *self, PyObject *arg)
  * not held. How many were held (with `stop`: the run's length); -1 on error. Lookups run
  * AHEAD of the moves (a move changes no map slot, only its value): the misses
  * of later hashes overlap the work on this one. */
-static Py_ssize_t tier_touch_run(KvTierObject *t, PyObject **items, Py_ssize_t n, int stop)
+static Py_ssize_t tier_touch_run(KvTierObject *t, const HashSrc *src, int stop)
 {
+    Py_ssize_t n = src->n;
     Py_ssize_t ring[AHEAD];
     Py_ssize_t held = 0;
     Py_ssize_t looked = 0; /* items looked up so far, the last AHEAD in ring[j % AHEAD] */
+    HashFeed feed; /* its lines asked for AHEAD of the lookups, which run AHEAD of the moves */
+    feed_init(&feed, src, n, &t->map);
     for (Py_ssize_t i = 0; i < n; i++) {
         while (looked < n && looked < i + AHEAD) {
-            if (looked + AHEAD < n) {
-                long long ahead = PyLong_AsLongLong(items[looked + AHEAD]);
-                if (ahead == -1 && PyErr_Occurred())
-                    PyErr_Clear(); /* raised when its turn comes */
-                else
-                    hm_prefetch(&t->map, (int64_t)ahead);
-            }
             int64_t h;
-            if (get_i64(items[looked], &h) < 0)
+            if (feed_get(&feed, looked, &h) < 0)
                 return -1;
             Py_ssize_t at = hm_find(&t->map, h);
             if (at >= 0)
@@ -546,12 +667,12 @@ static PyObject *tier_load(KvTierObject *self, PyObject *arg)
 static PyObject *tier_load_seq(KvTierObject *self, PyObject *arg, int stop)
 {
     TIER_READY(self);
-    PyObject *seq = PySequence_Fast(arg, "a KvTier load takes a sequence of hashes");
-    if (!seq)
+    HashSrc src;
+    if (src_open(&src, arg, "a KvTier load takes a sequence of hashes") < 0)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    Py_ssize_t held = tier_touch_run(self, PySequence_Fast_ITEMS(seq), n, stop);
-    Py_DECREF(seq);
+    Py_ssize_t n = src.n;
+    Py_ssize_t held = tier_touch_run(self, &src, stop);
+    src_close(&src);
     if (held < 0)
         return NULL;
     if (!stop) {
@@ -621,14 +742,13 @@ static int tier_contains(KvTierObject *self, PyObject *arg)
     int64_t h;
     if (!PyLong_Check(arg))
         return 0;
-    long long v = PyLong_AsLongLong(arg);
-    if (v == -1 && PyErr_Occurred()) {
+    h = AS_I64(arg);
+    if (h == -1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError))
             return -1;
         PyErr_Clear();
         return 0; /* no hash this large is stored */
     }
-    h = (int64_t)v;
     return hm_get(&self->map, h) >= 0;
 }
 
@@ -933,10 +1053,17 @@ static PyObject *pool_allocate(PoolObject *self, PyObject *arg)
         int32_t b = self->next[sentinel];
         q_unlink(self, b);
         self->ref[b] = 1;
+        evicted[i] = b; /* for now: every block taken, in order */
+    }
+    /* Their ints into the list (each int an object: fetched AHEAD), the hashed ones kept. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t b = evicted[i];
+        if (i + AHEAD < n)
+            __builtin_prefetch(self->ints[evicted[i + AHEAD]]);
         Py_INCREF(self->ints[b]);
         PyList_SET_ITEM(out, i, self->ints[b]);
         if (self->has_hash[b])
-            evicted[ne++] = b;
+            evicted[ne++] = b; /* ne <= i: overwrites only entries already read */
     }
     self->num_free -= n;
     for (Py_ssize_t i = 0; i < ne; i++) {
@@ -1014,19 +1141,26 @@ static int pool_release_blocks(PoolObject *self, PyObject **cached, Py_ssize_t n
     self->free_epoch++;
     if (pool_new_epoch_list(self) < 0)
         return -1;
-    /* Check every block first: nothing changes on a bad one. */
-    for (Py_ssize_t i = 0; i < nc + nu; i++) {
-        int32_t b;
-        if (pool_block(self, i < nc ? cached[i] : uncached[i - nc], &b) < 0)
-            return -1;
-        if (self->ref[b] <= 0) {
-            PyErr_Format(PyExc_ValueError, "block %d is freed but no request holds it", (int)b);
-            return -1;
+    /* Check every block first: nothing changes on a bad one. Their ids are kept for the
+     * passes below (each int read once: an object apiece, fetched AHEAD). */
+    Py_ssize_t n = nc + nu;
+    int32_t *ids = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    if (!ids) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + AHEAD < n)
+            __builtin_prefetch(i + AHEAD < nc ? cached[i + AHEAD] : uncached[i + AHEAD - nc]);
+        if (pool_block(self, i < nc ? cached[i] : uncached[i - nc], &ids[i]) < 0)
+            goto fail;
+        if (self->ref[ids[i]] <= 0) {
+            PyErr_Format(PyExc_ValueError, "block %d is freed but no request holds it", (int)ids[i]);
+            goto fail;
         }
     }
     for (Py_ssize_t k = 0; k < nc; k++) {
-        PyObject *o = cached[rev_c ? nc - 1 - k : k];
-        int32_t b = (int32_t)PyLong_AsLong(o);
+        int32_t b = ids[rev_c ? nc - 1 - k : k];
         if (self->ref[b] == 1) {
             self->ref[b] = 0;
             q_append(self, b);
@@ -1037,8 +1171,7 @@ static int pool_release_blocks(PoolObject *self, PyObject **cached, Py_ssize_t n
     }
     /* Prepending from the last to the first leaves the first at the head. */
     for (Py_ssize_t k = nu - 1; k >= 0; k--) {
-        PyObject *o = uncached[rev_u ? nu - 1 - k : k];
-        int32_t b = (int32_t)PyLong_AsLong(o);
+        int32_t b = ids[nc + (rev_u ? nu - 1 - k : k)];
         if (self->ref[b] == 1) {
             self->ref[b] = 0;
             q_prepend(self, b);
@@ -1047,7 +1180,11 @@ static int pool_release_blocks(PoolObject *self, PyObject **cached, Py_ssize_t n
         else
             self->ref[b]--;
     }
+    PyMem_Free(ids);
     return 0;
+fail:
+    PyMem_Free(ids);
+    return -1;
 }
 
 static PyObject *pool_free(PoolObject *self, PyObject *arg)
@@ -1125,25 +1262,25 @@ static PyObject *pool_free_request(PoolObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static int pool_cache_pairs(PoolObject *self, PyObject **blocks, PyObject **hashes, Py_ssize_t n)
+static int pool_cache_pairs(PoolObject *self, PyObject **blocks, const HashSrc *hashes, Py_ssize_t n)
 {
+    HashFeed feed;
+    feed_init(&feed, hashes, n, &self->by_hash);
     for (Py_ssize_t i = 0; i < n; i++) {
         int32_t b;
         int64_t h;
-        if (i + AHEAD < n) {
-            long long ahead = PyLong_AsLongLong(hashes[i + AHEAD]);
-            if (ahead == -1 && PyErr_Occurred())
-                PyErr_Clear(); /* raised when its turn comes */
-            else
-                hm_prefetch(&self->by_hash, (int64_t)ahead);
-        }
-        if (pool_block(self, blocks[i], &b) < 0 || get_i64(hashes[i], &h) < 0)
+        if (pool_block(self, blocks[i], &b) < 0 || feed_get(&feed, i, &h) < 0)
             return -1;
         if (self->has_hash[b])
             continue; /* it keeps its hash */
         Py_ssize_t at = hm_find(&self->by_hash, h);
         if (at < 0) {
-            if (hm_insert(&self->by_hash, h, b) < 0 || PyList_Append(self->new_hashes, hashes[i]) < 0)
+            if (hm_insert(&self->by_hash, h, b) < 0)
+                return -1;
+            PyObject *item = src_item(hashes, i);
+            int rc = item ? PyList_Append(self->new_hashes, item) : -1;
+            Py_XDECREF(item);
+            if (rc < 0)
                 return -1;
         }
         else {
@@ -1167,38 +1304,43 @@ static PyObject *pool_cache_range(PoolObject *self, PyObject *args)
     Py_ssize_t start, end;
     if (!PyArg_ParseTuple(args, "OOnn:cache_range", &blocks, &hashes, &start, &end))
         return NULL;
-    PyObject *mine = PySequence_GetSlice(blocks, start, end);
-    if (!mine)
+    /* blocks[start:end] and hashes[start:end], read in place (Python's slice bounds). */
+    PyObject *bs = PySequence_Fast(blocks, "cache_range takes a sequence of blocks");
+    if (!bs)
         return NULL;
-    PyObject *part = PySequence_GetSlice(hashes, start, end);
-    if (!part) {
-        Py_DECREF(mine);
+    HashSrc hs;
+    if (src_open(&hs, hashes, "cache_range takes a sequence of hashes") < 0) {
+        Py_DECREF(bs);
         return NULL;
     }
+    Py_ssize_t b0 = start, b1 = end, h0 = start, h1 = end;
+    Py_ssize_t nb = PySlice_AdjustIndices(PySequence_Fast_GET_SIZE(bs), &b0, &b1, 1);
+    Py_ssize_t nh = PySlice_AdjustIndices(hs.n, &h0, &h1, 1);
+    HashSrc part = hs; /* the same storage from h0 on */
+    part.has_view = 0;
+    part.fast = NULL;
+    part.n = nh;
+    if (part.raw)
+        part.raw += h0;
+    else
+        part.items += h0;
     PyObject *res = NULL;
-    PyObject *bs = PySequence_Fast(mine, "blocks");
-    PyObject *hs = bs ? PySequence_Fast(part, "hashes") : NULL;
-    if (hs) {
-        Py_ssize_t nb = PySequence_Fast_GET_SIZE(bs), nh = PySequence_Fast_GET_SIZE(hs);
-        Py_ssize_t n = nb < nh ? nb : nh;
-        if (pool_cache_pairs(self, PySequence_Fast_ITEMS(bs), PySequence_Fast_ITEMS(hs), n) == 0) {
-            if (nb != nh)
-                PyErr_Format(PyExc_ValueError, "cache_range: %zd blocks for %zd hashes", nb, nh);
-            else if (PyList_GET_SIZE(self->new_hashes) >= NEW_HASHES_KEPT) {
-                /* Forgets every refusal (Engine._admit): safe, only slower. */
-                self->free_epoch++;
-                if (pool_new_epoch_list(self) == 0)
-                    res = Py_None;
-            }
-            else
+    Py_ssize_t n = nb < nh ? nb : nh;
+    if (pool_cache_pairs(self, PySequence_Fast_ITEMS(bs) + b0, &part, n) == 0) {
+        if (nb != nh)
+            PyErr_Format(PyExc_ValueError, "cache_range: %zd blocks for %zd hashes", nb, nh);
+        else if (PyList_GET_SIZE(self->new_hashes) >= NEW_HASHES_KEPT) {
+            /* Forgets every refusal (Engine._admit): safe, only slower. */
+            self->free_epoch++;
+            if (pool_new_epoch_list(self) == 0)
                 res = Py_None;
         }
+        else
+            res = Py_None;
     }
     Py_XINCREF(res);
-    Py_XDECREF(hs);
-    Py_XDECREF(bs);
-    Py_DECREF(part);
-    Py_DECREF(mine);
+    src_close(&hs);
+    Py_DECREF(bs);
     return res;
 }
 
@@ -1226,25 +1368,18 @@ static PyObject *pool_longest_hit(PoolObject *self, PyObject *args, PyObject *kw
         return NULL;
     /* `likely` is only a hint to the Python pool (a block there answers without a dict probe
      * exactly when the map would name it); a probe here is as cheap as checking it. */
-    PyObject *seq = PySequence_Fast(hashes, "longest_hit takes a sequence of hashes");
-    if (!seq)
+    HashSrc src;
+    if (src_open(&src, hashes, "longest_hit takes a sequence of hashes") < 0)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t end = max_blocks < n ? max_blocks : n;
+    Py_ssize_t end = max_blocks < src.n ? max_blocks : src.n;
     PyObject *out = PyList_New(0);
     if (!out)
         goto fail;
+    HashFeed feed;
+    feed_init(&feed, &src, end, &self->by_hash);
     for (Py_ssize_t i = 0; i < end; i++) {
         int64_t h;
-        if (i + AHEAD < end) {
-            long long ahead = PyLong_AsLongLong(items[i + AHEAD]);
-            if (ahead == -1 && PyErr_Occurred())
-                PyErr_Clear(); /* raised when its turn comes */
-            else
-                hm_prefetch(&self->by_hash, (int64_t)ahead);
-        }
-        if (get_i64(items[i], &h) < 0)
+        if (feed_get(&feed, i, &h) < 0)
             goto fail;
         int32_t b = hm_get(&self->by_hash, h);
         if (b < 0)
@@ -1252,11 +1387,11 @@ static PyObject *pool_longest_hit(PoolObject *self, PyObject *args, PyObject *kw
         if (PyList_Append(out, self->ints[b]) < 0)
             goto fail;
     }
-    Py_DECREF(seq);
+    src_close(&src);
     return out;
 fail:
     Py_XDECREF(out);
-    Py_DECREF(seq);
+    src_close(&src);
     return NULL;
 }
 

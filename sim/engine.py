@@ -38,6 +38,7 @@ from __future__ import annotations
 import enum
 import heapq
 import zlib
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from functools import reduce
@@ -175,7 +176,9 @@ class Sequence:
         self.stream = stream
         self.status = Status.WAITING
         self.blocks: list[int] = []
-        self.block_hashes: list[BlockHash] = []
+        # int64s in one buffer, not a list of ints: the compiled pool reads them in place
+        # (each int of a list is its own object, a memory miss apiece in a long context).
+        self.block_hashes: array[BlockHash] = array("q")
         self.num_cached_blocks = 0
         self.num_computed = 0
         self.num_output = 0
@@ -781,7 +784,7 @@ class Engine:
         return num_new
 
     def _load_from_tiers(
-        self, hashes: list[BlockHash], start: int, max_blocks: int
+        self, hashes: array[BlockHash], start: int, max_blocks: int
     ) -> list[KvTier]:
         """Load the blocks from `start` on that the tiers hold, up to the first block none
         holds, adding the time it takes to the step being built; the tier of each."""
@@ -853,7 +856,7 @@ class Engine:
             for name, tokens in per_tier.items():
                 by_source[name] = by_source.get(name, 0) + tokens
 
-    def _tier_hits(self, hashes: list[BlockHash], start: int, max_blocks: int) -> list[KvTier]:
+    def _tier_hits(self, hashes: array[BlockHash], start: int, max_blocks: int) -> list[KvTier]:
         """The tier holding each block from `start` on, up to the first block none holds."""
         end = min(max_blocks, len(hashes))
         out: list[KvTier] = []
@@ -875,7 +878,7 @@ class Engine:
         self.pool.cache_range(seq.blocks, hashes, seq.num_cached_blocks, nfull)
         seq.num_cached_blocks = nfull
 
-    def _hashes_upto(self, seq: Sequence, n: int) -> list[BlockHash]:
+    def _hashes_upto(self, seq: Sequence, n: int) -> array[BlockHash]:
         """The sequence's chain of block hashes, extended to its first `n` blocks."""
         hashes = seq.block_hashes
         if len(hashes) >= n:
@@ -933,7 +936,7 @@ class Engine:
             # Done with it: hand the chain over rather than copy it (a copy touches every
             # hash object, each a cache miss in a long context).
             seq.block_hashes = prev.block_hashes
-            prev.block_hashes = []
+            prev.block_hashes = array("q")
             del seq.block_hashes[keep:]
         else:
             seq.block_hashes = prev.block_hashes[:keep]

@@ -182,10 +182,10 @@ class BlockPoolPy:
             m = min(len(likely), end)
             while start < m:
                 stop = min(m, start + step)
-                held = list(map(own, likely[start:stop]))
-                want = hashes[start:stop]
-                if held != want:
-                    start += list(map(eq, held, want)).index(False)
+                # Compared element by element: `hashes` may be a list or an int64 array.
+                same = list(map(eq, map(own, likely[start:stop]), hashes[start:stop]))
+                if False in same:
+                    start += same.index(False)
                     break
                 start = stop
                 step *= 4

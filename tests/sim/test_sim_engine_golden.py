@@ -15,8 +15,11 @@ from typing import Any
 
 import pytest
 
+from thunder_mw.sim import engine as engine_module
 from thunder_mw.sim.cost_model import StepCost
 from thunder_mw.sim.engine import Engine, EngineConfig, SamplingParams, Sequence, Status
+from thunder_mw.sim.kv_cache import BlockPoolPy
+from thunder_mw.sim.kv_tier import KvTierPy
 
 # EngineStats fields added after the digests were taken (tests/sim/test_sim_server.py).
 ADDED_COUNTERS = frozenset(
@@ -134,7 +137,13 @@ def _drive(seed: int, host: bool, pins: bool) -> str:
         (3, True, True, "0266cbc72a33c6d37c8f53e65c13c130272c8847253dd0781e334a270ae2c07e"),
     ],
 )
+@pytest.mark.parametrize("blocks", ["compiled", "python"])
 def test_a_seeded_request_stream_steps_exactly_as_before(
-    seed: int, host: bool, pins: bool, digest: str
+    seed: int, host: bool, pins: bool, digest: str, blocks: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if blocks == "python":
+        # The Python classes the compiled ones replace (THUNDER_MW_SIM_PYTHON_BLOCKS=1): the
+        # engine's calls must suit both (it hands them its chains as int64 arrays).
+        monkeypatch.setattr(engine_module, "BlockPool", BlockPoolPy)
+        monkeypatch.setattr(engine_module, "KvTier", KvTierPy)
     assert _drive(seed, host, pins) == digest

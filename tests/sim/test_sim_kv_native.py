@@ -7,6 +7,7 @@ every call and the same state after it: free queue, hashes, counters, each tier'
 from __future__ import annotations
 
 import random
+from array import array
 from typing import Any
 
 import pytest
@@ -91,6 +92,12 @@ class _Twin:
         assert _tier_state(self.tiers[0]) == _tier_state(self.tiers[1])
 
 
+def _as_engine_keeps(rng: random.Random, hashes: list[int]) -> Any:
+    """The hashes as a list, or half the time as the engine keeps a chain: an int64 array,
+    which the compiled classes read in place."""
+    return array("q", hashes) if rng.random() < 0.5 else hashes
+
+
 def _chains(rng: random.Random) -> list[list[int]]:
     """A few hash chains, some sharing a first block or two (a system prompt); hashes as
     `hash()` makes them (64-bit, either sign) or small ints."""
@@ -114,7 +121,7 @@ def test_random_engine_calls_give_the_same_results_and_state(seed: int) -> None:
         if op < 0.45:
             # A request's admission: hit, load from the tier, touch, allocate, cache.
             chain = rng.choice(chains)
-            hashes = chain[: rng.randint(1, len(chain))]
+            hashes = _as_engine_keeps(rng, chain[: rng.randint(1, len(chain))])
             likely = rng.choice(held)[0] if held and rng.random() < 0.5 else None
             hit = twin.call("longest_hit", hashes, rng.randint(0, len(hashes)), likely)
             twin.call("num_evictable", hit)
@@ -133,7 +140,8 @@ def test_random_engine_calls_give_the_same_results_and_state(seed: int) -> None:
             blocks, cached = rng.choice(held)
             chain = rng.choice(chains)
             if len(blocks) > cached:
-                twin.call("cache_range", blocks, chain, cached, min(len(blocks), len(chain)))
+                end = min(len(blocks), len(chain))
+                twin.call("cache_range", blocks, _as_engine_keeps(rng, chain), cached, end)
                 held.remove((blocks, cached))
                 held.append((blocks, min(len(blocks), len(chain))))
         elif op < 0.85 and held:
@@ -155,7 +163,7 @@ def test_random_engine_calls_give_the_same_results_and_state(seed: int) -> None:
             twin.call("reset_prefix_cache")
         elif op < 0.96:
             chain = rng.choice(chains)
-            twin.tier_call("load_many", chain[: rng.randint(0, len(chain))])
+            twin.tier_call("load_many", _as_engine_keeps(rng, chain[: rng.randint(0, len(chain))]))
             twin.tier_call("__contains__", rng.choice(chain))
         else:
             twin.call("allocate", twin.num_blocks + 1)  # refused, by name, on both
@@ -191,7 +199,7 @@ def test_long_runs_of_moves_and_stores_keep_the_tier_in_lru_order(capacity: int)
     host = [KvTier("host", capacity, 1.0, disk[0]), KvTierPy("host", capacity, 1.0, disk[1])]
     universe = 3 * capacity + 10
     for _ in range(40):
-        run = [rng.randrange(universe) for _ in range(rng.randint(0, 400))]
+        run = _as_engine_keeps(rng, [rng.randrange(universe) for _ in range(rng.randint(0, 400))])
         if rng.random() < 0.5:
             for tier in host:
                 tier.store_many(run)

@@ -30,7 +30,7 @@ def test_a_program_moved_to_another_engine_starts_from_the_chain_it_left() -> No
     assert nxt.block_hashes is chain  # handed over, not hashed again
     assert nxt._likely is None  # the blocks it held are the other engine's
     second.run_until_idle()
-    assert nxt.block_hashes[: len(context) // BS] == block_hashes(context, BS)
+    assert list(nxt.block_hashes[: len(context) // BS]) == block_hashes(context, BS)
 
 
 def test_engines_that_hash_differently_cannot_share_chains() -> None:

@@ -817,7 +817,6 @@ typedef struct {
     PyObject *tier;        /* None or a KvTier */
     long long free_epoch;
     PyObject *new_hashes; /* a list */
-    PyObject **ints;      /* ints[b]: the int b, made once (results list blocks by the thousand) */
 } PoolObject;
 
 #define POOL_READY(p)                                                                   \
@@ -828,6 +827,33 @@ typedef struct {
         }                                                                               \
     } while (0)
 
+/* The ints 0..n-1, made once for every pool (results list blocks by the thousand; one table
+ * for all pools, so a fleet of engines reads one set of these objects, not one per engine).
+ * It only grows; its ints live as long as the module. */
+static PyObject **shared_ints;
+static Py_ssize_t shared_ints_n;
+#define INT_OF(b) (shared_ints[(b)])
+
+static int ints_upto(Py_ssize_t n)
+{
+    if (n <= shared_ints_n)
+        return 0;
+    PyObject **grown = PyMem_Realloc(shared_ints, sizeof(PyObject *) * (size_t)n);
+    if (!grown) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    shared_ints = grown;
+    for (Py_ssize_t b = shared_ints_n; b < n; b++) {
+        PyObject *v = PyLong_FromSsize_t(b);
+        if (!v)
+            return -1;
+        shared_ints[b] = v;
+        shared_ints_n = b + 1;
+    }
+    return 0;
+}
+
 static void pool_release(PoolObject *p)
 {
     free(p->ref);
@@ -837,12 +863,6 @@ static void pool_release(PoolObject *p)
     free(p->next);
     free(p->dup);
     hm_free(&p->by_hash);
-    if (p->ints) {
-        for (int b = 0; b < p->num_blocks; b++)
-            Py_XDECREF(p->ints[b]);
-        PyMem_Free(p->ints);
-    }
-    p->ints = NULL;
     p->ref = NULL;
     p->hash = NULL;
     p->has_hash = NULL;
@@ -892,18 +912,9 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwds)
     memset(self->has_hash, 0, n);
     memset(self->dup, 0xff, n * sizeof(int32_t));
     self->num_blocks = num_blocks;
-    self->ints = PyMem_Calloc(n, sizeof(PyObject *));
-    if (!self->ints) {
+    if (ints_upto(num_blocks) < 0) {
         pool_release(self);
-        PyErr_NoMemory();
         return -1;
-    }
-    for (int b = 0; b < num_blocks; b++) {
-        self->ints[b] = PyLong_FromLong(b);
-        if (!self->ints[b]) {
-            pool_release(self);
-            return -1;
-        }
     }
     self->block_size = block_size;
     /* Block 0 is the null block, never free: it holds a reference nobody drops. */
@@ -1053,15 +1064,17 @@ static PyObject *pool_allocate(PoolObject *self, PyObject *arg)
         int32_t b = self->next[sentinel];
         q_unlink(self, b);
         self->ref[b] = 1;
+        __builtin_prefetch(&self->hash[b]); /* read below, where it has one */
+        __builtin_prefetch(&self->dup[b]);
         evicted[i] = b; /* for now: every block taken, in order */
     }
     /* Their ints into the list (each int an object: fetched AHEAD), the hashed ones kept. */
     for (Py_ssize_t i = 0; i < n; i++) {
         int32_t b = evicted[i];
         if (i + AHEAD < n)
-            __builtin_prefetch(self->ints[evicted[i + AHEAD]]);
-        Py_INCREF(self->ints[b]);
-        PyList_SET_ITEM(out, i, self->ints[b]);
+            __builtin_prefetch(INT_OF(evicted[i + AHEAD]));
+        Py_INCREF(INT_OF(b));
+        PyList_SET_ITEM(out, i, INT_OF(b));
         if (self->has_hash[b])
             evicted[ne++] = b; /* ne <= i: overwrites only entries already read */
     }
@@ -1094,7 +1107,7 @@ static PyObject *pool_allocate_one(PoolObject *self, PyObject *Py_UNUSED(ignored
     int32_t b;
     if (pool_pop(self, &b) < 0)
         return NULL;
-    return Py_NewRef(self->ints[b]);
+    return Py_NewRef(INT_OF(b));
 }
 
 static PyObject *pool_touch(PoolObject *self, PyObject *arg)
@@ -1154,6 +1167,11 @@ static int pool_release_blocks(PoolObject *self, PyObject **cached, Py_ssize_t n
             __builtin_prefetch(i + AHEAD < nc ? cached[i + AHEAD] : uncached[i + AHEAD - nc]);
         if (pool_block(self, i < nc ? cached[i] : uncached[i - nc], &ids[i]) < 0)
             goto fail;
+        __builtin_prefetch(&self->ref[ids[i]]);
+        __builtin_prefetch(&self->prev[ids[i]]);
+        __builtin_prefetch(&self->next[ids[i]]);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
         if (self->ref[ids[i]] <= 0) {
             PyErr_Format(PyExc_ValueError, "block %d is freed but no request holds it", (int)ids[i]);
             goto fail;
@@ -1384,7 +1402,7 @@ static PyObject *pool_longest_hit(PoolObject *self, PyObject *args, PyObject *kw
         int32_t b = hm_get(&self->by_hash, h);
         if (b < 0)
             break;
-        if (PyList_Append(out, self->ints[b]) < 0)
+        if (PyList_Append(out, INT_OF(b)) < 0)
             goto fail;
     }
     src_close(&src);
@@ -1434,7 +1452,7 @@ static PyObject *pool_free_queue(PoolObject *self, PyObject *Py_UNUSED(ignored))
         return NULL;
     Py_ssize_t i = 0;
     for (int32_t b = self->next[self->num_blocks]; b != self->num_blocks; b = self->next[b]) {
-        PyList_SET_ITEM(out, i++, Py_NewRef(self->ints[b]));
+        PyList_SET_ITEM(out, i++, Py_NewRef(INT_OF(b)));
     }
     return out;
 }

@@ -83,6 +83,24 @@ def test_a_seed_other_than_zero_reports_its_own_series(tmp_path: Path) -> None:
     assert report["seed"] == 3 and report["timeseries"]["sticky"]
 
 
+def test_two_workers_give_the_rows_one_gives(tmp_path: Path) -> None:
+    # With --jobs 2 each run is made in a worker process, the larger runs handed out first;
+    # the file must not show it: the same rows, figure for figure, in the same order.
+    files = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"r{jobs}.json"
+        argv = [*SMALL_RUN, "--policies", "sticky,thunder-mw", "--output", str(out)]
+        argv[argv.index("--jobs") + 1] = jobs
+        assert bench(*argv) == 0
+        files.append(json.loads(out.read_text()))
+    rows = [[{k: v for k, v in r.items() if k != "wall_s"} for r in f["sweep"]] for f in files]
+    assert [(r["policy"], r["wave"]) for r in rows[1]] == [
+        (r["policy"], r["wave"]) for r in rows[0]
+    ]
+    assert rows[1] == rows[0]
+    assert any(r["wave"] for r in rows[0]) and any(not r["wave"] for r in rows[0])
+
+
 def test_results_go_under_the_current_directory_by_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -898,13 +898,9 @@ def _run_jobs(
 ) -> list[tuple[Job, dict[str, Any]]]:
     if jobs > 1 and len(work) > 1:
         portable = replace(scenario, targets=())  # targets hold closures; workers need none
-        # The largest runs first (by programs, which a run's time follows): the workers
-        # then end together rather than one running the last large run alone. Each run is
-        # independent and deterministic; results come back in `work`'s order.
-        first = sorted(range(len(work)), key=lambda i: -work[i].programs)
         with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
-            futures = {i: pool.submit(run_job, portable, work[i], trace, seed) for i in first}
-            return [futures[i].result() for i in range(len(work))]
+            futures = [pool.submit(run_job, portable, j, trace, seed) for j in work]
+            return [f.result() for f in futures]
     return [run_job(scenario, j, trace, seed) for j in work]
 
 

@@ -230,16 +230,18 @@ static int src_open(HashSrc *s, PyObject *o, const char *what)
     s->has_view = 0;
     s->fast = NULL;
     if (PyObject_CheckBuffer(o)) {
-        if (PyObject_GetBuffer(o, &s->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
-            return -1;
-        const char *f = s->view.format;
-        if (s->view.itemsize == 8 && f && (!strcmp(f, "q") || !strcmp(f, "l"))) {
-            s->has_view = 1;
-            s->raw = (const int64_t *)s->view.buf;
-            s->n = s->view.len / 8;
-            return 0;
+        if (PyObject_GetBuffer(o, &s->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+            const char *f = s->view.format;
+            if (s->view.itemsize == 8 && f && (!strcmp(f, "q") || !strcmp(f, "l"))) {
+                s->has_view = 1;
+                s->raw = (const int64_t *)s->view.buf;
+                s->n = s->view.len / 8;
+                return 0;
+            }
+            PyBuffer_Release(&s->view); /* bytes and the like: a sequence of ints */
         }
-        PyBuffer_Release(&s->view); /* bytes and the like: a sequence of ints */
+        else
+            PyErr_Clear(); /* a buffer not in one piece: read as a sequence */
     }
     s->fast = PySequence_Fast(o, what);
     if (!s->fast)

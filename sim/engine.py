@@ -933,8 +933,8 @@ class Engine:
         agree = n + out if prompt[n : n + out] == self.output_ids(prev)[:out] else n
         keep = agree // self.config.block_size
         if prev.status is Status.FINISHED or prev.status is Status.ABORTED:
-            # Done with it: hand the chain over rather than copy it (a copy touches every
-            # hash object, each a cache miss in a long context).
+            # Done with it: hand the chain over rather than copy it (a long context's chain
+            # is thousands of hashes).
             seq.block_hashes = prev.block_hashes
             prev.block_hashes = array("q")
             del seq.block_hashes[keep:]

@@ -189,6 +189,31 @@ def test_bad_calls_are_refused_by_name() -> None:
     assert pool.num_free == 3  # nothing changed by the refused call
 
 
+def test_hashes_read_alike_from_any_sequence_of_ints() -> None:
+    # The engine hands its chains over as int64 arrays, read in place; a list, a tuple, a
+    # strided view (not one piece: read as a sequence) give the same answers, on both pools.
+    chain = [hash(("p", i)) for i in range(12)]
+    forms: list[Any] = [
+        chain,
+        tuple(chain),
+        array("q", chain),
+        memoryview(array("q", [x for c in chain for x in (c, 0)]))[::2],
+    ]
+    for pool_cls, tier_cls in ((BlockPool, KvTier), (BlockPoolPy, KvTierPy)):
+        answers = []
+        for form in forms:
+            tier = tier_cls("host", 20, 1.0)
+            pool = pool_cls(16, 4, tier)
+            blocks = pool.allocate(10)
+            pool.cache_range(blocks, form, 0, 10)
+            pool.free_request(blocks, 10)
+            hit = pool.longest_hit(form, 12)
+            pool.allocate(15)  # evicts every cached block into the tier
+            answers.append((hit, list(pool.new_hashes), tier.load_prefix(form), tier.lru_order()))
+        assert all(a == answers[0] for a in answers), pool_cls
+        assert answers[0][0] and answers[0][2] == 10
+
+
 @pytest.mark.parametrize("capacity", [3, 700, 5000])
 def test_long_runs_of_moves_and_stores_keep_the_tier_in_lru_order(capacity: int) -> None:
     # The compiled tier keeps its LRU as a log that it rewrites when full (or grows, where

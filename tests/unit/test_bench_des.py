@@ -84,8 +84,8 @@ def test_a_seed_other_than_zero_reports_its_own_series(tmp_path: Path) -> None:
 
 
 def test_two_workers_give_the_rows_one_gives(tmp_path: Path) -> None:
-    # With --jobs 2 each run is made in a worker process, the larger runs handed out first;
-    # the file must not show it: the same rows, figure for figure, in the same order.
+    # With --jobs 2 each run is made in a worker process; the file must not show it: the
+    # same rows, figure for figure, in the same order.
     files = []
     for jobs in ("1", "2"):
         out = tmp_path / f"r{jobs}.json"

@@ -480,7 +480,7 @@ class Engine:
             # Most steps of a long run: decoders only, none finishing, nobody admitted. The
             # phases below would find nothing more to do (no prefill, no token to hand out).
             self.waiting_after_schedule = len(self._waiting)
-            return self._forward_pass(s, [], 0, 0)
+            return self._decode_pass(s)
         scheduled: list[tuple[Sequence, int]] = []
         budget, preempted = self._schedule_running(s, scheduled)
         # Waiting requests join only in a step that preempted nothing.
@@ -579,12 +579,26 @@ class Engine:
             if head._refused_epoch != pool.free_epoch or head._refused_at != len(pool.new_hashes):
                 return False
         if due is not None:
-            del self._alloc_events[s]
-            # In event order, as `_due_in_step` leaves them with blocks enough; entries of
-            # requests that left running since are stale (a running request decodes here).
+            alloc_events = self._alloc_events
+            del alloc_events[s]
+            # `_grow_decoder` for each, in event order, as `_due_in_step` leaves them with
+            # blocks enough; entries of requests that left running since are stale (a running
+            # request decodes here). Inline: a few million calls in a large run.
+            allocate_one = pool.allocate_one
+            nxt = s + self.config.block_size
+            later = None  # the decoders due at `nxt`, made when the first one is
             for seq in due:
                 if seq.decoding and seq._alloc_at == s:
-                    self._grow_decoder(seq, s)
+                    seq.blocks.append(allocate_one())
+                    if nxt <= seq._finish_at:
+                        seq._alloc_at = nxt
+                        if later is None:
+                            later = alloc_events.get(nxt)
+                            if later is None:
+                                later = alloc_events[nxt] = []
+                        later.append(seq)
+                    else:
+                        seq._alloc_at = -1
         return True
 
     def _due_in_step(self, s: int) -> list[Sequence]:
@@ -687,6 +701,24 @@ class Engine:
         return StepResult(
             duration, prefill_tokens, n_dec, ctx, [], [], preempted, positions, admitted
         )
+
+    def _decode_pass(self, s: int) -> StepResult:
+        """`_forward_pass(s, [], 0, 0)` of a step that only decodes (some request runs, so no
+        pin's expiry is waited for): the same sums in the same order, without the phases'
+        bookkeeping (most steps of a run)."""
+        n_dec = self._n_decoding
+        ctx = self._sum_k0 + n_dec * s
+        duration = self.cost.step_seconds(0, n_dec, ctx, 0, 0)
+        duration += self._load_seconds
+        self._load_seconds = 0.0
+        self.now += duration
+        st = self.stats
+        st.steps += 1
+        st.busy_seconds += duration
+        st.generation_tokens += n_dec
+        st.inter_token_seconds += duration * n_dec
+        st.inter_tokens += n_dec
+        return StepResult(duration, 0, n_dec, ctx, [], [], 0)
 
     def _complete(self, s: int, scheduled: list[tuple[Sequence, int]], result: StepResult) -> None:
         """Phase 4, the step's tokens: prefills that completed sample their first token (and

@@ -33,6 +33,8 @@
 /* How far ahead a loop over hashes asks for the map's line (the memory misses of several
  * lookups then overlap instead of following one another). */
 #define AHEAD 8
+/* The free queue's first position (it grows both ways; see PoolObject). */
+#define RING_BASE ((uint64_t)1 << 62)
 
 /* An int as int64 (see get_i64): PyLong_AsLong where long is 64 bits. */
 #if LONG_MAX == INT64_MAX
@@ -806,10 +808,18 @@ typedef struct {
     int32_t *ref;     /* references held; 0: in the free queue */
     int64_t *hash;    /* valid where has_hash */
     uint8_t *has_hash;
-    /* The free queue: a circular doubly linked list through node num_blocks (next: head, the
-     * next reused; prev: tail). */
-    int32_t *prev;
-    int32_t *next;
+    /* The free queue, as a log: ring[(head..tail) & ring_mask] lists blocks in queue order
+     * (head: the next reused), and entry p is live while its block is free and was put there
+     * last (ref[b] == 0 and at[b] == p). Taking a block off the middle (a hit on a free
+     * block) leaves a stale entry rather than relinking its neighbours; the head skips
+     * those, and a full ring is compacted in place. So allocating reads the queue in
+     * sequence and can fetch the blocks it is about to take ahead, where a linked list made
+     * each step wait for the last (one memory miss a block once a fleet's pools outgrow
+     * the cache). Positions only grow (prepending lowers head): uint64 from RING_BASE. */
+    int32_t *ring;
+    uint64_t ring_mask;
+    uint64_t head, tail;
+    uint64_t *at;
     /* Blocks with the same hash (two requests filled identical blocks at once, as vLLM
      * allows): the map names the first, dup[] chains the others in the order cached. */
     int32_t *dup;
@@ -861,15 +871,15 @@ static void pool_release(PoolObject *p)
     free(p->ref);
     free(p->hash);
     free(p->has_hash);
-    free(p->prev);
-    free(p->next);
+    free(p->ring);
+    free(p->at);
     free(p->dup);
     hm_free(&p->by_hash);
     p->ref = NULL;
     p->hash = NULL;
     p->has_hash = NULL;
-    p->prev = NULL;
-    p->next = NULL;
+    p->ring = NULL;
+    p->at = NULL;
     p->dup = NULL;
 }
 
@@ -897,13 +907,18 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwds)
     self->ref = big_alloc(n * sizeof(int32_t));
     self->hash = big_alloc(n * sizeof(int64_t));
     self->has_hash = big_alloc(n);
-    self->prev = big_alloc((n + 1) * sizeof(int32_t));
-    self->next = big_alloc((n + 1) * sizeof(int32_t));
+    /* At least twice the blocks: a full ring is then at least half stale entries, so
+     * compacting it costs O(1) a block put in since the last time. */
+    size_t ring_size = 64;
+    while (ring_size < 2 * n)
+        ring_size *= 2;
+    self->ring = big_alloc(ring_size * sizeof(int32_t));
+    self->at = big_alloc(n * sizeof(uint64_t));
     self->dup = big_alloc(n * sizeof(int32_t));
     Py_ssize_t cap = 64;
     while (cap < 2 * (Py_ssize_t)n)
         cap *= 2;
-    if (!self->ref || !self->hash || !self->has_hash || !self->prev || !self->next || !self->dup ||
+    if (!self->ref || !self->hash || !self->has_hash || !self->ring || !self->at || !self->dup ||
         hm_alloc(&self->by_hash, cap) < 0) {
         pool_release(self);
         PyErr_NoMemory();
@@ -913,6 +928,10 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwds)
     memset(self->hash, 0, n * sizeof(int64_t));
     memset(self->has_hash, 0, n);
     memset(self->dup, 0xff, n * sizeof(int32_t));
+    /* Entries past the tail are read (to fetch ahead), never used: keep them block ids. */
+    memset(self->ring, 0, ring_size * sizeof(int32_t));
+    memset(self->at, 0, n * sizeof(uint64_t));
+    self->ring_mask = (uint64_t)ring_size - 1;
     self->num_blocks = num_blocks;
     if (ints_upto(num_blocks) < 0) {
         pool_release(self);
@@ -921,15 +940,11 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwds)
     self->block_size = block_size;
     /* Block 0 is the null block, never free: it holds a reference nobody drops. */
     self->ref[0] = 1;
-    int32_t s = num_blocks;
-    int32_t last = s;
+    self->head = self->tail = RING_BASE;
     for (int32_t b = 1; b < num_blocks; b++) {
-        self->next[last] = b;
-        self->prev[b] = last;
-        last = b;
+        self->ring[self->tail & self->ring_mask] = b;
+        self->at[b] = self->tail++;
     }
-    self->next[last] = s;
-    self->prev[s] = last;
     self->num_free = num_blocks - 1;
     self->num_hashed = 0;
     Py_INCREF(tier);
@@ -965,29 +980,63 @@ static inline int pool_block(PoolObject *p, PyObject *o, int32_t *out)
     return 0;
 }
 
-static inline void q_unlink(PoolObject *p, int32_t b)
+/* Is the entry at position q live (its block free, and put there last)? */
+static inline int q_live(const PoolObject *p, uint64_t q)
 {
-    int32_t pr = p->prev[b], nx = p->next[b];
-    p->next[pr] = nx;
-    p->prev[nx] = pr;
+    int32_t b = p->ring[q & p->ring_mask];
+    return p->ref[b] == 0 && p->at[b] == q;
+}
+
+/* Fetch what `q_live` reads of the entry `AHEAD` places on (a block id: see pool_init). */
+static inline void q_prefetch(const PoolObject *p, uint64_t q)
+{
+    int32_t b = p->ring[(q + AHEAD) & p->ring_mask];
+    __builtin_prefetch(&p->ref[b]);
+    __builtin_prefetch(&p->at[b]);
+}
+
+/* Keep the live entries, in order, from head on (each moves toward the head, onto an entry
+ * already read). */
+static void q_compact(PoolObject *p)
+{
+    uint64_t to = p->head;
+    for (uint64_t q = p->head; q != p->tail; q++) {
+        q_prefetch(p, q);
+        if (q_live(p, q)) {
+            int32_t b = p->ring[q & p->ring_mask];
+            p->ring[to & p->ring_mask] = b;
+            p->at[b] = to++;
+        }
+    }
+    p->tail = to;
+}
+
+static inline void q_room(PoolObject *p)
+{
+    if (p->tail - p->head > p->ring_mask)
+        q_compact(p);
 }
 
 static inline void q_append(PoolObject *p, int32_t b)
 {
-    int32_t s = p->num_blocks, last = p->prev[s];
-    p->next[last] = b;
-    p->prev[b] = last;
-    p->next[b] = s;
-    p->prev[s] = b;
+    q_room(p);
+    p->ring[p->tail & p->ring_mask] = b;
+    p->at[b] = p->tail++;
 }
 
 static inline void q_prepend(PoolObject *p, int32_t b)
 {
-    int32_t s = p->num_blocks, first = p->next[s];
-    p->prev[first] = b;
-    p->next[b] = first;
-    p->prev[b] = s;
-    p->next[s] = b;
+    q_room(p);
+    p->ring[--p->head & p->ring_mask] = b;
+    p->at[b] = p->head;
+}
+
+/* The head's block, taken off the queue (its reference count is the caller's to set). */
+static inline int32_t q_pop(PoolObject *p)
+{
+    while (!q_live(p, p->head))
+        p->head++;
+    return p->ring[p->head++ & p->ring_mask];
 }
 
 /* Forget block b's hash (b is being reused): the map's entry moves to the next block with
@@ -1021,8 +1070,7 @@ static void pool_uncache(PoolObject *p, int32_t b)
 /* Take the head of the free queue with one reference, its hash evicted (to the tier). */
 static int pool_pop(PoolObject *p, int32_t *out)
 {
-    int32_t b = p->next[p->num_blocks];
-    q_unlink(p, b);
+    int32_t b = q_pop(p);
     p->ref[b] = 1;
     p->num_free--;
     *out = b;
@@ -1061,15 +1109,18 @@ static PyObject *pool_allocate(PoolObject *self, PyObject *arg)
     /* Take them off the head; then forget their hashes, in the same order; then store those
      * in the tier, in that order (BlockPoolPy.allocate: the tier sees only the order). */
     Py_ssize_t ne = 0;
-    int32_t sentinel = self->num_blocks;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t b = self->next[sentinel];
-        q_unlink(self, b);
+    uint64_t q = self->head;
+    for (Py_ssize_t i = 0; i < n; q++) {
+        q_prefetch(self, q);
+        if (!q_live(self, q))
+            continue; /* a stale entry (n <= num_free: the live ones come before the tail) */
+        int32_t b = self->ring[q & self->ring_mask];
         self->ref[b] = 1;
         __builtin_prefetch(&self->hash[b]); /* read below, where it has one */
         __builtin_prefetch(&self->dup[b]);
-        evicted[i] = b; /* for now: every block taken, in order */
+        evicted[i++] = b; /* for now: every block taken, in order */
     }
+    self->head = q;
     /* Their ints into the list (each int an object: fetched AHEAD), the hashed ones kept. */
     for (Py_ssize_t i = 0; i < n; i++) {
         int32_t b = evicted[i];
@@ -1130,8 +1181,7 @@ static PyObject *pool_touch(PoolObject *self, PyObject *arg)
             self->ref[b]++;
             continue;
         }
-        q_unlink(self, b);
-        self->ref[b] = 1;
+        self->ref[b] = 1; /* its entry in the queue is stale from now */
         self->num_free--;
     }
     Py_DECREF(seq);
@@ -1170,8 +1220,7 @@ static int pool_release_blocks(PoolObject *self, PyObject **cached, Py_ssize_t n
         if (pool_block(self, i < nc ? cached[i] : uncached[i - nc], &ids[i]) < 0)
             goto fail;
         __builtin_prefetch(&self->ref[ids[i]]);
-        __builtin_prefetch(&self->prev[ids[i]]);
-        __builtin_prefetch(&self->next[ids[i]]);
+        __builtin_prefetch(&self->at[ids[i]]);
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         if (self->ref[ids[i]] <= 0) {
@@ -1453,9 +1502,9 @@ static PyObject *pool_free_queue(PoolObject *self, PyObject *Py_UNUSED(ignored))
     if (!out)
         return NULL;
     Py_ssize_t i = 0;
-    for (int32_t b = self->next[self->num_blocks]; b != self->num_blocks; b = self->next[b]) {
-        PyList_SET_ITEM(out, i++, Py_NewRef(INT_OF(b)));
-    }
+    for (uint64_t q = self->head; q != self->tail; q++)
+        if (q_live(self, q))
+            PyList_SET_ITEM(out, i++, Py_NewRef(INT_OF(self->ring[q & self->ring_mask])));
     return out;
 }
 
@@ -1468,8 +1517,9 @@ static PyObject *pool_num_evictable_cached(PoolObject *self, PyObject *Py_UNUSED
 {
     POOL_READY(self);
     Py_ssize_t c = 0;
-    for (int32_t b = self->next[self->num_blocks]; b != self->num_blocks; b = self->next[b])
-        c += self->has_hash[b];
+    for (uint64_t q = self->head; q != self->tail; q++)
+        if (q_live(self, q))
+            c += self->has_hash[self->ring[q & self->ring_mask]];
     return PyLong_FromSsize_t(c);
 }
 

@@ -112,11 +112,50 @@ def _chains(rng: random.Random) -> list[list[int]]:
 
 @pytest.mark.parametrize("seed", range(60))
 def test_random_engine_calls_give_the_same_results_and_state(seed: int) -> None:
+    _random_engine_calls(seed, 250)
+
+
+@pytest.mark.parametrize("seed", range(100, 106))
+def test_long_runs_of_calls_keep_the_free_queue_in_order(seed: int) -> None:
+    # The compiled free queue is a log that a hit leaves stale entries in and that is
+    # compacted when its ring fills (2x the blocks, at least 64 entries): thousands of calls
+    # on a pool of a few dozen blocks fill it many times over.
+    _random_engine_calls(seed, 3_000)
+
+
+@pytest.mark.parametrize("num_blocks", [5, 40, 300])
+def test_a_context_taken_and_freed_over_and_over_keeps_the_free_queue_in_order(
+    num_blocks: int,
+) -> None:
+    # Each hit on free blocks leaves their old entries in the compiled queue's log, each
+    # free puts them at its end again: the ring fills and is compacted many times, between
+    # and during calls (a free may fill it), with allocations taking from the head between.
+    rng = random.Random(num_blocks)
+    twin = _Twin(rng)
+    twin.num_blocks = num_blocks
+    twin.pools = [cls(num_blocks, 4, None) for cls in (BlockPool, BlockPoolPy)]
+    twin.tiers = [None, None]
+    chain = [hash(("ctx", i)) for i in range(num_blocks - 1)]
+    for round_ in range(40 * num_blocks):
+        want = chain[: rng.randint(1, num_blocks - 1)]
+        hit = twin.call("longest_hit", want, len(want))
+        twin.call("touch", hit)
+        new = twin.call("allocate", len(want) - len(hit)) or []
+        blocks = list(hit) + new
+        twin.call("cache_range", blocks, want, len(hit), len(blocks))
+        one = twin.call("allocate_one") if round_ % 7 == 0 else None
+        if one is not None:
+            blocks.append(one)
+        twin.call("free_request", blocks, len(want))
+        twin.check()
+
+
+def _random_engine_calls(seed: int, calls: int) -> None:
     rng = random.Random(seed)
     twin = _Twin(rng)
     chains = _chains(rng)
     held: list[tuple[list[int], int]] = []  # each request's blocks and how many carry a hash
-    for _ in range(250):
+    for _ in range(calls):
         op = rng.random()
         if op < 0.45:
             # A request's admission: hit, load from the tier, touch, allocate, cache.

@@ -268,7 +268,7 @@ static inline PyObject *src_item(const HashSrc *s, Py_ssize_t i)
 }
 
 /* Hashes read AHEAD of their lookups, each converted once: the lookup of item i finds its
- * value here, and the map's line for item i + AHEAD was asked for when that one was
+ * value here, and the map's line for item i + FEED_AHEAD was asked for when that one was
  * converted. An item that does not convert is raised when its turn comes (the items before
  * it are processed first, as in the Python classes). */
 /* Further ahead than AHEAD: a loop over a chain does little but probe (a hash converted, a

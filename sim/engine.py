@@ -691,13 +691,7 @@ class Engine:
         if not self._running and self._pins and not preempted:
             # Nothing fits while pins hold the blocks: the engine waits for the next expiry.
             duration = max(duration, min(p.expires_at for p in self._pins.values()) - self.now)
-        self.now += duration
-        st = self.stats
-        st.steps += 1
-        st.busy_seconds += duration
-        st.generation_tokens += n_dec
-        st.inter_token_seconds += duration * n_dec
-        st.inter_tokens += n_dec
+        self._spend(duration, n_dec)
         return StepResult(
             duration, prefill_tokens, n_dec, ctx, [], [], preempted, positions, admitted
         )
@@ -711,6 +705,11 @@ class Engine:
         duration = self.cost.step_seconds(0, n_dec, ctx, 0, 0)
         duration += self._load_seconds
         self._load_seconds = 0.0
+        self._spend(duration, n_dec)
+        return StepResult(duration, 0, n_dec, ctx, [], [], 0)
+
+    def _spend(self, duration: float, n_dec: int) -> None:
+        """A forward pass's time on the engine's clock and counters."""
         self.now += duration
         st = self.stats
         st.steps += 1
@@ -718,7 +717,6 @@ class Engine:
         st.generation_tokens += n_dec
         st.inter_token_seconds += duration * n_dec
         st.inter_tokens += n_dec
-        return StepResult(duration, 0, n_dec, ctx, [], [], 0)
 
     def _complete(self, s: int, scheduled: list[tuple[Sequence, int]], result: StepResult) -> None:
         """Phase 4, the step's tokens: prefills that completed sample their first token (and

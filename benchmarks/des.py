@@ -442,12 +442,11 @@ class Simulation:
     def _on_send(self, run: _Program) -> None:
         spec = run.spec
         call = spec.calls[run.call]
+        before = len(run.prompt)
         if run.call == 0 or call.reset:
             system = self._system_prompt(spec)
-            before = len(run.prompt)
             run.prompt = system + growth_ids(spec.program_id, run.call, call.growth_tokens)
         else:
-            before = len(run.prompt)
             run.prompt.extend(growth_ids(spec.program_id, run.call, call.growth_tokens))
         if run in self._open_runs:
             self._resident_now += len(run.prompt) - before

@@ -480,7 +480,7 @@ class Engine:
             # Most steps of a long run: decoders only, none finishing, nobody admitted. The
             # phases below would find nothing more to do (no prefill, no token to hand out).
             self.waiting_after_schedule = len(self._waiting)
-            return self._decode_pass(s)
+            return self._forward_pass(s, [], 0, 0)
         scheduled: list[tuple[Sequence, int]] = []
         budget, preempted = self._schedule_running(s, scheduled)
         # Waiting requests join only in a step that preempted nothing.
@@ -579,26 +579,12 @@ class Engine:
             if head._refused_epoch != pool.free_epoch or head._refused_at != len(pool.new_hashes):
                 return False
         if due is not None:
-            alloc_events = self._alloc_events
-            del alloc_events[s]
-            # `_grow_decoder` for each, in event order, as `_due_in_step` leaves them with
-            # blocks enough; entries of requests that left running since are stale (a running
-            # request decodes here). Inline: a few million calls in a large run.
-            allocate_one = pool.allocate_one
-            nxt = s + self.config.block_size
-            later = None  # the decoders due at `nxt`, made when the first one is
+            del self._alloc_events[s]
+            # In event order, as `_due_in_step` leaves them with blocks enough; entries of
+            # requests that left running since are stale (a running request decodes here).
             for seq in due:
                 if seq.decoding and seq._alloc_at == s:
-                    seq.blocks.append(allocate_one())
-                    if nxt <= seq._finish_at:
-                        seq._alloc_at = nxt
-                        if later is None:
-                            later = alloc_events.get(nxt)
-                            if later is None:
-                                later = alloc_events[nxt] = []
-                        later.append(seq)
-                    else:
-                        seq._alloc_at = -1
+                    self._grow_decoder(seq, s)
         return True
 
     def _due_in_step(self, s: int) -> list[Sequence]:
@@ -691,25 +677,6 @@ class Engine:
         if not self._running and self._pins and not preempted:
             # Nothing fits while pins hold the blocks: the engine waits for the next expiry.
             duration = max(duration, min(p.expires_at for p in self._pins.values()) - self.now)
-        self._spend(duration, n_dec)
-        return StepResult(
-            duration, prefill_tokens, n_dec, ctx, [], [], preempted, positions, admitted
-        )
-
-    def _decode_pass(self, s: int) -> StepResult:
-        """`_forward_pass(s, [], 0, 0)` of a step that only decodes (some request runs, so no
-        pin's expiry is waited for): the same sums in the same order, without the phases'
-        bookkeeping (most steps of a run)."""
-        n_dec = self._n_decoding
-        ctx = self._sum_k0 + n_dec * s
-        duration = self.cost.step_seconds(0, n_dec, ctx, 0, 0)
-        duration += self._load_seconds
-        self._load_seconds = 0.0
-        self._spend(duration, n_dec)
-        return StepResult(duration, 0, n_dec, ctx, [], [], 0)
-
-    def _spend(self, duration: float, n_dec: int) -> None:
-        """A forward pass's time on the engine's clock and counters."""
         self.now += duration
         st = self.stats
         st.steps += 1
@@ -717,6 +684,9 @@ class Engine:
         st.generation_tokens += n_dec
         st.inter_token_seconds += duration * n_dec
         st.inter_tokens += n_dec
+        return StepResult(
+            duration, prefill_tokens, n_dec, ctx, [], [], preempted, positions, admitted
+        )
 
     def _complete(self, s: int, scheduled: list[tuple[Sequence, int]], result: StepResult) -> None:
         """Phase 4, the step's tokens: prefills that completed sample their first token (and
@@ -963,8 +933,8 @@ class Engine:
         agree = n + out if prompt[n : n + out] == self.output_ids(prev)[:out] else n
         keep = agree // self.config.block_size
         if prev.status is Status.FINISHED or prev.status is Status.ABORTED:
-            # Done with it: hand the chain over rather than copy it (a long context's chain
-            # is thousands of hashes).
+            # Done with it: hand the chain over rather than copy it (a copy touches every
+            # hash object, each a cache miss in a long context).
             seq.block_hashes = prev.block_hashes
             prev.block_hashes = array("q")
             del seq.block_hashes[keep:]

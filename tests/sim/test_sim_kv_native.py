@@ -57,10 +57,12 @@ def _tier_state(tier: Any) -> tuple[Any, ...]:
 class _Twin:
     """One pool of each kind, every call made on both and its results compared."""
 
-    def __init__(self, rng: random.Random) -> None:
-        self.num_blocks = rng.randint(2, 40)
+    def __init__(
+        self, rng: random.Random, num_blocks: int | None = None, tiers: bool = True
+    ) -> None:
+        self.num_blocks = num_blocks or rng.randint(2, 40)
         block_size = 4
-        with_host, with_disk = rng.random() < 0.7, rng.random() < 0.4
+        with_host, with_disk = tiers and rng.random() < 0.7, rng.random() < 0.4
         host_cap, disk_cap = rng.randint(1, 30), rng.randint(1, 50)
         self.tiers: list[Any] = []
         self.pools: list[Any] = []
@@ -131,10 +133,7 @@ def test_a_context_taken_and_freed_over_and_over_keeps_the_free_queue_in_order(
     # free puts them at its end again: the ring fills and is compacted many times, between
     # and during calls (a free may fill it), with allocations taking from the head between.
     rng = random.Random(num_blocks)
-    twin = _Twin(rng)
-    twin.num_blocks = num_blocks
-    twin.pools = [cls(num_blocks, 4, None) for cls in (BlockPool, BlockPoolPy)]
-    twin.tiers = [None, None]
+    twin = _Twin(rng, num_blocks, tiers=False)
     chain = [hash(("ctx", i)) for i in range(num_blocks - 1)]
     for round_ in range(40 * num_blocks):
         want = chain[: rng.randint(1, num_blocks - 1)]

@@ -66,6 +66,7 @@ __all__ = [
     "ROLLOUT",
     "TABLE_COLUMNS",
     "Job",
+    "Taken",
     "add_bench_arguments",
     "cap_values",
     "cluster_for",
@@ -82,6 +83,7 @@ __all__ = [
     "run_live_scenario",
     "run_scenario",
     "scenario_config",
+    "shared_policies",
     "write_plots",
 ]
 
@@ -212,6 +214,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "and those policies' pipelines (benchmarks/reuse.py). Empty (--rerun=): rerun none, "
         "run only what the file lacks (a capped policy's lower caps, where its best cap is "
         "the lowest it ran).",
+    )
+    des.add_argument(
+        "--own-main-point",
+        action="store_true",
+        help="Run the main point of a scenario that shares it with another (cluster-scaling's "
+        "is paper-rollout-2node's) rather than take those runs from that scenario's result "
+        "file in --results-dir.",
     )
     des.add_argument("--no-plots", action="store_true", help="Do not write PNG plots.")
     des.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="Worker processes.")
@@ -346,6 +355,13 @@ def _run_des(scenario: Scenario, policies: list[str], args: argparse.Namespace) 
             )
             return 2
         reuse = json.loads(output.read_text())
+    shared = None
+    if scenario.main_point_of and not args.own_main_point:
+        source = args.results_dir / f"{scenario.main_point_of}.json"
+        if source.is_file():
+            shared = json.loads(source.read_text())
+        else:
+            print(f"{source} does not exist: running the main point here", file=sys.stderr)
     try:
         report = run_scenario(
             scenario,
@@ -358,6 +374,7 @@ def _run_des(scenario: Scenario, policies: list[str], args: argparse.Namespace) 
             seeds=args.seeds,
             reuse=reuse,
             rerun=rerun,
+            shared=shared,
         )
     except ReuseError as e:
         print(f"--rerun: {e} ({output})", file=sys.stderr)
@@ -904,17 +921,65 @@ def _run_jobs(
     return [run_job(scenario, j, trace, seed) for j in work]
 
 
-def _kept(
-    reuse: dict[str, Any] | None, reused: list[str], job: Job, seed: int
-) -> dict[str, Any] | None:
-    """`job`'s run as the file being replaced holds it, where its policy is reused and the
-    file has that run (None: it is to be run)."""
-    if reuse is None or job.policy not in reused:
-        return None
+@dataclass(frozen=True)
+class Taken:
+    """Where a scenario's runs come from besides running them: the file being replaced
+    (`--rerun`) for the `reused` policies, and for the `shared` policies the main point's
+    runs of the scenario it shares that point with (`Scenario.main_point_of`)."""
+
+    reuse: dict[str, Any] | None = None
+    reused: tuple[str, ...] = ()
+    shared_file: dict[str, Any] | None = None
+    shared: tuple[str, ...] = ()
+    main_point: tuple[int, int] = (0, 0)
+
+
+def _kept(taken: Taken, job: Job, seed: int) -> dict[str, Any] | None:
+    """`job`'s run as the file being replaced holds it (its policy reused), or as the file of
+    the scenario sharing this main point holds it (a run there, its policy agreeing): None
+    where neither has it (it is to be run)."""
+    sources = []
+    if taken.reuse is not None and job.policy in taken.reused:
+        sources.append(taken.reuse)
+    at_main = (job.engines, job.per_engine) == taken.main_point
+    if taken.shared_file is not None and job.policy in taken.shared and at_main:
+        sources.append(taken.shared_file)
+    for source in sources:
+        try:
+            return reused_output(source, job, seed)
+        except ReuseError:
+            continue
+    return None
+
+
+def shared_policies(
+    scenario: Scenario, shared_file: dict[str, Any], config: dict[str, Any], policies: list[str]
+) -> list[str]:
+    """The policies whose main-point runs can be taken from `shared_file`, the result file
+    of `scenario.main_point_of`: its configuration must be this one's but for the sweep,
+    and each policy's pipeline, engines and rules as they are now (reuse.check_config); a
+    line on stderr names why any other is run here."""
+    source = scenario.main_point_of
+    old = {**shared_file.get("config", {}), "sweep": config["sweep"]}
     try:
-        return reused_output(reuse, job, seed)
-    except ReuseError:
-        return None
+        check_config(old, config, [])
+    except ReuseError as e:
+        print(
+            f"{scenario.name}: running its main point here ({source}'s file: {e})", file=sys.stderr
+        )
+        return []
+    agreeing = []
+    for policy in policies:
+        try:
+            check_config(old, config, [policy])
+        except ReuseError as e:
+            print(
+                f"{scenario.name}: {policy} runs its main point here ({source}: {e})",
+                file=sys.stderr,
+            )
+            continue
+        agreeing.append(policy)
+    return agreeing
 
 
 def _run_down_the_grid(
@@ -922,16 +987,15 @@ def _run_down_the_grid(
     policies: list[str],
     work: list[Job],
     done: list[tuple[Job, dict[str, Any]]],
-    reuse: dict[str, Any] | None,
-    reused: list[str],
+    taken: Taken,
     trace: Path | None,
     seed: int,
     jobs: int,
 ) -> list[tuple[Job, dict[str, Any]]]:
     """`done` and the runs of `work`; then, while a capped policy's best cap is the lowest of
     its grid, its runs at the next cap down (`lower_caps`: what a user tuning the cap would
-    try next) until the best is inside it. A cap the file being replaced has is taken from
-    it, as its policy's other runs are."""
+    try next) until the best is inside it. A cap the file being replaced (or the file of the
+    scenario sharing the main point) has is taken from it, as its policy's other runs are."""
     while True:
         if work:
             done = done + _run_jobs(scenario, work, trace, seed, jobs)
@@ -940,7 +1004,7 @@ def _run_down_the_grid(
             return done
         work = []
         for job in lower:
-            kept = _kept(reuse, reused, job, seed)
+            kept = _kept(taken, job, seed)
             if kept is None:
                 work.append(job)
             else:
@@ -961,22 +1025,32 @@ def run_scenario(
     seeds: int | None = None,
     reuse: dict[str, Any] | None = None,
     rerun: set[str] | None = None,
+    shared: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Every policy on the main configuration (and the sweep): the result document. With
     `reuse` (an earlier result document of this scenario), only the `rerun` policies run;
-    every other run is taken from it (benchmarks/reuse.py)."""
+    every other run is taken from it (benchmarks/reuse.py). With `shared` (the result
+    document of `scenario.main_point_of`), the main point's runs it has are taken from it
+    for every policy whose configuration there is this one's (`shared_policies`)."""
     started = time.perf_counter()
     planned = plan_jobs(scenario, policies, seed, sweep and trace is None, total, seeds)
     work = planned
     done: list[tuple[Job, dict[str, Any]]] = []
-    reused: list[str] = []
+    taken = Taken(main_point=(scenario.engines, scenario.programs_per_engine))
+    config = scenario_config(scenario, policies, planned, trace, sweep, total)
     if reuse is not None:
         reused = [p for p in policies if p not in (rerun or set())]
-        config = scenario_config(scenario, policies, planned, trace, sweep, total)
         check_config(reuse["config"], config, reused)
         done = [(j, reused_output(reuse, j, seed)) for j in work if j.policy in reused]
         work = [j for j in work if j.policy not in reused]
-    done = _run_down_the_grid(scenario, policies, work, done, reuse, reused, trace, seed, jobs)
+        taken = replace(taken, reuse=reuse, reused=tuple(reused))
+    if shared is not None:
+        sharing = shared_policies(scenario, shared, config, policies)
+        taken = replace(taken, shared_file=shared, shared=tuple(sharing))
+        from_shared = [(j, _kept(taken, j, seed)) for j in work]
+        done += [(j, out) for j, out in from_shared if out is not None]
+        work = [j for j, out in from_shared if out is None]
+    done = _run_down_the_grid(scenario, policies, work, done, taken, trace, seed, jobs)
 
     all_rows = _rows(done)
     all_rows.sort(
@@ -1042,7 +1116,14 @@ def run_scenario(
         report[name] = caps
     if reuse is not None:
         # Their runs are the old file's: its wall time is theirs, this one the reruns'.
-        report["reused"] = {"policies": reused, "wall_s": reuse.get("wall_s")}
+        report["reused"] = {"policies": list(taken.reused), "wall_s": reuse.get("wall_s")}
+    if taken.shared:
+        # The main point's runs of these policies are the other scenario's (its wall time).
+        report["main_point_from"] = {
+            "scenario": scenario.main_point_of,
+            "policies": list(taken.shared),
+            "wall_s": shared.get("wall_s") if shared else None,
+        }
     report["wall_s"] = round(time.perf_counter() - started, 1)
     report["machine"] = (
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"

@@ -327,6 +327,10 @@ class Scenario:
     # A mixed fleet: one cost profile per engine (each with its own KV capacity).
     engine_profiles: tuple[str, ...] = ()
     caps: tuple[float, ...] = CAP_FRACTIONS  # vllm_capped's sweep (fractions of concurrency)
+    # Another scenario whose main point this one's is (same workload, engines, seeds and
+    # policies): `thunder-mw bench` takes those runs from its result file where the
+    # configurations agree, rather than run them a second time (bench_cli `run_scenario`).
+    main_point_of: str | None = None
 
     @property
     def concurrency(self) -> int:
@@ -596,6 +600,7 @@ PUBLISHED_SCENARIOS: dict[str, Scenario] = {
         engines=2,
         programs_per_engine=72,
         sweep=((4, 72), (8, 72)),
+        main_point_of="paper-rollout-2node",
         total_factor=STEADY_FACTOR,
         sweep_factor=STEADY_FACTOR,
         kv_tokens=None,

@@ -237,8 +237,9 @@ def runs_part(specs: list[str], kept: Sequence[dict[str, Any]] = ()) -> dict[str
 
 
 # What differs between two runs of one scenario on the same code: the clocks, and which rows
-# a --rerun reused.
-TIMING_KEYS = ("run_wall_s", "wall_s", "machine", "reused")
+# were taken from a file rather than run (a --rerun's reused policies; a main point shared
+# with another scenario's file).
+TIMING_KEYS = ("run_wall_s", "wall_s", "machine", "reused", "main_point_from")
 
 
 def differs_in(fresh: dict[str, Any], committed: dict[str, Any]) -> list[str]:
@@ -415,7 +416,8 @@ def scenarios_summary(timed: list[dict[str, Any]], every: list[str]) -> dict[str
         "(a file of variants: with the policies, seeds and sweep its config records), one at "
         "a time, on a machine shared with other work (the load averages); "
         "reproduces_committed: every figure of the fresh file equals results/NAME.json's "
-        "but the wall times",
+        "but the wall times (and the note of which runs came from another file: "
+        "cluster-scaling's main point is paper-rollout-2node's)",
     }
 
 

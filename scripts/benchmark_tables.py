@@ -331,6 +331,17 @@ def _cap(record: Record) -> str:
     return f"cap {cap['batch']} / {cap['window']}"
 
 
+def _shared_from(report: Record) -> str:
+    """Where the main point's runs came from, when another scenario's file gave them."""
+    shared = report.get("main_point_from")
+    if not shared:
+        return ""
+    return (
+        f" (the {report['config']['engines']}-engine runs are `{shared['scenario']}`'s, the "
+        "same runs: taken from its file, this table is that file's)"
+    )
+
+
 def figure_table(name: str, report: Record) -> str:
     """One scenario: every policy's fixed-batch makespan and long-window steps/min (mean
     [ci95] over seeds) and thunder-mw's ratio over it [ci95] with the verdict."""
@@ -344,7 +355,9 @@ def figure_table(name: str, report: Record) -> str:
         f"{c['engines']} engines, {point['concurrency']} programs in flight, seeds "
         f"{report['seeds']}; the long window held {int(done['min']) if done else '-'}+ completions "
         f"(at least {point['min_window_completions']} asked: "
-        f"{'met' if point['window_ok'] else '**not met**'}); wall {report['wall_s']} s.",
+        f"{'met' if point['window_ok'] else '**not met**'}); wall {report['wall_s']} s"
+        + _shared_from(report)
+        + ".",
         "",
         "| policy | "
         + " | ".join(f"{label} | {ratio}" for _, label, ratio in FIGURE_COLUMNS)

@@ -187,3 +187,61 @@ def test_a_file_from_before_the_waiting_gauge_read_the_queue(full: dict[str, Any
     gauge["config"]["cluster_defaults"]["waiting"] = "gauge"
     with pytest.raises(ReuseError, match="cluster_defaults"):
         run_scenario(TINY, POLICIES, sweep=False, reuse=gauge, rerun={"thunder-mw"})
+
+
+# A scenario whose main point is TINY's, with a sweep point of its own (cluster-scaling's
+# is paper-rollout-2node's): its main point's runs are taken from TINY's file.
+SWEEP = dataclasses.replace(TINY, sweep=((2, 3),), main_point_of="tiny")
+
+
+def _marked(doc: dict[str, Any], policy: str) -> dict[str, Any]:
+    """A copy of `doc` with one main-point figure of `policy` marked."""
+    marked = copy.deepcopy(doc)
+    row = next(r for r in marked["sweep"] if r["policy"] == policy and not r["wave"])
+    row["steps_per_min_steady"] = 12345.0
+    return marked
+
+
+def _marked_policies(report: dict[str, Any]) -> list[str]:
+    return [r["policy"] for r in report["sweep"] if r.get("steps_per_min_steady") == 12345.0]
+
+
+def test_a_shared_main_point_writes_the_document_a_full_run_writes(full: dict[str, Any]) -> None:
+    whole = _as_written(run_scenario(SWEEP, POLICIES))
+    shared = _as_written(run_scenario(SWEEP, POLICIES, shared=full))
+    assert shared["main_point_from"] == {
+        "scenario": "tiny",
+        "policies": POLICIES,
+        "wall_s": full["wall_s"],
+    }
+    del shared["main_point_from"]
+    assert _without_timings(shared) == _without_timings(whole)
+    assert "main_point_from" not in whole
+
+
+def test_a_shared_main_point_is_the_other_files_and_the_sweep_is_run(full: dict[str, Any]) -> None:
+    source = _marked(full, "session_affinity")
+    report = run_scenario(SWEEP, POLICIES, shared=source)
+    assert _marked_policies(report) == ["session_affinity"]
+    # Its sweep point is this scenario's own (the other file has none to give).
+    point = [r for r in report["sweep"] if r["engines"] == 2 and r["policy"] != "vllm_capped"]
+    assert sorted(r["policy"] for r in point) == ["session_affinity", "thunder-mw"]
+
+
+def test_a_shared_file_of_another_configuration_is_not_taken(
+    full: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Another workload size: nothing is taken, and stderr says why.
+    other = _marked(full, "session_affinity")
+    other["config"]["programs_per_engine"] = 4
+    report = run_scenario(SWEEP, POLICIES, sweep=False, shared=other)
+    assert _marked_policies(report) == []
+    assert "main_point_from" not in report
+    assert "programs_per_engine" in capsys.readouterr().err
+    # One policy's pipeline changed there: that policy's runs are run, the others taken.
+    changed = _marked(_marked(full, "session_affinity"), "thunder-mw")
+    changed["config"]["policies"]["thunder-mw"] = [{"round_robin": {}}]
+    report = run_scenario(SWEEP, POLICIES, sweep=False, shared=changed)
+    assert _marked_policies(report) == ["session_affinity"]
+    assert report["main_point_from"]["policies"] == ["session_affinity", "vllm_capped"]
+    assert "thunder-mw runs its main point here" in capsys.readouterr().err

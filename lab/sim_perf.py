@@ -17,7 +17,9 @@ but the wall times): the issue's second target, and a check that the committed f
 come from the code. Scenarios timed before stay in the file unless timed again. A NAME may
 also be a committed file of variants (`tool-orchestra-knee-variants`, `...-drain`): it is
 remade with the policies, seeds and sweep its config records (`rerun_command`), and counts
-toward the third target, every committed DES file remade in three hours.
+toward the third target, every committed DES file remade in three hours. Before each, it
+times a short fixed run three times (`REFERENCE_RUN`, the fastest kept as `reference_run_s`):
+this machine's speed moves within hours, and a wall time is read beside it.
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ from thunder_mw.sim.tokenizer import RuleTokenizer
 
 __all__ = [
     "OUTPUT",
+    "REFERENCE_RUN",
     "des_result_files",
     "differs_in",
     "engine_steps_per_second",
     "http_requests_per_second",
     "main",
+    "reference_seconds",
     "rerun_command",
     "scenarios_part",
     "scenarios_summary",
@@ -87,6 +91,10 @@ SCENARIO_TARGET_S = 15 * 60.0
 # And every committed DES result file remade (the scenarios and their -variants and -drain
 # files), so that one session can judge a change on all of them.
 ALL_FILES_TARGET_S = 3 * 3600.0
+# A short run timed before each whole scenario: this VM's speed moves by 1.3x within hours
+# (2026-12-06: one 8-engine run 30-34 s at 20:00, 39-44 s at 23:00, the same code), so a
+# scenario's wall time is read beside what the machine took for a fixed run just before.
+REFERENCE_RUN = "swe-agent-knee:offload"
 
 
 def engine_steps_per_second(running: int = 256, steps: int = 20_000) -> float:
@@ -199,6 +207,11 @@ def time_run(spec: str) -> dict[str, Any]:
     if job.cap is not None:
         record["cap"] = job.cap
     return record
+
+
+def reference_seconds(repeats: int = 3) -> float:
+    """The fastest of `repeats` runs of REFERENCE_RUN (wall seconds): the machine's speed now."""
+    return min(float(time_run(REFERENCE_RUN)["wall_s"]) for _ in range(repeats))
 
 
 def runs_part(specs: list[str], kept: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
@@ -320,10 +333,13 @@ def time_scenario(
     committed: Path,
     command: Callable[[str, Path], list[str]] = rerun_command,
     keep_in: Path | None = None,
+    reference: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """One whole scenario's wall seconds, and the figures in which its fresh result file
     differs from the committed one (none: it reproduces); the fresh file kept in `keep_in`
-    (to see how it differs)."""
+    (to see how it differs); with `reference`, what it measured just before
+    (`reference_run_s`: the machine's speed at the time)."""
+    reference_s = reference() if reference is not None else None
     with tempfile.TemporaryDirectory() as folder:
         output = Path(folder) / f"{name}.json"
         load_before = os.getloadavg()[0]
@@ -337,7 +353,7 @@ def time_scenario(
             shutil.copyfile(output, keep_in / output.name)
     before = json.loads(committed.read_text()) if committed.is_file() else {}
     differ = differs_in(fresh, before)
-    return {
+    record = {
         "scenario": name,
         "wall_s": round(wall, 1),
         "seeds": len(fresh.get("seeds") or [fresh.get("seed")]),
@@ -347,6 +363,9 @@ def time_scenario(
         "load_1m_before": round(load_before, 2),
         "load_1m_after": round(load_after, 2),
     }
+    if reference_s is not None:
+        record["reference_run_s"] = reference_s
+    return record
 
 
 def scenarios_part(
@@ -356,6 +375,7 @@ def scenarios_part(
     command: Callable[[str, Path], list[str]] | None = None,
     keep_in: Path | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
+    reference: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """Each scenario (or file of variants) timed whole, one after another, after `kept`
     (earlier records, less those timed again), and the issue's targets over those timed;
@@ -370,7 +390,7 @@ def scenarios_part(
     timed: list[dict[str, Any]] = []
     summary = scenarios_summary(list(kept), every)
     for name in names:
-        record = time_scenario(name, results_dir / f"{name}.json", command, keep_in)
+        record = time_scenario(name, results_dir / f"{name}.json", command, keep_in, reference)
         print(json.dumps(record), flush=True)
         timed.append(record)
         again = {r["scenario"] for r in timed}
@@ -417,7 +437,9 @@ def scenarios_summary(timed: list[dict[str, Any]], every: list[str]) -> dict[str
         "a time, on a machine shared with other work (the load averages); "
         "reproduces_committed: every figure of the fresh file equals results/NAME.json's "
         "but the wall times (and the note of which runs came from another file: "
-        "cluster-scaling's main point is paper-rollout-2node's)",
+        "cluster-scaling's main point is paper-rollout-2node's); reference_run_s: the "
+        f"fastest of three runs of {REFERENCE_RUN} just before (the machine's speed then; "
+        "records without it predate it)",
     }
 
 
@@ -501,7 +523,13 @@ def main(argv: list[str] | None = None) -> int:
             old["whole_scenarios"] = summary
             write_result(args.output, old)
 
-        scenarios_part(args.scenarios, kept_scenarios, keep_in=args.keep_fresh, on_record=write)
+        scenarios_part(
+            args.scenarios,
+            kept_scenarios,
+            keep_in=args.keep_fresh,
+            on_record=write,
+            reference=reference_seconds,
+        )
         print(json.dumps(old["whole_scenarios"], indent=2))
         return 0
     result = old if args.part == "runs" else decode_part(args.repeats)

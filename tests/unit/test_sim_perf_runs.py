@@ -125,6 +125,7 @@ def test_a_whole_scenario_is_timed_and_checked_against_the_committed_file(
         results_dir=tmp_path,
         command=_copying(committed, {"results": {"a": {"x": 1}, "b": {"x": 3}}}),
     )
+    assert "reference_run_s" not in record  # none asked for
     assert moved["scenarios"][2]["differs_in"] == ["results"]
     assert moved["scenarios"][2]["reproduces_committed"] is False
     assert (
@@ -241,3 +242,25 @@ def test_the_three_hour_target_counts_every_committed_des_file(tmp_path: Path) -
     )
     assert both["all_files"]["timed"] == 2 and both["all_files"]["met"] is False
     assert both["all_files"]["untimed"] == []
+
+
+def test_a_whole_scenario_is_timed_beside_the_machines_speed_then(tmp_path: Path) -> None:
+    # The reference is measured before the scenario, once per file, and recorded with it.
+    committed = tmp_path / "chat-control.json"
+    committed.write_text(json.dumps({"seeds": [0], "results": {"a": {"x": 1}}, "wall_s": 9}))
+    order: list[str] = []
+
+    def reference() -> float:
+        order.append("reference")
+        return 2.5
+
+    def command(name: str, output: Path) -> list[str]:
+        order.append("scenario")
+        return _copying(committed)(name, output)
+
+    summary = sim_perf.scenarios_part(
+        ["chat-control"], results_dir=tmp_path, command=command, reference=reference
+    )
+    assert summary["scenarios"][0]["reference_run_s"] == 2.5
+    assert order == ["reference", "scenario"]
+    assert sim_perf.REFERENCE_RUN.split(":")[0] in summary["note"]

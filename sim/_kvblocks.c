@@ -11,8 +11,12 @@
  * specification: same methods, same results, same order of eviction, call by call
  * (tests/sim/test_sim_kv_native.py runs both on the same random calls and compares every
  * result and every state). The Python layout is lazy (runs of freed blocks with stale
- * entries); here the free queue is a plain doubly linked list, which is the order the lazy
- * runs stand for.
+ * entries); here the free queue is a log in a ring (see PoolObject), which is the order the
+ * lazy runs stand for.
+ *
+ * Blocks come and go as int32 arrays (array('i'), as the engine keeps a request's blocks):
+ * read in place, handed back as new arrays; any other iterable of ints is read once. The
+ * hashes as int64 arrays (a request's chain) or any sequence of ints.
  *
  * Optional: pyproject.toml's ext-modules build it where a compiler is; without it the Python
  * classes run (sim/native_blocks.py picks).
@@ -259,12 +263,6 @@ static void src_close(HashSrc *s)
         PyBuffer_Release(&s->view);
     s->has_view = 0;
     Py_CLEAR(s->fast);
-}
-
-/* Item i as an int (new reference), for the lists that hand hashes back. */
-static inline PyObject *src_item(const HashSrc *s, Py_ssize_t i)
-{
-    return s->raw ? PyLong_FromLongLong(s->raw[i]) : Py_NewRef(s->items[i]);
 }
 
 /* Hashes read AHEAD of their lookups, each converted once: the lookup of item i finds its
@@ -833,7 +831,10 @@ typedef struct {
     Py_ssize_t num_hashed; /* blocks carrying a hash */
     PyObject *tier;        /* None or a KvTier */
     long long free_epoch;
-    PyObject *new_hashes; /* a list */
+    /* BlockPoolPy.new_hashes: hashes made findable since the free epoch moved on, in
+     * order, as int64s (a list's ints were an allocation and a free per cached block). */
+    int64_t *fresh;
+    Py_ssize_t nfresh, cfresh;
 } PoolObject;
 
 #define POOL_READY(p)                                                                   \
@@ -955,20 +956,16 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kwds)
     Py_INCREF(tier);
     Py_XSETREF(self->tier, tier);
     self->free_epoch = 0;
-    PyObject *fresh = PyList_New(0);
-    if (!fresh) {
-        pool_release(self);
-        return -1;
-    }
-    Py_XSETREF(self->new_hashes, fresh);
+    self->nfresh = 0;
     return 0;
 }
 
 static void pool_dealloc(PoolObject *self)
 {
     pool_release(self);
+    PyMem_Free(self->fresh);
+    self->fresh = NULL;
     Py_XDECREF(self->tier);
-    Py_XDECREF(self->new_hashes);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -983,6 +980,101 @@ static inline int pool_block(PoolObject *p, PyObject *o, int32_t *out)
     }
     *out = (int32_t)v;
     return 0;
+}
+
+/* A sequence of blocks as a caller hands it: an int32 buffer (array('i'): the simulated
+ * engine keeps each request's blocks so, read here in place: a list's ints are objects, one
+ * to convert, and one memory miss, apiece in a long context) or any iterable of ints, read
+ * once into `owned`. `blk_check` checks a range of ids against the pool (the iterable's are
+ * checked as they are read). */
+typedef struct {
+    const int32_t *ids;
+    Py_ssize_t n;
+    Py_buffer view;
+    int has_view;
+    int32_t *owned;
+} BlockSrc;
+
+static int blk_open(PoolObject *p, BlockSrc *s, PyObject *o, const char *what)
+{
+    s->ids = NULL;
+    s->n = 0;
+    s->has_view = 0;
+    s->owned = NULL;
+    if (PyObject_CheckBuffer(o)) {
+        if (PyObject_GetBuffer(o, &s->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+            const char *f = s->view.format;
+            if (s->view.itemsize == 4 && f && !strcmp(f, "i")) {
+                s->has_view = 1;
+                s->ids = (const int32_t *)s->view.buf;
+                s->n = s->view.len / 4;
+                return 0;
+            }
+            PyBuffer_Release(&s->view); /* bytes and the like: a sequence of ints */
+        }
+        else
+            PyErr_Clear(); /* a buffer not in one piece: read as a sequence */
+    }
+    PyObject *fast = PySequence_Fast(o, what);
+    if (!fast)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    s->owned = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    if (!s->owned) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (pool_block(p, items[i], &s->owned[i]) < 0) {
+            Py_DECREF(fast);
+            PyMem_Free(s->owned);
+            s->owned = NULL;
+            return -1;
+        }
+    }
+    Py_DECREF(fast);
+    s->ids = s->owned;
+    s->n = n;
+    return 0;
+}
+
+static void blk_close(BlockSrc *s)
+{
+    if (s->has_view)
+        PyBuffer_Release(&s->view);
+    s->has_view = 0;
+    PyMem_Free(s->owned);
+    s->owned = NULL;
+}
+
+/* Every id of ids[0:n] a block of this pool (an array's are not checked as they are read). */
+static int blk_check(const PoolObject *p, const int32_t *ids, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= p->num_blocks) {
+            PyErr_Format(PyExc_IndexError, "block %ld is not in this pool (0..%d)", (long)ids[i],
+                         p->num_blocks - 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Blocks handed back: an array('i') of ids (made from their bytes, in one copy). */
+static PyObject *array_type;   /* array.array */
+static PyObject *typecode_int;  /* "i" */
+static PyObject *typecode_hash; /* "q" */
+
+static PyObject *blocks_array(const int32_t *ids, Py_ssize_t n)
+{
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)ids, (Py_ssize_t)sizeof(int32_t) * n);
+    if (!raw)
+        return NULL;
+    PyObject *out = PyObject_CallFunctionObjArgs(array_type, typecode_int, raw, NULL);
+    Py_DECREF(raw);
+    return out;
 }
 
 /* Is the entry at position q live (its block free, and put there last)? */
@@ -1102,14 +1194,13 @@ static PyObject *pool_allocate(PoolObject *self, PyObject *arg)
         PyErr_Format(PyExc_ValueError, "cannot allocate %zd blocks", n);
         return NULL;
     }
-    PyObject *out = PyList_New(n);
+    int32_t *taken = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
     int32_t *evicted = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
     int64_t *gone = PyMem_Malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-    if (!out || !evicted || !gone) {
-        Py_XDECREF(out);
-        PyMem_Free(evicted);
-        PyMem_Free(gone);
-        return PyErr_NoMemory();
+    PyObject *out = NULL;
+    if (!taken || !evicted || !gone) {
+        PyErr_NoMemory();
+        goto done;
     }
     /* Take them off the head; then forget their hashes, in the same order; then store those
      * in the tier, in that order (BlockPoolPy.allocate: the tier sees only the order). */
@@ -1121,37 +1212,29 @@ static PyObject *pool_allocate(PoolObject *self, PyObject *arg)
             continue; /* a stale entry (n <= num_free: the live ones come before the tail) */
         int32_t b = self->ring[q & self->ring_mask];
         self->ref[b] = 1;
-        __builtin_prefetch(&self->hash[b]); /* read below, where it has one */
+        __builtin_prefetch(&self->has_hash[b]); /* read below */
+        __builtin_prefetch(&self->hash[b]);     /* and these, where it has one */
         __builtin_prefetch(&self->dup[b]);
-        evicted[i++] = b; /* for now: every block taken, in order */
+        taken[i++] = b;
     }
     self->head = q;
-    /* Their ints into the list (each int an object: fetched AHEAD), the hashed ones kept. */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t b = evicted[i];
-        if (i + AHEAD < n)
-            __builtin_prefetch(INT_OF(evicted[i + AHEAD]));
-        Py_INCREF(INT_OF(b));
-        PyList_SET_ITEM(out, i, INT_OF(b));
-        if (self->has_hash[b])
-            evicted[ne++] = b; /* ne <= i: overwrites only entries already read */
-    }
     self->num_free -= n;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (self->has_hash[taken[i]])
+            evicted[ne++] = taken[i];
     for (Py_ssize_t i = 0; i < ne; i++) {
         if (i + AHEAD < ne)
             hm_prefetch(&self->by_hash, self->hash[evicted[i + AHEAD]]);
         gone[i] = self->hash[evicted[i]];
         pool_uncache(self, evicted[i]);
     }
-    int rc = 0;
-    if (ne && self->tier != Py_None)
-        rc = tier_store_batch((KvTierObject *)self->tier, gone, ne);
+    if (ne && self->tier != Py_None && tier_store_batch((KvTierObject *)self->tier, gone, ne) < 0)
+        goto done;
+    out = blocks_array(taken, n);
+done:
+    PyMem_Free(taken);
     PyMem_Free(evicted);
     PyMem_Free(gone);
-    if (rc < 0) {
-        Py_DECREF(out);
-        return NULL;
-    }
     return out;
 }
 
@@ -1171,17 +1254,16 @@ static PyObject *pool_allocate_one(PoolObject *self, PyObject *Py_UNUSED(ignored
 static PyObject *pool_touch(PoolObject *self, PyObject *arg)
 {
     POOL_READY(self);
-    PyObject *seq = PySequence_Fast(arg, "touch takes an iterable of blocks");
-    if (!seq)
+    BlockSrc src;
+    if (blk_open(self, &src, arg, "touch takes an iterable of blocks") < 0)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t b;
-        if (pool_block(self, items[i], &b) < 0) {
-            Py_DECREF(seq);
-            return NULL;
-        }
+    if (src.has_view && blk_check(self, src.ids, src.n) < 0) {
+        blk_close(&src);
+        return NULL;
+    }
+    const int32_t *ids = src.ids;
+    for (Py_ssize_t i = 0; i < src.n; i++) {
+        int32_t b = ids[i];
         if (self->ref[b] > 0) {
             self->ref[b]++;
             continue;
@@ -1189,52 +1271,58 @@ static PyObject *pool_touch(PoolObject *self, PyObject *arg)
         self->ref[b] = 1; /* its entry in the queue is stale from now */
         self->num_free--;
     }
-    Py_DECREF(seq);
+    blk_close(&src);
     Py_RETURN_NONE;
 }
 
 static int pool_new_epoch_list(PoolObject *self)
 {
-    PyObject *fresh = PyList_New(0);
-    if (!fresh)
-        return -1;
-    Py_SETREF(self->new_hashes, fresh);
+    self->nfresh = 0;
+    return 0;
+}
+
+static int pool_add_fresh(PoolObject *self, int64_t h)
+{
+    if (self->nfresh == self->cfresh) {
+        Py_ssize_t cap = self->cfresh ? 2 * self->cfresh : 1024;
+        int64_t *grown = PyMem_Realloc(self->fresh, sizeof(int64_t) * (size_t)cap);
+        if (!grown) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->fresh = grown;
+        self->cfresh = cap;
+    }
+    self->fresh[self->nfresh++] = h;
     return 0;
 }
 
 /* BlockPoolPy._release: drop a reference on each block; those freed of `cached` join the
  * tail in that order, those freed of `uncached` the head, uncached[0] first.
- * `rev_*`: walk the sequence from its end (free_request's reversal, without a copy). */
-static int pool_release_blocks(PoolObject *self, PyObject **cached, Py_ssize_t nc, int rev_c,
-                               PyObject **uncached, Py_ssize_t nu, int rev_u)
+ * `rev_*`: walk the ids from their end (free_request's reversal, without a copy). The ids
+ * are blocks of this pool (checked by the caller). */
+static int pool_release_ids(PoolObject *self, const int32_t *cached, Py_ssize_t nc, int rev_c,
+                            const int32_t *uncached, Py_ssize_t nu, int rev_u)
 {
     self->free_epoch++;
     if (pool_new_epoch_list(self) < 0)
         return -1;
-    /* Check every block first: nothing changes on a bad one. Their ids are kept for the
-     * passes below (each int read once: an object apiece, fetched AHEAD). */
+    /* Check every block first: nothing changes on a bad one. */
     Py_ssize_t n = nc + nu;
-    int32_t *ids = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    if (!ids) {
-        PyErr_NoMemory();
-        return -1;
-    }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + AHEAD < n)
-            __builtin_prefetch(i + AHEAD < nc ? cached[i + AHEAD] : uncached[i + AHEAD - nc]);
-        if (pool_block(self, i < nc ? cached[i] : uncached[i - nc], &ids[i]) < 0)
-            goto fail;
-        __builtin_prefetch(&self->ref[ids[i]]);
-        __builtin_prefetch(&self->at[ids[i]]);
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (self->ref[ids[i]] <= 0) {
-            PyErr_Format(PyExc_ValueError, "block %d is freed but no request holds it", (int)ids[i]);
-            goto fail;
+        if (i + AHEAD < n) {
+            int32_t a = i + AHEAD < nc ? cached[i + AHEAD] : uncached[i + AHEAD - nc];
+            __builtin_prefetch(&self->ref[a]);
+            __builtin_prefetch(&self->at[a]);
+        }
+        int32_t b = i < nc ? cached[i] : uncached[i - nc];
+        if (self->ref[b] <= 0) {
+            PyErr_Format(PyExc_ValueError, "block %d is freed but no request holds it", (int)b);
+            return -1;
         }
     }
     for (Py_ssize_t k = 0; k < nc; k++) {
-        int32_t b = ids[rev_c ? nc - 1 - k : k];
+        int32_t b = cached[rev_c ? nc - 1 - k : k];
         if (self->ref[b] == 1) {
             self->ref[b] = 0;
             q_append(self, b);
@@ -1245,7 +1333,7 @@ static int pool_release_blocks(PoolObject *self, PyObject **cached, Py_ssize_t n
     }
     /* Prepending from the last to the first leaves the first at the head. */
     for (Py_ssize_t k = nu - 1; k >= 0; k--) {
-        int32_t b = ids[nc + (rev_u ? nu - 1 - k : k)];
+        int32_t b = uncached[rev_u ? nu - 1 - k : k];
         if (self->ref[b] == 1) {
             self->ref[b] = 0;
             q_prepend(self, b);
@@ -1254,23 +1342,30 @@ static int pool_release_blocks(PoolObject *self, PyObject **cached, Py_ssize_t n
         else
             self->ref[b]--;
     }
-    PyMem_Free(ids);
     return 0;
-fail:
-    PyMem_Free(ids);
-    return -1;
+}
+
+/* The blocks of an argument, every one checked against the pool. */
+static int blk_open_checked(PoolObject *p, BlockSrc *s, PyObject *o, const char *what)
+{
+    if (blk_open(p, s, o, what) < 0)
+        return -1;
+    if (s->has_view && blk_check(p, s->ids, s->n) < 0) {
+        blk_close(s);
+        return -1;
+    }
+    return 0;
 }
 
 static PyObject *pool_free(PoolObject *self, PyObject *arg)
 {
     POOL_READY(self);
-    PyObject *seq = PySequence_Fast(arg, "free takes an iterable of blocks");
-    if (!seq)
+    BlockSrc src;
+    if (blk_open_checked(self, &src, arg, "free takes an iterable of blocks") < 0)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    PyObject **cached = PyMem_Malloc(sizeof(PyObject *) * (size_t)(n ? n : 1));
-    PyObject **uncached = PyMem_Malloc(sizeof(PyObject *) * (size_t)(n ? n : 1));
+    Py_ssize_t n = src.n;
+    int32_t *cached = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    int32_t *uncached = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
     PyObject *res = NULL;
     if (!cached || !uncached) {
         PyErr_NoMemory();
@@ -1278,34 +1373,31 @@ static PyObject *pool_free(PoolObject *self, PyObject *arg)
     }
     Py_ssize_t nc = 0, nu = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t b;
-        if (pool_block(self, items[i], &b) < 0)
-            goto done;
+        int32_t b = src.ids[i];
         if (self->has_hash[b])
-            cached[nc++] = items[i];
+            cached[nc++] = b;
         else
-            uncached[nu++] = items[i];
+            uncached[nu++] = b;
     }
-    if (pool_release_blocks(self, cached, nc, 0, uncached, nu, 0) < 0)
+    if (pool_release_ids(self, cached, nc, 0, uncached, nu, 0) < 0)
         goto done;
     res = Py_None;
     Py_INCREF(res);
 done:
     PyMem_Free(cached);
     PyMem_Free(uncached);
-    Py_DECREF(seq);
+    blk_close(&src);
     return res;
 }
 
 static PyObject *pool_free_cached(PoolObject *self, PyObject *arg)
 {
     POOL_READY(self);
-    PyObject *seq = PySequence_Fast(arg, "free_cached takes a sequence of blocks");
-    if (!seq)
+    BlockSrc src;
+    if (blk_open_checked(self, &src, arg, "free_cached takes a sequence of blocks") < 0)
         return NULL;
-    int rc = pool_release_blocks(self, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), 0,
-                                 NULL, 0, 0);
-    Py_DECREF(seq);
+    int rc = pool_release_ids(self, src.ids, src.n, 0, NULL, 0, 0);
+    blk_close(&src);
     if (rc < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -1318,43 +1410,38 @@ static PyObject *pool_free_request(PoolObject *self, PyObject *args)
     Py_ssize_t num_cached;
     if (!PyArg_ParseTuple(args, "On:free_request", &blocks, &num_cached))
         return NULL;
-    PyObject *seq = PySequence_Fast(blocks, "free_request takes a list of blocks");
-    if (!seq)
+    BlockSrc src;
+    if (blk_open_checked(self, &src, blocks, "free_request takes a list of blocks") < 0)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t n = src.n;
     /* Python's slice bounds: blocks[:num_cached] and blocks[num_cached:]. */
     Py_ssize_t k = num_cached;
     if (k < 0)
         k = k + n < 0 ? 0 : k + n;
     if (k > n)
         k = n;
-    int rc = pool_release_blocks(self, items, k, 1, items + k, n - k, 1);
-    Py_DECREF(seq);
+    int rc = pool_release_ids(self, src.ids, k, 1, src.ids + k, n - k, 1);
+    blk_close(&src);
     if (rc < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
-static int pool_cache_pairs(PoolObject *self, PyObject **blocks, const HashSrc *hashes, Py_ssize_t n)
+static int pool_cache_pairs(PoolObject *self, const int32_t *blocks, const HashSrc *hashes,
+                            Py_ssize_t n)
 {
     HashFeed feed;
     feed_init(&feed, hashes, n, &self->by_hash);
     for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t b;
+        int32_t b = blocks[i];
         int64_t h;
-        if (pool_block(self, blocks[i], &b) < 0 || feed_get(&feed, i, &h) < 0)
+        if (feed_get(&feed, i, &h) < 0)
             return -1;
         if (self->has_hash[b])
             continue; /* it keeps its hash */
         Py_ssize_t at = hm_find(&self->by_hash, h);
         if (at < 0) {
-            if (hm_insert(&self->by_hash, h, b) < 0)
-                return -1;
-            PyObject *item = src_item(hashes, i);
-            int rc = item ? PyList_Append(self->new_hashes, item) : -1;
-            Py_XDECREF(item);
-            if (rc < 0)
+            if (hm_insert(&self->by_hash, h, b) < 0 || pool_add_fresh(self, h) < 0)
                 return -1;
         }
         else {
@@ -1379,16 +1466,16 @@ static PyObject *pool_cache_range(PoolObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOnn:cache_range", &blocks, &hashes, &start, &end))
         return NULL;
     /* blocks[start:end] and hashes[start:end], read in place (Python's slice bounds). */
-    PyObject *bs = PySequence_Fast(blocks, "cache_range takes a sequence of blocks");
-    if (!bs)
+    BlockSrc bs;
+    if (blk_open(self, &bs, blocks, "cache_range takes a sequence of blocks") < 0)
         return NULL;
     HashSrc hs;
     if (src_open(&hs, hashes, "cache_range takes a sequence of hashes") < 0) {
-        Py_DECREF(bs);
+        blk_close(&bs);
         return NULL;
     }
     Py_ssize_t b0 = start, b1 = end, h0 = start, h1 = end;
-    Py_ssize_t nb = PySlice_AdjustIndices(PySequence_Fast_GET_SIZE(bs), &b0, &b1, 1);
+    Py_ssize_t nb = PySlice_AdjustIndices(bs.n, &b0, &b1, 1);
     Py_ssize_t nh = PySlice_AdjustIndices(hs.n, &h0, &h1, 1);
     HashSrc part = hs; /* the same storage from h0 on */
     part.has_view = 0;
@@ -1400,10 +1487,11 @@ static PyObject *pool_cache_range(PoolObject *self, PyObject *args)
         part.items += h0;
     PyObject *res = NULL;
     Py_ssize_t n = nb < nh ? nb : nh;
-    if (pool_cache_pairs(self, PySequence_Fast_ITEMS(bs) + b0, &part, n) == 0) {
+    if ((bs.has_view ? blk_check(self, bs.ids + b0, n) : 0) == 0 &&
+        pool_cache_pairs(self, bs.ids + b0, &part, n) == 0) {
         if (nb != nh)
             PyErr_Format(PyExc_ValueError, "cache_range: %zd blocks for %zd hashes", nb, nh);
-        else if (PyList_GET_SIZE(self->new_hashes) >= NEW_HASHES_KEPT) {
+        else if (self->nfresh >= NEW_HASHES_KEPT) {
             /* Forgets every refusal (Engine._admit): safe, only slower. */
             self->free_epoch++;
             if (pool_new_epoch_list(self) == 0)
@@ -1414,7 +1502,7 @@ static PyObject *pool_cache_range(PoolObject *self, PyObject *args)
     }
     Py_XINCREF(res);
     src_close(&hs);
-    Py_DECREF(bs);
+    blk_close(&bs);
     return res;
 }
 
@@ -1447,8 +1535,7 @@ static PyObject *pool_longest_hit(PoolObject *self, PyObject *args, PyObject *kw
         return NULL;
     Py_ssize_t end = max_blocks < src.n ? max_blocks : src.n;
     PyObject *out = NULL;
-    /* The blocks first, into ids; then the list, made at its size, its ints fetched AHEAD
-     * (each an object: appending them as found waited on each). */
+    /* The blocks into ids, then into the array handed back. */
     int32_t *ids = PyMem_Malloc(sizeof(int32_t) * (size_t)(end > 0 ? end : 1));
     if (!ids) {
         PyErr_NoMemory();
@@ -1465,16 +1552,10 @@ static PyObject *pool_longest_hit(PoolObject *self, PyObject *args, PyObject *kw
         if (b < 0)
             break;
         ids[k] = b;
-        __builtin_prefetch(&shared_ints[b]);
     }
-    out = PyList_New(k);
+    out = blocks_array(ids, k);
     if (!out)
         goto fail;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (i + AHEAD < k)
-            __builtin_prefetch(INT_OF(ids[i + AHEAD]));
-        PyList_SET_ITEM(out, i, Py_NewRef(INT_OF(ids[i])));
-    }
     PyMem_Free(ids);
     src_close(&src);
     return out;
@@ -1488,20 +1569,13 @@ fail:
 static PyObject *pool_num_evictable(PoolObject *self, PyObject *arg)
 {
     POOL_READY(self);
-    PyObject *seq = PySequence_Fast(arg, "num_evictable takes an iterable of blocks");
-    if (!seq)
+    BlockSrc src;
+    if (blk_open_checked(self, &src, arg, "num_evictable takes an iterable of blocks") < 0)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), c = 0;
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t b;
-        if (pool_block(self, items[i], &b) < 0) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-        c += self->ref[b] <= 0;
-    }
-    Py_DECREF(seq);
+    Py_ssize_t c = 0;
+    for (Py_ssize_t i = 0; i < src.n; i++)
+        c += self->ref[src.ids[i]] <= 0;
+    blk_close(&src);
     return PyLong_FromSsize_t(c);
 }
 
@@ -1586,6 +1660,8 @@ static PyObject *pool_get_num_usable(PoolObject *self, void *Py_UNUSED(c))
     return PyLong_FromLong(self->num_blocks - 1);
 }
 
+static PyObject *pool_new_hashes_since(PoolObject *self, PyObject *arg);
+
 static PyMethodDef pool_methods[] = {
     {"allocate", (PyCFunction)pool_allocate, METH_O,
      "Take n blocks from the head of the free queue, evicting their cached hashes."},
@@ -1611,6 +1687,8 @@ static PyMethodDef pool_methods[] = {
     {"reset_prefix_cache", (PyCFunction)pool_reset_prefix_cache, METH_NOARGS,
      "Forget every cached hash, the tiers' too; False while any request holds blocks."},
     {"snapshot", (PyCFunction)pool_snapshot, METH_NOARGS, "Counts, for the admin API."},
+    {"new_hashes_since", (PyCFunction)pool_new_hashes_since, METH_O,
+     "The hashes made findable in this free epoch from the k-th on, as an array('q')."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1619,11 +1697,49 @@ static PyMemberDef pool_members[] = {
     {"block_size", T_INT, offsetof(PoolObject, block_size), READONLY, NULL},
     {"tier", T_OBJECT, offsetof(PoolObject, tier), READONLY, NULL},
     {"free_epoch", T_LONGLONG, offsetof(PoolObject, free_epoch), READONLY, NULL},
-    {"new_hashes", T_OBJECT, offsetof(PoolObject, new_hashes), READONLY, NULL},
     {NULL, 0, 0, 0, NULL},
 };
 
+static PyObject *pool_get_new_hashes(PoolObject *self, void *Py_UNUSED(c))
+{
+    PyObject *out = PyList_New(self->nfresh);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t i = 0; i < self->nfresh; i++) {
+        PyObject *v = PyLong_FromLongLong(self->fresh[i]);
+        if (!v) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+static PyObject *pool_get_num_new_hashes(PoolObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromSsize_t(self->nfresh);
+}
+
+static PyObject *pool_new_hashes_since(PoolObject *self, PyObject *arg)
+{
+    Py_ssize_t k = PyLong_AsSsize_t(arg);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    if (k < 0 || k > self->nfresh)
+        k = k < 0 ? 0 : self->nfresh;
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)(self->fresh + k),
+                                              (Py_ssize_t)sizeof(int64_t) * (self->nfresh - k));
+    if (!raw)
+        return NULL;
+    PyObject *out = PyObject_CallFunctionObjArgs(array_type, typecode_hash, raw, NULL);
+    Py_DECREF(raw);
+    return out;
+}
+
 static PyGetSetDef pool_getset[] = {
+    {"new_hashes", (getter)pool_get_new_hashes, NULL, "new_hashes_since(0), as a list.", NULL},
+    {"num_new_hashes", (getter)pool_get_num_new_hashes, NULL, NULL, NULL},
     {"num_free", (getter)pool_get_num_free, NULL, NULL, NULL},
     {"num_usable", (getter)pool_get_num_usable, NULL, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -1654,6 +1770,21 @@ PyMODINIT_FUNC PyInit__kvblocks(void)
 {
     if (PyType_Ready(&KvTierType) < 0 || PyType_Ready(&PoolType) < 0)
         return NULL;
+    if (!array_type) {
+        PyObject *mod = PyImport_ImportModule("array");
+        if (!mod)
+            return NULL;
+        array_type = PyObject_GetAttrString(mod, "array");
+        Py_DECREF(mod);
+        typecode_int = PyUnicode_InternFromString("i");
+        typecode_hash = PyUnicode_InternFromString("q");
+        if (!array_type || !typecode_int || !typecode_hash)
+            return NULL;
+        if (sizeof(int) != sizeof(int32_t)) {
+            PyErr_SetString(PyExc_ImportError, "array('i') is not 32 bits here");
+            return NULL;
+        }
+    }
     PyObject *m = PyModule_Create(&kvblocks_module);
     if (!m)
         return NULL;

@@ -175,7 +175,9 @@ class Sequence:
         self.listener = listener
         self.stream = stream
         self.status = Status.WAITING
-        self.blocks: list[int] = []
+        # Block ids as int32s in one buffer (the compiled pool reads and writes them in place;
+        # a list's ints were objects to convert, count and free, a memory miss apiece).
+        self.blocks: array[int] = array("i")
         # int64s in one buffer, not a list of ints: the compiled pool reads them in place
         # (each int of a list is its own object, a memory miss apiece in a long context).
         self.block_hashes: array[BlockHash] = array("q")
@@ -203,7 +205,7 @@ class Sequence:
         self._chain: set[BlockHash] | None = None
         # Blocks that probably hold its hash chain's head (BlockPool.longest_hit): those
         # its program's previous request held, or its own before a preemption.
-        self._likely: list[int] | None = None
+        self._likely: array[int] | None = None
         # Engine time (simulated seconds) of its first scheduling and its first token: vLLM's
         # request prefill and decode time histograms are measured between these and the end.
         self._scheduled_at = -1.0
@@ -434,7 +436,7 @@ class Engine:
             self._leave_running(seq, self.step_no)
             self._cache_full_blocks(seq, seq.num_computed)
             self.pool.free_request(seq.blocks, seq.num_cached_blocks)
-            seq.blocks = []
+            seq.blocks = array("i")
         seq.status = Status.ABORTED
         seq.finish_reason = "abort"
         self.stats.requests_finished["abort"] = self.stats.requests_finished.get("abort", 0) + 1
@@ -576,7 +578,7 @@ class Engine:
             # Giving decoders blocks neither frees blocks nor caches hashes, so the check
             # holds after them as it does here.
             head = waiting[0]
-            if head._refused_epoch != pool.free_epoch or head._refused_at != len(pool.new_hashes):
+            if head._refused_epoch != pool.free_epoch or head._refused_at != pool.num_new_hashes:
                 return False
         if due is not None:
             del self._alloc_events[s]
@@ -642,7 +644,7 @@ class Engine:
         pool = self.pool
         while budget > 0 and waiting and len(self._running) < max_seqs:
             seq = waiting[0]
-            if seq._refused_epoch == pool.free_epoch and seq._refused_at == len(pool.new_hashes):
+            if seq._refused_epoch == pool.free_epoch and seq._refused_at == pool.num_new_hashes:
                 break  # refused, and nothing came back or got cached since (see `_admit`)
             num_new = self._admit(seq, budget)
             if num_new == 0:
@@ -737,11 +739,13 @@ class Engine:
             # Refused before, and no block came back to the free queue since: only a newly
             # cached block of its own chain could make it fit now (a failed attempt changes
             # nothing, so skipping it changes nothing either).
-            fresh = pool.new_hashes
+            fresh = pool.num_new_hashes
             if seq._chain is None:
                 seq._chain = set(hashes[:max_blocks])
-            if len(fresh) == seq._refused_at or seq._chain.isdisjoint(fresh[seq._refused_at :]):
-                seq._refused_at = len(fresh)
+            if fresh == seq._refused_at or seq._chain.isdisjoint(
+                pool.new_hashes_since(seq._refused_at)
+            ):
+                seq._refused_at = fresh
                 return 0
         hit = pool.longest_hit(hashes, max_blocks, seq._likely)
         hit_tokens = len(hit) * bs
@@ -752,7 +756,7 @@ class Engine:
             full_need += pool.num_evictable(hit) - len(hit)
         if full_need > pool.num_free:
             seq._refused_epoch = pool.free_epoch
-            seq._refused_at = len(pool.new_hashes)
+            seq._refused_at = pool.num_new_hashes
             return 0
         seq._refused_epoch = -1
         seq._chain = None
@@ -996,7 +1000,7 @@ class Engine:
         self._cache_full_blocks(seq, seq.num_computed)
         self.pool.free_request(seq.blocks, seq.num_cached_blocks)
         seq._likely = seq.blocks
-        seq.blocks = []
+        seq.blocks = array("i")
         seq.num_cached_blocks = 0
         seq.num_computed = 0
         seq.num_preemptions += 1
@@ -1016,7 +1020,7 @@ class Engine:
         else:
             self.pool.free_request(seq.blocks, seq.num_cached_blocks)
         seq._likely = seq.blocks  # for the program's next request
-        seq.blocks = []
+        seq.blocks = array("i")
         seq.status = Status.FINISHED
         seq.finish_step = s
         seq.finish_reason = seq.stop_reason

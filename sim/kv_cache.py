@@ -20,6 +20,7 @@ prefix hit instead of recomputed.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import compress, repeat
@@ -154,6 +155,15 @@ class BlockPoolPy:
         """Fraction of usable blocks held by requests (vLLM's kv_cache_usage_perc)."""
         return 1.0 - self._num_free / (self.num_blocks - 1)
 
+    @property
+    def num_new_hashes(self) -> int:
+        """len(new_hashes), without copying them (the compiled pool keeps them as int64s)."""
+        return len(self.new_hashes)
+
+    def new_hashes_since(self, k: int) -> array[BlockHash]:
+        """new_hashes[k:], as int64s."""
+        return array("q", self.new_hashes[k:])
+
     def num_cached(self) -> int:
         """Blocks that carry a hash (held or free)."""
         return len(self._by_hash) + sum(len(v) for v in self._dups.values())
@@ -164,8 +174,8 @@ class BlockPoolPy:
         return sum(1 for b in self.free_queue() if h[b] is not None)
 
     def longest_hit(
-        self, hashes: Sequence[BlockHash], max_blocks: int, likely: list[int] | None = None
-    ) -> list[int]:
+        self, hashes: Sequence[BlockHash], max_blocks: int, likely: Sequence[int] | None = None
+    ) -> array[int]:
         """Blocks of the longest cached prefix, at most `max_blocks` long. `likely`: blocks
         that probably still hold the first hashes (what the program's previous request or
         this one before its preemption held): where they do, the answer is theirs without
@@ -191,7 +201,7 @@ class BlockPoolPy:
                 step *= 4
             if start and self._dups and not self._dups.keys().isdisjoint(hashes[:start]):
                 start = 0
-            hit = likely[:start]
+            hit = list(likely[:start])
             # Where they stop, the block was reused or the context is new: the dict rarely
             # has the next hash, so start small.
             step = 4
@@ -205,7 +215,7 @@ class BlockPoolPy:
             hit += found
             start += step
             step *= 4
-        return hit
+        return array("i", hit)
 
     def num_evictable(self, blocks: Iterable[int]) -> int:
         """How many of `blocks` sit in the free queue (touching them uses free capacity)."""
@@ -281,7 +291,7 @@ class BlockPoolPy:
         del self._runs[run.stamp]
         self._entries -= len(run.blocks)
 
-    def allocate(self, n: int) -> list[int]:
+    def allocate(self, n: int) -> array[int]:
         """Take `n` blocks from the head of the free queue, evicting their cached hashes."""
         if n > self._num_free:
             raise ValueError(f"cannot allocate {n} blocks, {self._num_free} free")
@@ -321,7 +331,7 @@ class BlockPoolPy:
             evicted = [b for b in out if hashes[b] is not None]
             if evicted:
                 self._evict(evicted)
-            return out
+            return array("i", out)
         # `_evict` in the same pass (no hash has two blocks: each is its hash's entry).
         by_hash = self._by_hash
         gone: list[BlockHash] = []
@@ -334,7 +344,7 @@ class BlockPoolPy:
                 gone.append(h)
         if gone and self.tier is not None:
             self.tier.store_many(gone)
-        return out
+        return array("i", out)
 
     def allocate_one(self) -> int:
         if not self._num_free:
@@ -362,17 +372,17 @@ class BlockPoolPy:
             (uncached if hashes[b] is None else cached).append(b)
         self._release(cached, uncached)
 
-    def free_cached(self, ordered: list[int]) -> None:
+    def free_cached(self, ordered: Sequence[int]) -> None:
         """`free(ordered)` for blocks that all carry a hash (the hashes need not be read)."""
-        self._release(ordered, [])
+        self._release(list(ordered), [])
 
-    def free_request(self, blocks: list[int], num_cached: int) -> None:
+    def free_request(self, blocks: Sequence[int], num_cached: int) -> None:
         """`free(reversed(blocks))` for a request's blocks of which exactly the first
         `num_cached` carry a hash (as a request's do: hits, then blocks it filled and
         registered, then ones it has not): the hashes need not be read."""
-        tail = blocks[num_cached:]
+        tail = list(blocks[num_cached:])
         tail.reverse()
-        head = blocks[:num_cached]
+        head = list(blocks[:num_cached])
         head.reverse()
         self._release(head, tail)
 

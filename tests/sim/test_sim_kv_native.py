@@ -100,6 +100,12 @@ def _as_engine_keeps(rng: random.Random, hashes: list[int]) -> Any:
     return array("q", hashes) if rng.random() < 0.5 else hashes
 
 
+def _blocks_as_engine_keeps(rng: random.Random, blocks: list[int]) -> Any:
+    """Block ids as a list, or half the time as the engine keeps a request's: an int32
+    array, which the compiled pool reads in place."""
+    return array("i", blocks) if rng.random() < 0.5 else blocks
+
+
 def _chains(rng: random.Random) -> list[list[int]]:
     """A few hash chains, some sharing a first block or two (a system prompt); hashes as
     `hash()` makes them (64-bit, either sign) or small ints."""
@@ -139,8 +145,8 @@ def test_a_context_taken_and_freed_over_and_over_keeps_the_free_queue_in_order(
         want = chain[: rng.randint(1, num_blocks - 1)]
         hit = twin.call("longest_hit", want, len(want))
         twin.call("touch", hit)
-        new = twin.call("allocate", len(want) - len(hit)) or []
-        blocks = list(hit) + new
+        new = twin.call("allocate", len(want) - len(hit))
+        blocks = list(hit) + list(new or ())
         twin.call("cache_range", blocks, want, len(hit), len(blocks))
         one = twin.call("allocate_one") if round_ % 7 == 0 else None
         if one is not None:
@@ -171,7 +177,8 @@ def _random_engine_calls(seed: int, calls: int) -> None:
             cached = len(hit)
             if new is not None:
                 cached = rng.randint(len(hit), min(len(blocks), len(hashes)))
-                twin.call("cache_range", blocks, hashes, len(hit), cached)
+                form = _blocks_as_engine_keeps(rng, blocks)
+                twin.call("cache_range", form, hashes, len(hit), cached)
             held.append((blocks, cached))
         elif op < 0.55 and held:
             # Two requests filling identical blocks at once: one hash, two blocks.
@@ -186,7 +193,7 @@ def _random_engine_calls(seed: int, calls: int) -> None:
             blocks, cached = held.pop(rng.randrange(len(held)))
             how = rng.random()
             if how < 0.6:
-                twin.call("free_request", blocks, cached)
+                twin.call("free_request", _blocks_as_engine_keeps(rng, blocks), cached)
             elif how < 0.8:
                 twin.call("free_cached", list(reversed(blocks[:cached])))
                 twin.call("free", list(reversed(blocks[cached:])))
@@ -220,6 +227,13 @@ def test_bad_calls_are_refused_by_name() -> None:
     pool = BlockPool(4, 4)
     with pytest.raises(IndexError, match="block 9"):
         pool.touch([9])
+    for bad in (9, -1):  # read in place from an array: checked all the same
+        with pytest.raises(IndexError, match=f"block {bad} is not in this pool"):
+            pool.touch(array("i", [bad]))
+        with pytest.raises(IndexError, match=f"block {bad} is not in this pool"):
+            pool.free_request(array("i", [1, bad]), 1)
+        with pytest.raises(IndexError, match=f"block {bad} is not in this pool"):
+            pool.cache_range(array("i", [bad]), [7], 0, 1)
     (b,) = pool.allocate(1)
     pool.free([b])
     with pytest.raises(ValueError, match=f"block {b} is freed but no request holds it"):
@@ -250,6 +264,27 @@ def test_hashes_read_alike_from_any_sequence_of_ints() -> None:
             answers.append((hit, list(pool.new_hashes), tier.load_prefix(form), tier.lru_order()))
         assert all(a == answers[0] for a in answers), pool_cls
         assert answers[0][0] and answers[0][2] == 10
+
+
+def test_blocks_read_alike_from_any_sequence_of_ints() -> None:
+    # The engine keeps a request's blocks as an int32 array, read in place; a list, a tuple,
+    # an array of another width (read as a sequence) give the same answers, on both pools,
+    # and both hand blocks back as int32 arrays.
+    for pool_cls in (BlockPool, BlockPoolPy):
+        answers = []
+        for form in (list, tuple, lambda b: array("i", b), lambda b: array("q", b)):
+            pool = pool_cls(16, 4)
+            blocks = pool.allocate(10)
+            assert isinstance(blocks, array) and blocks.typecode == "i"
+            pool.cache_range(form(blocks), list(range(100, 110)), 0, 8)
+            pool.touch(form(blocks[:2]))
+            evictable = pool.num_evictable(form(blocks))
+            pool.free_request(form(blocks), 8)
+            pool.free(form(blocks[:2]))
+            hit = pool.longest_hit(list(range(100, 110)), 10)
+            answers.append((evictable, hit, pool.free_queue(), pool.num_free))
+        assert all(a == answers[0] for a in answers), pool_cls
+        assert len(answers[0][1]) == 8
 
 
 @pytest.mark.parametrize("capacity", [3, 700, 5000])

@@ -16,6 +16,7 @@ catch the stand-in that holds nothing: thunder-mw's lowest run hit 0.358, so the
 from __future__ import annotations
 
 import json
+from array import array
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ def test_a_simulator_whose_steps_cost_twice_their_profile_fails(
 
 
 def test_a_simulator_that_caches_no_prefix_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(BlockPool, "longest_hit", lambda self, *args, **kwargs: [])
+    monkeypatch.setattr(BlockPool, "longest_hit", lambda self, *args, **kwargs: array("i"))
     missed = _missed()
     assert any("thunder-mw: prefix hit rate" in m for m in missed), missed
 

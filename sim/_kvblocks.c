@@ -229,25 +229,36 @@ typedef struct {
     PyObject *fast;
 } HashSrc;
 
+/* o's buffer, held in `view`, where o is one piece of `itemsize`-byte items in format f1 or
+ * f2 (1); else nothing held (0): bytes and the like, or a buffer not in one piece, are read
+ * as a sequence of ints. */
+static int view_of(PyObject *o, Py_buffer *view, Py_ssize_t itemsize, const char *f1,
+                   const char *f2)
+{
+    if (!PyObject_CheckBuffer(o))
+        return 0;
+    if (PyObject_GetBuffer(o, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *f = view->format;
+    if (view->itemsize == itemsize && f && (!strcmp(f, f1) || (f2 && !strcmp(f, f2))))
+        return 1;
+    PyBuffer_Release(view);
+    return 0;
+}
+
 static int src_open(HashSrc *s, PyObject *o, const char *what)
 {
     s->raw = NULL;
     s->items = NULL;
     s->has_view = 0;
     s->fast = NULL;
-    if (PyObject_CheckBuffer(o)) {
-        if (PyObject_GetBuffer(o, &s->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
-            const char *f = s->view.format;
-            if (s->view.itemsize == 8 && f && (!strcmp(f, "q") || !strcmp(f, "l"))) {
-                s->has_view = 1;
-                s->raw = (const int64_t *)s->view.buf;
-                s->n = s->view.len / 8;
-                return 0;
-            }
-            PyBuffer_Release(&s->view); /* bytes and the like: a sequence of ints */
-        }
-        else
-            PyErr_Clear(); /* a buffer not in one piece: read as a sequence */
+    if (view_of(o, &s->view, 8, "q", "l")) {
+        s->has_view = 1;
+        s->raw = (const int64_t *)s->view.buf;
+        s->n = s->view.len / 8;
+        return 0;
     }
     s->fast = PySequence_Fast(o, what);
     if (!s->fast)
@@ -1001,19 +1012,11 @@ static int blk_open(PoolObject *p, BlockSrc *s, PyObject *o, const char *what)
     s->n = 0;
     s->has_view = 0;
     s->owned = NULL;
-    if (PyObject_CheckBuffer(o)) {
-        if (PyObject_GetBuffer(o, &s->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
-            const char *f = s->view.format;
-            if (s->view.itemsize == 4 && f && !strcmp(f, "i")) {
-                s->has_view = 1;
-                s->ids = (const int32_t *)s->view.buf;
-                s->n = s->view.len / 4;
-                return 0;
-            }
-            PyBuffer_Release(&s->view); /* bytes and the like: a sequence of ints */
-        }
-        else
-            PyErr_Clear(); /* a buffer not in one piece: read as a sequence */
+    if (view_of(o, &s->view, 4, "i", NULL)) {
+        s->has_view = 1;
+        s->ids = (const int32_t *)s->view.buf;
+        s->n = s->view.len / 4;
+        return 0;
     }
     PyObject *fast = PySequence_Fast(o, what);
     if (!fast)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import heapq
 import math
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -239,7 +240,7 @@ class _Program:
             parent_program_id=spec.parent_id,
         )
         self.call = 0
-        self.prompt: list[int] = []
+        self.prompt: array[int] = array("I")  # workloads' ids; 4 bytes each
         self.seq: Sequence | None = None  # the call in an engine now
         self.arrived_at = 0.0
         self.sent_at = 0.0
@@ -322,7 +323,7 @@ class Simulation:
         self.now = 0.0
         self._events: list[tuple[float, int, int, Any]] = []
         self._seq = 0
-        self._system: dict[str, list[int]] = {}
+        self._system: dict[str, array[int]] = {}
         self._next_top = 0
         self._active_top = 0
         self._open = 0  # programs started and not yet done
@@ -472,7 +473,7 @@ class Simulation:
             assert isinstance(decision, Reject)
             self._fail(run, release=True)
 
-    def _system_prompt(self, spec: ProgramSpec) -> list[int]:
+    def _system_prompt(self, spec: ProgramSpec) -> array[int]:
         key = f"{spec.session_type}:{spec.system_tokens}"
         ids = self._system.get(key)
         if ids is None:
@@ -616,7 +617,7 @@ class Simulation:
         engine.advance(self.now)
         seq = engine.add_request(
             f"{action.program_id}#prefill{self.speculative_prefills}",
-            list(run.prompt),
+            run.prompt[:],
             params,
             listener=_LISTENER,
             program_id=action.program_id,

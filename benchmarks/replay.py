@@ -69,7 +69,7 @@ def thunder_identity(
     return {"program_id": program_id}, {}
 
 
-def render(ids: list[int]) -> str:
+def render(ids: Sequence[int]) -> str:
     """Token ids as text the simulator's rule tokenizer reads back one token per id
     (" xyz": a space and three word characters is one piece)."""
     words = []
@@ -255,7 +255,7 @@ class Replayer:
         if sim_s > 0:
             await asyncio.sleep(sim_s / self.time_scale)
 
-    def _encode(self, ids: list[int]) -> str | list[int]:
+    def _encode(self, ids: Sequence[int]) -> str | list[int]:
         if self.words is not None:
             return "".join(self.words[i % len(self.words)] for i in ids)
         if self.vocab_size is None:

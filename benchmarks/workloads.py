@@ -25,6 +25,7 @@ import array
 import json
 import math
 import random
+import sys
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -96,17 +97,28 @@ class ProgramSpec:
 
 
 # ------------------------------------------------------------------------------ token ids
-def _ids(seed: int, n: int) -> list[int]:
+# Where a 16-bit id's two bytes go in a 32-bit slot of this machine's byte order.
+_LOW_BYTE = 0 if sys.byteorder == "little" else 2
+
+
+def _ids(seed: int, n: int) -> array.array[int]:
     # 16-bit ids from a seeded byte stream: C speed, and two programs never share a block.
-    return array.array("H", random.Random(seed).randbytes(2 * n)).tolist() if n > 0 else []
+    # Widened to 32-bit slots (the engine's answers append ids above 65535) by two strided
+    # byte copies: an id is 4 bytes of an array where a list held a pointer and an int
+    # object (~40 bytes; a long simulation's prompts were gigabytes of them).
+    raw = random.Random(seed).randbytes(2 * n) if n > 0 else b""
+    wide = bytearray(4 * len(raw) // 2)
+    wide[_LOW_BYTE::4] = raw[0::2]
+    wide[_LOW_BYTE + 1 :: 4] = raw[1::2]
+    return array.array("I", wide)
 
 
-def system_ids(session_type: str, n: int) -> list[int]:
+def system_ids(session_type: str, n: int) -> array.array[int]:
     """The system prompt every program of `session_type` starts with (shared prefix)."""
     return _ids(zlib.crc32(b"system:" + session_type.encode()), n)
 
 
-def growth_ids(program_id: str, call_index: int, n: int) -> list[int]:
+def growth_ids(program_id: str, call_index: int, n: int) -> array.array[int]:
     """Tokens a program adds before call `call_index` (its task, then tool results)."""
     return _ids(zlib.crc32(f"{program_id}:{call_index}".encode()), n)
 

@@ -14,6 +14,9 @@
  * entries); here the free queue is a log in a ring (see PoolObject), which is the order the
  * lazy runs stand for.
  *
+ * Also the chain hashes the blocks are keyed by (chain_hashes, chain_cycle): Python's
+ * hash((parent, tuple(block))) written out, for the engine's prompts held as int arrays.
+ *
  * Blocks come and go as int32 arrays (array('i'), as the engine keeps a request's blocks):
  * read in place, handed back as new arrays; any other iterable of ints is read once. The
  * hashes as int64 arrays (a request's chain) or any sequence of ints.
@@ -1254,16 +1257,24 @@ static PyObject *pool_allocate_one(PoolObject *self, PyObject *Py_UNUSED(ignored
     return Py_NewRef(INT_OF(b));
 }
 
+/* The blocks of an argument, every one checked against the pool. */
+static int blk_open_checked(PoolObject *p, BlockSrc *s, PyObject *o, const char *what)
+{
+    if (blk_open(p, s, o, what) < 0)
+        return -1;
+    if (s->has_view && blk_check(p, s->ids, s->n) < 0) {
+        blk_close(s);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *pool_touch(PoolObject *self, PyObject *arg)
 {
     POOL_READY(self);
     BlockSrc src;
-    if (blk_open(self, &src, arg, "touch takes an iterable of blocks") < 0)
+    if (blk_open_checked(self, &src, arg, "touch takes an iterable of blocks") < 0)
         return NULL;
-    if (src.has_view && blk_check(self, src.ids, src.n) < 0) {
-        blk_close(&src);
-        return NULL;
-    }
     const int32_t *ids = src.ids;
     for (Py_ssize_t i = 0; i < src.n; i++) {
         int32_t b = ids[i];
@@ -1278,10 +1289,9 @@ static PyObject *pool_touch(PoolObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-static int pool_new_epoch_list(PoolObject *self)
+static void pool_new_epoch_list(PoolObject *self)
 {
     self->nfresh = 0;
-    return 0;
 }
 
 static int pool_add_fresh(PoolObject *self, int64_t h)
@@ -1308,8 +1318,7 @@ static int pool_release_ids(PoolObject *self, const int32_t *cached, Py_ssize_t 
                             const int32_t *uncached, Py_ssize_t nu, int rev_u)
 {
     self->free_epoch++;
-    if (pool_new_epoch_list(self) < 0)
-        return -1;
+    pool_new_epoch_list(self);
     /* Check every block first: nothing changes on a bad one. */
     Py_ssize_t n = nc + nu;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -1344,18 +1353,6 @@ static int pool_release_ids(PoolObject *self, const int32_t *cached, Py_ssize_t 
         }
         else
             self->ref[b]--;
-    }
-    return 0;
-}
-
-/* The blocks of an argument, every one checked against the pool. */
-static int blk_open_checked(PoolObject *p, BlockSrc *s, PyObject *o, const char *what)
-{
-    if (blk_open(p, s, o, what) < 0)
-        return -1;
-    if (s->has_view && blk_check(p, s->ids, s->n) < 0) {
-        blk_close(s);
-        return -1;
     }
     return 0;
 }
@@ -1497,8 +1494,8 @@ static PyObject *pool_cache_range(PoolObject *self, PyObject *args)
         else if (self->nfresh >= NEW_HASHES_KEPT) {
             /* Forgets every refusal (Engine._admit): safe, only slower. */
             self->free_epoch++;
-            if (pool_new_epoch_list(self) == 0)
-                res = Py_None;
+            pool_new_epoch_list(self);
+            res = Py_None;
         }
         else
             res = Py_None;
@@ -1636,8 +1633,7 @@ static PyObject *pool_reset_prefix_cache(PoolObject *self, PyObject *Py_UNUSED(i
     hm_clear(&self->by_hash);
     self->num_hashed = 0;
     self->free_epoch++;
-    if (pool_new_epoch_list(self) < 0)
-        return NULL;
+    pool_new_epoch_list(self);
     if (self->tier != Py_None) {
         PyObject *r = tier_clear((KvTierObject *)self->tier, NULL);
         if (!r)
@@ -1762,11 +1758,153 @@ static PyTypeObject PoolType = {
     .tp_getset = pool_getset,
 };
 
+/* ------------------------------------------------------------------ chain hashes */
+
+/* Python's hash((parent, tuple(block))) for the simulated engine's chain of block hashes
+ * (sim/engine.py, Engine._hashes_upto), over token ids held as 32-bit unsigned ints. In
+ * Python a block's tuple is made of int objects made from the array and freed again: ~25 ns a
+ * token, a tenth of a long simulation. This is CPython's own arithmetic (Objects/tupleobject.c
+ * tuplehash, the xxHash-style lanes since 3.8; Objects/longobject.c long_hash, sign times
+ * |x| mod 2**61 - 1, -1 made -2); sim/native_blocks.py uses it only where it reproduces the
+ * interpreter's hash() on sample blocks, so a Python that hashes otherwise runs the loop. */
+#define XXPRIME_1 ((uint64_t)11400714785074694791ULL)
+#define XXPRIME_2 ((uint64_t)14029467366897019727ULL)
+#define XXPRIME_5 ((uint64_t)2870177450012600261ULL)
+#define XXROTATE(x) (((x) << 31) | ((x) >> 33))
+#define HASH_MODULUS (((uint64_t)1 << 61) - 1)
+
+static inline uint64_t xx_lane(uint64_t acc, uint64_t lane)
+{
+    acc += lane * XXPRIME_2;
+    acc = XXROTATE(acc);
+    return acc * XXPRIME_1;
+}
+
+static inline uint64_t xx_end(uint64_t acc, uint64_t len)
+{
+    acc += len ^ (XXPRIME_5 ^ 3527539ULL);
+    return acc == (uint64_t)-1 ? (uint64_t)1546275796 : acc;
+}
+
+/* hash(x) of an int x in int64's range. */
+static inline uint64_t int_hash(int64_t x)
+{
+    uint64_t mag = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
+    int64_t h = (int64_t)(mag % HASH_MODULUS);
+    if (x < 0)
+        h = -h;
+    return (uint64_t)(h == -1 ? -2 : h);
+}
+
+static PyObject *chain_hashes(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *parent_obj, *ids;
+    Py_ssize_t start, stop, bs;
+    if (!PyArg_ParseTuple(args, "OOnnn:chain_hashes", &parent_obj, &ids, &start, &stop, &bs))
+        return NULL;
+    int64_t parent;
+    if (get_i64(parent_obj, &parent) < 0)
+        return NULL;
+    Py_buffer view;
+    if (!view_of(ids, &view, 4, "I", NULL)) {
+        PyErr_SetString(PyExc_TypeError, "chain_hashes reads token ids from an array('I')");
+        return NULL;
+    }
+    Py_ssize_t n = view.len / 4;
+    if (bs < 1 || start < 0 || stop < start || stop > n || (stop - start) % bs) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError,
+                     "chain_hashes: tokens [%zd, %zd) are not whole blocks of %zd within %zd",
+                     start, stop, bs, n);
+        return NULL;
+    }
+    Py_ssize_t blocks = (stop - start) / bs;
+    PyObject *raw = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int64_t) * blocks);
+    if (!raw) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(raw);
+    const uint32_t *tok = (const uint32_t *)view.buf + start;
+    for (Py_ssize_t k = 0; k < blocks; k++, tok += bs) {
+        uint64_t block = XXPRIME_5;
+        for (Py_ssize_t j = 0; j < bs; j++)
+            block = xx_lane(block, tok[j]); /* hash(v) is v for 0 <= v < 2**32 */
+        block = xx_end(block, (uint64_t)bs);
+        uint64_t acc = xx_lane(XXPRIME_5, int_hash(parent));
+        parent = (int64_t)xx_end(xx_lane(acc, block), 2);
+        out[k] = parent;
+    }
+    PyBuffer_Release(&view);
+    PyObject *result = PyObject_CallFunctionObjArgs(array_type, typecode_hash, raw, NULL);
+    Py_DECREF(raw);
+    return result;
+}
+
+/* The chain over blocks known by their own hashes (an engine's output blocks: the filler
+ * block at offset o has hash(tuple) block_hashes[o]): block j is block_hashes[(first + j *
+ * step) % len]. */
+static PyObject *chain_cycle(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *parent_obj, *lanes;
+    Py_ssize_t first, step, count;
+    if (!PyArg_ParseTuple(args, "OOnnn:chain_cycle", &parent_obj, &lanes, &first, &step, &count))
+        return NULL;
+    int64_t parent;
+    if (get_i64(parent_obj, &parent) < 0)
+        return NULL;
+    Py_buffer view;
+    if (!view_of(lanes, &view, 8, "q", "l")) {
+        PyErr_SetString(PyExc_TypeError, "chain_cycle reads block hashes from an array('q')");
+        return NULL;
+    }
+    Py_ssize_t m = view.len / 8;
+    if (m < 1 || first < 0 || step < 0 || count < 0) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError,
+                     "chain_cycle: %zd blocks from offset %zd by %zd over %zd block hashes",
+                     count, first, step, m);
+        return NULL;
+    }
+    PyObject *raw = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int64_t) * count);
+    if (!raw) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(raw);
+    const int64_t *lane = (const int64_t *)view.buf;
+    Py_ssize_t o = first % m;
+    step %= m;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        uint64_t acc = xx_lane(XXPRIME_5, int_hash(parent));
+        parent = (int64_t)xx_end(xx_lane(acc, (uint64_t)lane[o]), 2);
+        out[k] = parent;
+        o += step;
+        if (o >= m)
+            o -= m;
+    }
+    PyBuffer_Release(&view);
+    PyObject *result = PyObject_CallFunctionObjArgs(array_type, typecode_hash, raw, NULL);
+    Py_DECREF(raw);
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"chain_hashes", (PyCFunction)chain_hashes, METH_VARARGS,
+     "chain_hashes(parent, ids, start, stop, block_size) -> array('q'): each whole block's "
+     "hash((parent, tuple(block))) of ids[start:stop], each the next one's parent."},
+    {"chain_cycle", (PyCFunction)chain_cycle, METH_VARARGS,
+     "chain_cycle(parent, block_hashes, first, step, count) -> array('q'): the chain over "
+     "`count` blocks whose own hashes are block_hashes[(first + j * step) % len]."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef kvblocks_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "thunder_mw.sim._kvblocks",
     .m_doc = "The simulated engine's KV block pool and host tier, in C (see sim/kv_cache.py).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__kvblocks(void)

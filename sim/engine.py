@@ -44,10 +44,11 @@ from dataclasses import dataclass, field
 from functools import reduce
 from itertools import repeat
 from operator import add
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from thunder_mw.sim.cost_model import StepCost, get_profile, prefill_positions
 from thunder_mw.sim.kv_cache import ROOT_HASH, BlockHash, BlockPool, KvTier
+from thunder_mw.sim.native_blocks import chain_hashers
 from thunder_mw.sim.program_chains import ProgramChains
 
 __all__ = [
@@ -60,7 +61,16 @@ __all__ = [
     "Sequence",
     "Status",
     "StepResult",
+    "TokenIds",
 ]
+
+# A prompt's token ids: a list (the servers' tokenizer), or an int array (the DES's
+# workloads, 4 bytes an id). Read by value only: slices, lengths, equality with the same kind.
+TokenIds: TypeAlias = "list[int] | array[int]"
+
+# The compiled chain hashing where it hashes as this Python does (sim/native_blocks.py), picked
+# once as the block pool is.
+_CHAIN = chain_hashers()
 
 # Programs whose latest request an engine remembers (Engine._reuse_hashes), oldest dropped.
 PROGRAMS_REMEMBERED = 4096
@@ -157,7 +167,7 @@ class Sequence:
     def __init__(
         self,
         request_id: str,
-        prompt: list[int],
+        prompt: TokenIds,
         target: int,
         stop_reason: str,
         listener: Any = None,
@@ -307,6 +317,7 @@ class Engine:
         reps = self._filler * (bs // m + 2)
         # Output tokens are filler[j % m]; a block wholly inside the output is one of these.
         self._filler_blocks = [tuple(reps[o : o + bs]) for o in range(m)]
+        self._filler_block_hashes = array("q", map(hash, self._filler_blocks))
         self._waiting: deque[Sequence] = deque()
         # vLLM's `num_requests_waiting` gauge: the waiting queue as the last step's schedule
         # left it (the scheduler's stats are made after each step, and a request that arrives
@@ -351,7 +362,7 @@ class Engine:
     def capacity_tokens(self) -> int:
         return self.pool.num_usable * self.config.block_size
 
-    def target_length(self, prompt: list[int], params: SamplingParams) -> tuple[int, str]:
+    def target_length(self, prompt: TokenIds, params: SamplingParams) -> tuple[int, str]:
         """How many tokens a request will generate and why it stops: max_tokens with
         ignore_eos, else a deterministic 'natural' length (where the model would emit EOS),
         kept within [min_tokens, max_tokens]."""
@@ -361,13 +372,14 @@ class Engine:
         limit = max(1, limit)
         if params.ignore_eos:
             return limit, "length"
-        key = repr((self.config.seed, len(prompt), prompt[-8:])).encode()
+        # Keyed by the ids' values whatever holds them (a list, or the DES's int array).
+        key = repr((self.config.seed, len(prompt), list(prompt[-8:]))).encode()
         natural = max(16 + zlib.crc32(key) % 241, params.min_tokens)
         if natural >= limit:
             return limit, "length"
         return max(1, natural), "stop"
 
-    def validate(self, prompt: list[int], params: SamplingParams) -> str | None:
+    def validate(self, prompt: TokenIds, params: SamplingParams) -> str | None:
         """An error message for a request the engine cannot serve, like vLLM's 400s."""
         n = len(prompt)
         if n == 0:
@@ -390,7 +402,7 @@ class Engine:
     def add_request(
         self,
         request_id: str,
-        prompt: list[int],
+        prompt: TokenIds,
         params: SamplingParams | None = None,
         listener: Listener | None = None,
         stream: bool = False,
@@ -894,23 +906,35 @@ class Engine:
         append = hashes.append
         # Blocks wholly inside the prompt: zip over one iterator cuts the bs-tuples in C.
         in_prompt = min(n, p // bs)
+        chain = _CHAIN
         if i < in_prompt:
-            it = iter(seq.prompt[i * bs : in_prompt * bs])
-            for block in zip(*([it] * bs), strict=False):
-                parent = hash((parent, block))
-                append(parent)
+            prompt = seq.prompt
+            if chain is not None and type(prompt) is array and prompt.typecode == "I":
+                # The DES's prompts: the same hashes, computed in C from the ids in place.
+                hashes.extend(chain.over_ids(parent, prompt, i * bs, in_prompt * bs, bs))
+                parent = hashes[-1]
+            else:
+                it = iter(prompt[i * bs : in_prompt * bs])
+                for block in zip(*([it] * bs), strict=False):
+                    parent = hash((parent, block))
+                    append(parent)
             i = in_prompt
         fb = self._filler_blocks
         m = len(fb)
-        for k in range(i, n):
-            start = k * bs
-            end = start + bs
-            if start >= p:
-                block = fb[(start - p) % m]
-            else:
-                block = tuple(seq.prompt[start:p]) + fb[0][: end - p]
+        if i < n and i * bs < p:  # the block the prompt ends in, the answer's first tokens after
+            block = tuple(seq.prompt[i * bs : p]) + fb[0][: (i + 1) * bs - p]
             parent = hash((parent, block))
             append(parent)
+            i += 1
+        # Blocks wholly inside the output: filler blocks, at offset (start - p) % m.
+        if i < n and chain is not None:
+            hashes.extend(
+                chain.over_blocks(parent, self._filler_block_hashes, i * bs - p, bs, n - i)
+            )
+        else:
+            for k in range(i, n):
+                parent = hash((parent, fb[(k * bs - p) % m]))
+                append(parent)
         return hashes
 
     def _reuse_hashes(self, seq: Sequence, program_id: str) -> None:
@@ -934,7 +958,7 @@ class Engine:
             return
         # Past its prompt, the previous request's blocks hold its output (filler tokens).
         out = min(prev.num_output, seq.prompt_len - n)
-        agree = n + out if prompt[n : n + out] == self.output_ids(prev)[:out] else n
+        agree = n + out if list(prompt[n : n + out]) == self.output_ids(prev)[:out] else n
         keep = agree // self.config.block_size
         if prev.status is Status.FINISHED or prev.status is Status.ABORTED:
             # Done with it: hand the chain over rather than copy it (a copy touches every

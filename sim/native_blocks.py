@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import importlib
 import os
+from array import array
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["PYTHON_BLOCKS_ENV", "native_module", "pick"]
+__all__ = ["PYTHON_BLOCKS_ENV", "ChainHashers", "chain_hashers", "native_module", "pick"]
 
 PYTHON_BLOCKS_ENV = "THUNDER_MW_SIM_PYTHON_BLOCKS"
 
@@ -40,3 +42,44 @@ def pick(python_class: type[Any], name: str) -> type[Any]:
         (getattr(native, name),),
         {"__slots__": (), "__doc__": python_class.__doc__, "__module__": python_class.__module__},
     )
+
+
+class ChainHashers(NamedTuple):
+    """The compiled module's chain hashing: each block's hash((parent, tuple(block))), the one
+    before as its parent, for whole blocks of token ids (`over_ids(parent, ids, start, stop,
+    block_size)`: ids an array('I')) or for blocks known by their own hashes (`over_blocks(
+    parent, block_hashes, first, step, count)`: block j's is block_hashes[(first + j * step)
+    % len]). Both return an array('q')."""
+
+    over_ids: Callable[[int, array[int], int, int, int], array[int]]
+    over_blocks: Callable[[int, array[int], int, int, int], array[int]]
+
+
+# Sample parents for the check below: the edges of int64 and of hash()'s modulus 2**61 - 1.
+_PARENTS = (0, 1, -1, -2, 2**61 - 2, 2**61 - 1, 2**61, -(2**61), 2**63 - 1, -(2**63), 7**22)
+
+
+def chain_hashers() -> ChainHashers | None:
+    """The compiled chain hashing, where it reproduces this interpreter's hash() of (parent,
+    tuple of ids) on sample blocks (it is CPython's arithmetic, written out); else None, and
+    the engine hashes its blocks in Python."""
+    native = native_module()
+    if native is None or not hasattr(native, "chain_hashes"):
+        return None
+    hashers = ChainHashers(native.chain_hashes, native.chain_cycle)
+    for n, first in enumerate(_PARENTS):
+        bs = 1 + n % 5
+        ids = array("I", [(first * 31 + 17 * k) % 2**32 for k in range(3 * bs)])
+        ids[0], ids[-1] = 0, 2**32 - 1
+        blocks = [tuple(ids[k * bs : (k + 1) * bs]) for k in range(3)]
+        want, parent = [], first
+        for block in blocks:
+            parent = hash((parent, block))
+            want.append(parent)
+        own = array("q", [hash(block) for block in reversed(blocks)])
+        if (
+            hashers.over_ids(first, ids, 0, len(ids), bs).tolist() != want
+            or hashers.over_blocks(first, own, 2, 2, 3).tolist() != want  # offsets 2, 1, 0
+        ):
+            return None
+    return hashers

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import random
+import zlib
+from array import array
 from pathlib import Path
 
 import pytest
@@ -115,6 +118,19 @@ def test_programs_of_a_session_type_share_the_system_prompt_and_nothing_else() -
     assert system_ids("swe-agent", 64) != system_ids("chat", 64)
     assert growth_ids("p0", 1, 64) != growth_ids("p1", 1, 64)
     assert growth_ids("p0", 1, 64) == growth_ids("p0", 1, 64)
+
+
+@pytest.mark.parametrize("n", [0, 1, 16, 1000])
+def test_ids_are_the_seeded_16_bit_stream_in_32_bit_slots(n: int) -> None:
+    # The DES's prompts are these arrays (engine answers append ids above 65535); their
+    # values must stay those of the byte stream read as 16-bit ids, whatever the byte order.
+    ids = growth_ids("p7", 3, n)
+    stream = random.Random(zlib.crc32(b"p7:3")).randbytes(2 * n)
+    assert ids.typecode == "I" and len(ids) == n
+    assert ids.tolist() == array("H", stream).tolist()
+    assert system_ids("chat", n).tolist() == (
+        array("H", random.Random(zlib.crc32(b"system:chat")).randbytes(2 * n)).tolist()
+    )
 
 
 def test_every_preset_generates() -> None:

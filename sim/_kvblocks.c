@@ -27,6 +27,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <float.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1889,7 +1890,34 @@ static PyObject *chain_cycle(PyObject *Py_UNUSED(module), PyObject *args)
     return result;
 }
 
+/* start + x + x + ... (k times), one addition at a time in that order: the time of k block
+ * loads as the engine adds them (sim/engine.py, Engine._load_from_tiers). In Python that was
+ * functools.reduce over k float objects; here one register. No reassociation: the extension
+ * is built without -ffast-math, and each sum is rounded to a double (FLT_EVAL_METHOD 0, as on
+ * SSE2; elsewhere through memory). */
+static PyObject *repeat_add(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    double sum, x;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "ddn:repeat_add", &sum, &x, &k))
+        return NULL;
+    if (k < 0) {
+        PyErr_Format(PyExc_ValueError, "repeat_add: %zd additions", k);
+        return NULL;
+    }
+#if FLT_EVAL_METHOD == 0
+    double acc = sum;
+#else
+    volatile double acc = sum; /* each sum rounded to a double, as Python's floats are */
+#endif
+    for (Py_ssize_t i = 0; i < k; i++)
+        acc = acc + x;
+    return PyFloat_FromDouble(acc);
+}
+
 static PyMethodDef module_methods[] = {
+    {"repeat_add", (PyCFunction)repeat_add, METH_VARARGS,
+     "repeat_add(start, x, k) -> float: start + x + ... + x, k additions in order."},
     {"chain_hashes", (PyCFunction)chain_hashes, METH_VARARGS,
      "chain_hashes(parent, ids, start, stop, block_size) -> array('q'): each whole block's "
      "hash((parent, tuple(block))) of ids[start:stop], each the next one's parent."},

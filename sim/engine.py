@@ -41,14 +41,11 @@ import zlib
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
-from functools import reduce
-from itertools import repeat
-from operator import add
 from typing import Any, Protocol, TypeAlias
 
 from thunder_mw.sim.cost_model import StepCost, get_profile, prefill_positions
 from thunder_mw.sim.kv_cache import ROOT_HASH, BlockHash, BlockPool, KvTier
-from thunder_mw.sim.native_blocks import chain_hashers
+from thunder_mw.sim.native_blocks import chain_hashers, repeat_adder
 from thunder_mw.sim.program_chains import ProgramChains
 
 __all__ = [
@@ -71,6 +68,7 @@ TokenIds: TypeAlias = "list[int] | array[int]"
 # The compiled chain hashing where it hashes as this Python does (sim/native_blocks.py), picked
 # once as the block pool is.
 _CHAIN = chain_hashers()
+_REPEAT_ADD = repeat_adder()
 
 # Programs whose latest request an engine remembers (Engine._reuse_hashes), oldest dropped.
 PROGRAMS_REMEMBERED = 4096
@@ -832,9 +830,8 @@ class Engine:
             return tiers
         seconds = 0.0
         for tier, k in stretches:
-            # `seconds += per_block`, block by block, in C: the same additions in the same
-            # order (sum() would not do: it compensates rounding on newer Pythons).
-            seconds = reduce(add, repeat(bs / tier.load_tokens_per_s, k), seconds)
+            # `seconds += per_block`, block by block: the same additions in the same order.
+            seconds = _REPEAT_ADD(seconds, bs / tier.load_tokens_per_s, k)
         self._load_seconds += seconds
         st = self.stats
         st.kv_load_tokens += len(tiers) * bs

@@ -13,10 +13,21 @@ import importlib
 import os
 from array import array
 from collections.abc import Callable
+from functools import reduce
+from itertools import repeat
+from operator import add
 from types import ModuleType
 from typing import Any, NamedTuple
 
-__all__ = ["PYTHON_BLOCKS_ENV", "ChainHashers", "chain_hashers", "native_module", "pick"]
+__all__ = [
+    "PYTHON_BLOCKS_ENV",
+    "ChainHashers",
+    "RepeatAdd",
+    "chain_hashers",
+    "native_module",
+    "pick",
+    "repeat_adder",
+]
 
 PYTHON_BLOCKS_ENV = "THUNDER_MW_SIM_PYTHON_BLOCKS"
 
@@ -83,3 +94,26 @@ def chain_hashers() -> ChainHashers | None:
         ):
             return None
     return hashers
+
+
+# repeat_add(start, x, k): start + x + ... + x, k additions one at a time, in that order.
+RepeatAdd = Callable[[float, float, int], float]
+
+
+def _repeat_add(start: float, x: float, k: int) -> float:
+    # In C: the same additions in the same order (sum() would not do: it compensates
+    # rounding on newer Pythons).
+    return reduce(add, repeat(x, k), start)
+
+
+def repeat_adder() -> RepeatAdd:
+    """The compiled module's `repeat_add` where it gives the Python additions' result on
+    sample sums, else those additions (functools.reduce over k floats)."""
+    native = native_module()
+    fast: RepeatAdd | None = getattr(native, "repeat_add", None)
+    if fast is None:
+        return _repeat_add
+    for start, x, k in ((0.0, 0.1, 1000), (1e6, 3e-7, 777), (0.3, 1e-9, 5), (2.5, 0.7, 0)):
+        if fast(start, x, k) != _repeat_add(start, x, k):
+            return _repeat_add
+    return fast

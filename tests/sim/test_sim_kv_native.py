@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import random
 from array import array
+from functools import reduce
+from itertools import repeat
+from operator import add
 from typing import Any
 
 import pytest
 
 from thunder_mw.sim.kv_cache import BlockPool, BlockPoolPy
 from thunder_mw.sim.kv_tier import KvTier, KvTierPy
-from thunder_mw.sim.native_blocks import native_module
+from thunder_mw.sim.native_blocks import native_module, repeat_adder
 
 
 def test_the_simulator_runs_the_compiled_classes() -> None:
@@ -306,3 +309,19 @@ def test_long_runs_of_moves_and_stores_keep_the_tier_in_lru_order(capacity: int)
             for tier in host:
                 tier.load_many(run[::-1])
         assert _tier_state(host[0]) == _tier_state(host[1])
+
+
+def test_repeat_add_is_the_python_additions_one_at_a_time() -> None:
+    # The engine's tier load time: k equal additions, each rounded, in order (no sum()).
+    native = native_module()
+    assert native is not None
+    fast = repeat_adder()
+    assert fast is native.repeat_add
+    rng = random.Random(3)
+    for _ in range(3000):
+        start = rng.choice([0.0, rng.random() * 10 ** rng.randint(-9, 6)])
+        x = rng.random() * 10 ** rng.randint(-9, 0)
+        k = rng.randint(0, 2000)
+        assert fast(start, x, k) == reduce(add, repeat(x, k), start)
+    with pytest.raises(ValueError, match="-1 additions"):
+        fast(0.0, 1.0, -1)

@@ -1084,6 +1084,14 @@ static PyObject *blocks_array(const int32_t *ids, Py_ssize_t n)
     return out;
 }
 
+/* The int64s as a new array('q'), taking `raw` (a bytes object of them) over. */
+static PyObject *hashes_array(PyObject *raw)
+{
+    PyObject *out = PyObject_CallFunctionObjArgs(array_type, typecode_hash, raw, NULL);
+    Py_DECREF(raw);
+    return out;
+}
+
 /* Is the entry at position q live (its block free, and put there last)? */
 static inline int q_live(const PoolObject *p, uint64_t q)
 {
@@ -1732,9 +1740,7 @@ static PyObject *pool_new_hashes_since(PoolObject *self, PyObject *arg)
                                               (Py_ssize_t)sizeof(int64_t) * (self->nfresh - k));
     if (!raw)
         return NULL;
-    PyObject *out = PyObject_CallFunctionObjArgs(array_type, typecode_hash, raw, NULL);
-    Py_DECREF(raw);
-    return out;
+    return hashes_array(raw);
 }
 
 static PyGetSetDef pool_getset[] = {
@@ -1797,6 +1803,12 @@ static inline uint64_t int_hash(int64_t x)
     return (uint64_t)(h == -1 ? -2 : h);
 }
 
+/* hash((parent, block)) given the block tuple's own hash: a 2-tuple's lanes. */
+static inline int64_t chain_step(int64_t parent, uint64_t block)
+{
+    return (int64_t)xx_end(xx_lane(xx_lane(XXPRIME_5, int_hash(parent)), block), 2);
+}
+
 static PyObject *chain_hashes(PyObject *Py_UNUSED(module), PyObject *args)
 {
     PyObject *parent_obj, *ids;
@@ -1831,15 +1843,11 @@ static PyObject *chain_hashes(PyObject *Py_UNUSED(module), PyObject *args)
         uint64_t block = XXPRIME_5;
         for (Py_ssize_t j = 0; j < bs; j++)
             block = xx_lane(block, tok[j]); /* hash(v) is v for 0 <= v < 2**32 */
-        block = xx_end(block, (uint64_t)bs);
-        uint64_t acc = xx_lane(XXPRIME_5, int_hash(parent));
-        parent = (int64_t)xx_end(xx_lane(acc, block), 2);
+        parent = chain_step(parent, xx_end(block, (uint64_t)bs));
         out[k] = parent;
     }
     PyBuffer_Release(&view);
-    PyObject *result = PyObject_CallFunctionObjArgs(array_type, typecode_hash, raw, NULL);
-    Py_DECREF(raw);
-    return result;
+    return hashes_array(raw);
 }
 
 /* The chain over blocks known by their own hashes (an engine's output blocks: the filler
@@ -1877,17 +1885,14 @@ static PyObject *chain_cycle(PyObject *Py_UNUSED(module), PyObject *args)
     Py_ssize_t o = first % m;
     step %= m;
     for (Py_ssize_t k = 0; k < count; k++) {
-        uint64_t acc = xx_lane(XXPRIME_5, int_hash(parent));
-        parent = (int64_t)xx_end(xx_lane(acc, (uint64_t)lane[o]), 2);
+        parent = chain_step(parent, (uint64_t)lane[o]);
         out[k] = parent;
         o += step;
         if (o >= m)
             o -= m;
     }
     PyBuffer_Release(&view);
-    PyObject *result = PyObject_CallFunctionObjArgs(array_type, typecode_hash, raw, NULL);
-    Py_DECREF(raw);
-    return result;
+    return hashes_array(raw);
 }
 
 /* start + x + x + ... (k times), one addition at a time in that order: the time of k block

@@ -5,6 +5,11 @@ sim/kv_tier.KvTierPy). Both give the same results call by call
 
 THUNDER_MW_SIM_PYTHON_BLOCKS=1 runs the Python ones even where the compiled ones exist (to
 time or check one against the other on a whole run).
+
+The same module's two helpers for the engine, each taken only where it gives what the Python
+it stands for gives on samples here: the chain of block hashes (`chain_hashers`, Python's
+hash() of (parent, block); sim/kv_cache.block_hashes starts its chains at ROOT_HASH only)
+and a run of equal float additions (`repeat_adder`).
 """
 
 from __future__ import annotations

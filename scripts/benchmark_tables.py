@@ -767,6 +767,38 @@ def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") ->
     return "\n".join(lines) + "\n"
 
 
+def recompute_ceiling_table(names: list[str]) -> str:
+    """What removing recompute would give (lab/recompute_ceiling.py): the router goal's
+    ceiling per scenario, every row over the router on the scenario's own engines, paired by
+    seed, from `recompute-ceiling.json`."""
+    path = RESULTS / "recompute-ceiling.json"
+    record = json.loads(path.read_text()) if path.is_file() else {"scenarios": {}}
+    free = [f"{row} @free-tier" for row in record.get("free_rows", [])]
+    heads = [row.removesuffix(" @free-tier").removeprefix("thunder-mw/") for row in free]
+    lines = [
+        "| scenario | set | seeds | thunder-mw / router, as published | on the free tier, "
+        + "; ".join(heads)
+        + f" / router | the ceiling / router: the goal ({record.get('goal')}x) within it? |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        entry = record["scenarios"].get(name)
+        if entry is None:
+            continue
+        rows = entry["rows"]
+        split = "test" if name in TEST else "tuning"
+        cells = "; ".join(f"{rows[row]['over_router']['ratio']:.3f}" for row in free)
+        ceiling = entry["ceiling"]
+        within = "yes" if entry["goal_within_ceiling"] else "**no**"
+        lines.append(
+            f"| `{name}` | {split} | {len(entry['seeds'])} "
+            f"| {_ratio_cell(entry['thunder_mw_over_router'])} | {cells} "
+            f"| {ceiling['ratio']:.3f} [{ceiling['ci95'][0]:.3f}, {ceiling['ci95'][1]:.3f}]: "
+            f"{within} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 # The resume order: the vLLM router's (the most recently queued first) in thunder-mw, and
 # thunder-mw's (largest first, ageing) in the router's stand-in (docs/benchmarks.md).
 MRU_RESUME = "thunder-mw/mru-resume"
@@ -1378,6 +1410,7 @@ def update_docs() -> None:
     _replace_block(DOCS, "cost-source", cost_source_table([*TUNING, *TEST]))
     _replace_block(DOCS, "default-change", against_table([*TUNING, *TEST], DEFAULT_BEFORE))
     _replace_block(DOCS, "cap-grid", cap_grid_table([*TUNING, *TEST]))
+    _replace_block(DOCS, "recompute-ceiling", recompute_ceiling_table([*TUNING, *TEST]))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
     _replace_block(README, "real-engine-table", real_engine_table())
     _replace_block(DOCS, "real-engine-table", real_engine_table())
@@ -1407,6 +1440,7 @@ if __name__ == "__main__":
         "--controller": controller_table,
         "--cost-source": cost_source_table,
         "--cap-grid": cap_grid_table,
+        "--recompute-ceiling": recompute_ceiling_table,
     }
     if sys.argv[1:2] and sys.argv[1] in per_scenario:
         print(per_scenario[sys.argv[1]](sys.argv[2:] or [*TUNING, *TEST]))

@@ -36,6 +36,7 @@ from thunder_mw.benchmarks import bench_cli
 from thunder_mw.benchmarks.bootstrap import compare
 from thunder_mw.benchmarks.des import Simulation
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
+from thunder_mw.benchmarks.scenarios import PUBLISHED_SCENARIOS, TEST_SCENARIOS
 from thunder_mw.benchmarks.scenarios import SCENARIOS as ALL_SCENARIOS
 
 __all__ = [
@@ -51,22 +52,14 @@ __all__ = [
     "summarise",
 ]
 
-# The tuning and test scenarios (docs/benchmarks.md), but `cluster-scaling`, whose main
-# point is `paper-rollout-2node`'s runs.
+# The tuning and test scenarios (docs/benchmarks.md) but those whose main point is another's
+# runs (`cluster-scaling`: `paper-rollout-2node`'s).
 SCENARIOS = (
-    "paper-swe-glm46",
-    "paper-openhands-glm46",
-    "paper-toolorchestra-qwen3-8b",
-    "paper-rollout-2node",
-    "paper-rollout-2node-openhands",
-    "dynamo-minimax",
-    "hicache-batch192",
+    *(name for name, s in PUBLISHED_SCENARIOS.items() if s.main_point_of is None),
     "swe-agent-knee",
     "tool-orchestra-knee",
     "chat-control",
-    "test-mixed-fleet",
-    "test-swe-orchestra-mix",
-    "test-bursty-swe-glm46",
+    *TEST_SCENARIOS,
 )
 BASELINE = "vllm_router_program"
 GOAL = 1.1

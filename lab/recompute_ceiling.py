@@ -38,6 +38,7 @@ from thunder_mw.benchmarks.des import Simulation
 from thunder_mw.benchmarks.result_files import RESULTS_DIR, write_result
 from thunder_mw.benchmarks.scenarios import PUBLISHED_SCENARIOS, TEST_SCENARIOS
 from thunder_mw.benchmarks.scenarios import SCENARIOS as ALL_SCENARIOS
+from thunder_mw.lab.host_tier import per_seed
 
 __all__ = [
     "BASELINE",
@@ -89,9 +90,9 @@ def run_row(args: tuple[str, str, bool, int]) -> tuple[str, int, dict[str, Any]]
     tier where `free` (the pipeline and everything else as `thunder-mw bench` runs it)."""
     scenario_name, policy, free, seed = args
     scenario = ALL_SCENARIOS[scenario_name]
-    per_engine = scenario.programs_per_engine
-    programs = max(1, round(scenario.engines * per_engine * scenario.total_factor))
-    job = bench_cli.Job(policy, scenario.engines, per_engine, programs, True, seed)
+    # The main point's long-window run, as `thunder-mw bench` plans it.
+    plan = bench_cli.plan_jobs(scenario, [policy], seed=seed, sweep=False, seeds=1)
+    job = next(j for j in plan if j.main and not j.wave)
     programs_in, pipeline, cluster, arrivals, label = bench_cli.job_inputs(scenario, job, None)
     if free:
         options = dict(cluster.engine_options)
@@ -106,16 +107,7 @@ def _committed(results: Path, scenario: str, policy: str) -> dict[int, float]:
     path = results / f"{scenario}.json"
     if not path.is_file():
         return {}
-    report = json.loads(path.read_text())
-    c = report["config"]
-    return {
-        r["seed"]: r["steps_per_min_steady"]
-        for r in report["sweep"]
-        if r["policy"] == policy
-        and r["main"]
-        and not r["wave"]
-        and (r["engines"], r["programs_per_engine"]) == (c["engines"], c["programs_per_engine"])
-    }
+    return per_seed(json.loads(path.read_text()), policy, False, "steps_per_min_steady")
 
 
 def summarise(runs: dict[str, dict[int, dict[str, Any]]], seeds: list[int]) -> dict[str, Any]:

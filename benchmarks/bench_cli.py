@@ -782,8 +782,11 @@ def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[st
     `tier_reload`, whether admission prices an overflow the host tier holds at its reload
     (`on` / `off`; a file that does not say ran `off`); `idle_engine`, whether an engine
     with no call in flight admits the queue's head past the watermark (`admit` / `hold`; a
-    file that does not say ran `hold`). The three tier rules are recorded as they act:
-    without a host tier they change nothing, and are recorded off."""
+    file that does not say ran `hold`); `recompute_overflow`, whether an engine is filled
+    past its limit with KV to recompute and its controller probes past it (`on` / `off`;
+    a file that does not say ran `on` unless its overflow was `hold`: with a host tier
+    counted it is `on` whatever the flag says, with `hold` `off`). The three tier rules are
+    recorded as they act: without a host tier they change nothing, and are recorded off."""
     rules: dict[str, dict[str, str]] = {
         "admission_overflow": {},
         "pause_victim": {},
@@ -792,6 +795,7 @@ def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[st
         "idle_fate": {},
         "tier_reload": {},
         "idle_engine": {},
+        "recompute_overflow": {},
     }
     for policy in policies:
         tiered = "host_kv_tokens" in dict(engine_options(scenario, policy))
@@ -802,6 +806,11 @@ def resolved_rules(scenario: Scenario, policies: list[str]) -> dict[str, dict[st
                 reload = admission.tier_reload and admission.host_tier and tiered
                 rules["tier_reload"][policy] = "on" if reload else "off"
                 rules["idle_engine"][policy] = "admit" if admission.fill_idle_engine else "hold"
+                # As AdmissionStage._recomputes decides it (a counted tier overflows anyway);
+                # `hold` admits nothing past the limit whatever the flag says.
+                overflows = admission.recompute_overflow or (admission.host_tier and tiered)
+                overflows = overflows and admission.overflow != "hold"
+                rules["recompute_overflow"][policy] = "on" if overflows else "off"
             if "state_aware_pause" in stage:
                 pause = PauseParams(**stage["state_aware_pause"])
                 rule = pause_rule(pause.victim, pause.drain_victim, tiered)

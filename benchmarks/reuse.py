@@ -27,6 +27,7 @@ __all__ = [
     "LEGACY_PARAMS",
     "LEGACY_PAUSE_VICTIM",
     "LEGACY_QUEUE_ORDER",
+    "LEGACY_RECOMPUTE_OVERFLOW",
     "LEGACY_RESUME_PLACEMENT",
     "LEGACY_TIER_RELOAD",
     "PER_POLICY",
@@ -45,7 +46,7 @@ ROW_KEYS += ("programs", "main", "seed", "wave", "cap")
 # Config keys that say what a policy ran on, not which policies ran.
 PER_POLICY: tuple[str, ...] = ("policies", "admission_overflow", "pause_victim", "host_tier")
 PER_POLICY += ("queue_order", "description", "engine_counters", "resume_placement")
-PER_POLICY += ("idle_fate", "tier_reload", "idle_engine")
+PER_POLICY += ("idle_fate", "tier_reload", "idle_engine", "recompute_overflow")
 # The pause victim of `state_aware_pause: {}` until `auto` replaced it after 0.2.0; files of that
 # time do not record the rule a pipeline resolved to.
 LEGACY_PAUSE_VICTIM = "cost_benefit"
@@ -78,11 +79,16 @@ LEGACY_TIER_RELOAD = "off"
 # Whether an engine with no call in flight admitted the queue's head past the watermark,
 # before that became the default (2026-12-05): it held it.
 LEGACY_IDLE_ENGINE = "hold"
+# Whether an engine without a host tier was filled past its limit with KV to recompute,
+# before holding there became the default (2026-12-07): it was.
+LEGACY_RECOMPUTE_OVERFLOW = "on"
 # Params every stage of a pipeline meant before a preset had to say them (their defaults
 # moved since): a preset that now names one matches its old runs that did not.
 LEGACY_PARAMS: dict[str, frozenset[tuple[str, Any]]] = {
     "migration": frozenset({("started_first", False), ("tier_aware", False)}),
-    "admission": frozenset({("tier_reload", False), ("fill_idle_engine", False)}),
+    "admission": frozenset(
+        {("tier_reload", False), ("fill_idle_engine", False), ("recompute_overflow", True)}
+    ),
     "state_aware_pause": frozenset({("idle_fate", "weight")}),
 }
 # Harness constants added since some files were written, at the value those files ran
@@ -128,6 +134,16 @@ RECORDED_RULES: dict[str, tuple[str, str, Callable[[dict[str, Any]], str]]] = {
         "idle-engine admission",
         "admission",
         lambda params: "admit" if params.get("fill_idle_engine") else LEGACY_IDLE_ENGINE,
+    ),
+    "recompute_overflow": (
+        "recompute overflow",
+        "admission",
+        # Read without the engines: a tiered run that said `false` is taken as `off` (rerun).
+        lambda params: (
+            "off"
+            if params.get("recompute_overflow") is False or params.get("overflow") == "hold"
+            else LEGACY_RECOMPUTE_OVERFLOW
+        ),
     ),
 }
 

@@ -153,15 +153,18 @@ POLICIES: dict[str, list[dict[str, Any]]] = {
     # Ablations of issue 17's mechanisms (docs/scheduling.md), each against the default.
     # The fixed rules the controller replaced (the default until 0.2.0): the cost-aware
     # rule's allowance past the high watermark, no feedback on goodput.
-    "thunder-mw/fixed": _thunder_mw(admission={"overflow": "cost_aware"}),
+    "thunder-mw/fixed": _thunder_mw(
+        admission={"overflow": "cost_aware", "recompute_overflow": True}
+    ),
     "thunder-mw/no-cost-aware": _thunder_mw(admission={"overflow": "hold"}),
     # The fixed rules admitting past the watermark only onto a host tier (no KV to recompute):
     # where the cost-aware allowance is what loses to holding (docs/benchmarks.md).
     "thunder-mw/tier-only-overflow": _thunder_mw(admission=_TIER_ONLY_OVERFLOW),
-    # The two together, per backend: no KV to recompute past the limit and no controller where
-    # the engine has no host tier, the default where it has one (`recompute_overflow`).
-    "thunder-mw/tier-overflow": _thunder_mw(admission={"recompute_overflow": False}),
-    "thunder-mw/host-tier+tier-overflow": _thunder_mw(admission={"recompute_overflow": False}),
+    # The default until 2026-12-07: an engine without a host tier is also filled past its
+    # limit with KV to recompute, its controller probing past it (`recompute_overflow`; the
+    # default is the two above together, per backend: no KV to recompute past the limit and
+    # no controller where the engine has no tier, the controller where it has one).
+    "thunder-mw/recompute-overflow": _thunder_mw(admission={"recompute_overflow": True}),
     # Nothing held at admission (no admission stage; pausing still keeps the engine under
     # capacity): where recompute is cheap, what a controller at its ceiling would reach; where
     # it is dear, what holding earns.
@@ -247,7 +250,6 @@ POLICY_ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "thunder-mw/host-tier+drain-fcfs": {"host_tier": True},
     "thunder-mw/host-tier+drain-new-first": {"host_tier": True},
     "thunder-mw/host-tier+mru-resume": {"host_tier": True},
-    "thunder-mw/host-tier+tier-overflow": {"host_tier": True},
     "thunder-mw/call-timings": {"engine_counters": False},
     "continuum": {"program_fcfs": True},
 }

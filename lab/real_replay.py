@@ -8,7 +8,7 @@ regime, the default's and the variant's simulated steps/min over the repeats (th
 the file summarises them) and per draw, beside plain vLLM's: what a change of the default
 would do on the engine's workload before the engine is run again. Nothing is written.
 
-    python -m thunder_mw.lab.real_replay --as thunder-mw/tier-overflow [FILE ...]
+    python -m thunder_mw.lab.real_replay --as thunder-mw/recompute-overflow [FILE ...]
 """
 
 from __future__ import annotations

@@ -101,11 +101,13 @@ class AdmissionParams(StageParams):
         "whole context; docs/scheduling.md).",
     )
     recompute_overflow: bool = Field(
-        True,
-        description="false: a backend without a host KV tier is never filled past its "
-        "limit with KV to recompute (`max_overflow` 0 there) and runs no controller (its "
-        "limit stays at high_watermark); a backend with a tier overflows as `overflow` "
-        "says (docs/benchmarks.md, where recompute overflow loses to holding).",
+        False,
+        description="true: a backend without a host KV tier is filled past its limit with "
+        "KV to recompute as `overflow` and `max_overflow` say, its controller probing past "
+        "it; false: such a backend admits nothing past its limit (`max_overflow` 0 there) "
+        "and runs no controller (its limit stays at high_watermark). A backend with a tier "
+        "overflows as `overflow` says either way (docs/benchmarks.md, where recompute "
+        "overflow loses to holding).",
     )
     max_overflow: float = Field(
         0.25,

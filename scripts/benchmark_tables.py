@@ -76,9 +76,25 @@ SWEEP_OF = {"cluster-scaling": "paper-rollout-2node"}
 Record = dict[str, Any]
 
 
+# The revision whose files stand for "now" while a record table is made (`_as_of`): a table
+# that records what a past change did reads the files of its time, not today's.
+_AS_OF: str | None = None
+
+
+def _as_of(revision: str, make: Callable[[], str]) -> str:
+    """`make()` with the committed files read as they were at git `revision`."""
+    global _AS_OF
+    before, _AS_OF = _AS_OF, revision
+    try:
+        return make()
+    finally:
+        _AS_OF = before
+
+
 def _report(name: str, suffix: str = "", revision: str | None = None) -> Record | None:
     """The scenario's committed `<name><suffix>.json` (`-variants`, `-drain`), if run; with
     `revision`, as it was at that git revision (a record of then)."""
+    revision = revision or _AS_OF
     if revision is not None:
         import subprocess
 
@@ -593,11 +609,12 @@ def _starvation_cell(point: Record) -> str:
 DEFAULT_RULES = {"admission_overflow": "adaptive"}
 # The default's tier rules as the result files record them (bench_cli.resolved_rules: as
 # they act), on engines with a host KV tier and without: (resume placement, idle fate,
-# tier reload, pause victim: the drain's order is `fcfs` with a tier since 2026-12-05).
-# Files written before they were recorded ran the untiered row's.
+# tier reload, pause victim: the drain's order is `fcfs` with a tier since 2026-12-05,
+# recompute overflow: none without a tier since 2026-12-07). Files written before they
+# were recorded ran the untiered row's first four and overflowed to recompute.
 DEFAULT_TIER_RULES = {
-    True: ("tier_aware", "min_waste", "off", "auto (drain fcfs)"),
-    False: ("home_if_room", "min_waste", "off", "auto"),
+    True: ("tier_aware", "min_waste", "off", "auto (drain fcfs)", "on"),
+    False: ("home_if_room", "min_waste", "off", "auto", "off"),
 }
 # The default's cost source in the simulator: the engine's counters, as live (bench_cli
 # `engine_counters`; the default's rows learned from call timings before 2026-12-04).
@@ -613,6 +630,7 @@ def runs_default(report: Record) -> bool:
         config.get("idle_fate", {}).get("thunder-mw", "weight"),
         config.get("tier_reload", {}).get("thunder-mw", "off"),
         config.get("pause_victim", {}).get("thunder-mw"),
+        config.get("recompute_overflow", {}).get("thunder-mw", "on"),
     )
     counters = bool(config.get("engine_counters", {}).get("thunder-mw", False))
     rules = rules and tier_rules == DEFAULT_TIER_RULES[_tiered_default(config)]
@@ -740,19 +758,28 @@ def host_tier_table(names: list[str]) -> str:
 STARTED_FIRST = "thunder-mw/started-first"  # the queue order's ablations (docs/scheduling.md)
 ARRIVAL_ORDER = "thunder-mw/arrival-order"
 NO_ADMISSION = "thunder-mw/no-admission"  # nothing held at admission: the controller's ceiling
-# The fixed rules overflowing only onto a host tier (docs/benchmarks.md).
+# The fixed rules overflowing only onto a host tier (docs/benchmarks.md), against the default
+# of before it took their rule (its table is a record of the files then).
 TIER_ONLY_OVERFLOW = "thunder-mw/tier-only-overflow"
+# The default until 2026-12-07: KV to recompute admitted past the limit on every engine.
+RECOMPUTE_OVERFLOW = "thunder-mw/recompute-overflow"
+# The last commit whose result files ran that default (`recompute_overflow: true`): the
+# tables that record earlier changes read their files as they were there.
+RECOMPUTE_OVERFLOW_LAST = "782156f"
 
 
-def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") -> str:
+def variant_table(
+    names: list[str], variant: str = "thunder-mw/cost-benefit", revision: str | None = None
+) -> str:
     """The default pipeline over a variant of it (one rule changed), both figures, from
-    `<name>-variants.json` (the scenarios where it ran), each over the file's seeds."""
+    `<name>-variants.json` (the scenarios where it ran), each over the file's seeds; with
+    `revision`, the files as they were then (the default of then, a record)."""
     lines = [
         "| scenario | set | seeds | fixed batch: the variant's makespan / default's | "
         "long window: default / the variant |",
         "|---|---|---|---|---|",
     ]
-    for name, report in _reports(names, "-variants"):
+    for name, report in _reports(names, "-variants", revision):
         point = _main_point(report)
         ratios = point["ratios"].get(variant) if point else None
         if not ratios:
@@ -760,7 +787,7 @@ def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") ->
         split = report["config"].get("split", "tuning")
         cells = (
             [_ratio_cell(ratios.get(m)) for m in ("makespan_s", "steps_per_min_steady")]
-            if runs_default(report)
+            if revision is not None or runs_default(report)
             else ["not yet rerun with the default", ""]
         )
         lines.append(f"| `{name}` | {split} | {len(report['seeds'])} | " + " | ".join(cells) + " |")
@@ -1187,9 +1214,11 @@ def cap_grid_table(names: list[str], revision: str = CAP_GRID_BEFORE) -> str:
     return "\n".join(lines) + "\n"
 
 
+# `direct/cap`: plain vLLM behind the client cap the run chose for the regime (its best on
+# the engine's calibration, `direct/cap-N`; N may differ between regimes).
 REAL_SYSTEMS = {
     "direct": "plain vLLM",
-    "direct/cap-2": "plain vLLM, client cap 2",
+    "direct/cap": "plain vLLM, its best client cap",
     "vllm-router/program": "vLLM router, program scheduler",
     "smg/consistent_hashing": "SGLang gateway, consistent hashing",
     "smg/cache_aware": "SGLang gateway, cache-aware",
@@ -1211,10 +1240,10 @@ def real_engine_table(name: str = "vllm-cpu-real") -> str:
     )
     lines = [f"| system | {head} |", "|---|" + "---|" * len(order)]
     for system, label in REAL_SYSTEMS.items():
-        pairs = [regimes[r]["paired"].get(f"thunder-mw/{system}") for r in order]
+        pairs = [_real_pair(regimes[r]["paired"], system) for r in order]
         if not all(pairs):
             continue  # a file from before the system was run
-        cells = [_interval_cell(p["steps_per_min_ratio"]) for p in pairs if p]
+        cells = [_interval_cell(p["steps_per_min_ratio"], cap) for p, cap in pairs if p]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     # The gateway's own cost: thunder-mw holding nothing over plain vLLM.
     own = [regimes[r]["paired"].get("thunder-mw/routing-only/direct") for r in order]
@@ -1224,9 +1253,20 @@ def real_engine_table(name: str = "vllm-cpu-real") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _interval_cell(c: Record) -> str:
+def _real_pair(paired: Record, system: str) -> tuple[Record | None, str]:
+    """thunder-mw's pair with `system` in one regime, and the cap it ran at (`direct/cap`:
+    whichever `direct/cap-N` the regime ran; "" for the others)."""
+    if system != "direct/cap":
+        return paired.get(f"thunder-mw/{system}"), ""
+    prefix = f"thunder-mw/{system}-"
+    key = next((k for k in paired if k.startswith(prefix)), None)
+    return (paired[key], f"cap {key.removeprefix(prefix)}") if key else (None, "")
+
+
+def _interval_cell(c: Record, note: str = "") -> str:
     low, high = c["ci95"]
-    return f"{c['ratio']:.2f} [{low:.2f}, {high:.2f}] **{c['verdict']}**"
+    cell = f"{c['ratio']:.2f} [{low:.2f}, {high:.2f}] **{c['verdict']}**"
+    return f"{cell} ({note})" if note else cell
 
 
 def real_agreement_block(name: str = "vllm-cpu-real") -> str:
@@ -1399,7 +1439,11 @@ def update_docs() -> None:
     _replace_block(DOCS, "started-first", variant_table([*TUNING, *TEST], STARTED_FIRST))
     _replace_block(DOCS, "arrival-order", variant_table([*TUNING, *TEST], ARRIVAL_ORDER))
     _replace_block(DOCS, "no-admission", variant_table([*TUNING, *TEST], NO_ADMISSION))
-    _replace_block(DOCS, "tier-only-overflow", variant_table([*TUNING, *TEST], TIER_ONLY_OVERFLOW))
+    every = [*TUNING, *TEST]
+    tier_only = variant_table(every, TIER_ONLY_OVERFLOW, RECOMPUTE_OVERFLOW_LAST)
+    _replace_block(DOCS, "tier-only-overflow", tier_only)
+    _replace_block(DOCS, "recompute-overflow", variant_table(every, RECOMPUTE_OVERFLOW))
+    _replace_block(DOCS, "recompute-overflow-change", against_table(every, RECOMPUTE_OVERFLOW_LAST))
     _replace_block(DOCS, "mru-resume", variant_table([*TUNING, *TEST], MRU_RESUME))
     names = [*TUNING, *TEST]
     for block, table in _drain_record_tables().items():
@@ -1407,9 +1451,11 @@ def update_docs() -> None:
     _replace_block(DOCS, "tier-default-change", tier_default_change_table(names))
     _replace_block(DOCS, "router-resume", router_resume_table([*TUNING, *TEST]))
     _replace_block(DOCS, "mru-resume-jct", resume_jct_table([*TUNING, *TEST]))
-    _replace_block(DOCS, "cost-source", cost_source_table([*TUNING, *TEST]))
-    _replace_block(DOCS, "default-change", against_table([*TUNING, *TEST], DEFAULT_BEFORE))
-    _replace_block(DOCS, "cap-grid", cap_grid_table([*TUNING, *TEST]))
+    # Records of past changes, made from the files of their time (before 2026-12-07's).
+    at = RECOMPUTE_OVERFLOW_LAST
+    _replace_block(DOCS, "cost-source", _as_of(at, lambda: cost_source_table(every)))
+    _replace_block(DOCS, "default-change", _as_of(at, lambda: against_table(every, DEFAULT_BEFORE)))
+    _replace_block(DOCS, "cap-grid", _as_of(at, lambda: cap_grid_table(every)))
     _replace_block(DOCS, "recompute-ceiling", recompute_ceiling_table([*TUNING, *TEST]))
     _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
     _replace_block(README, "real-engine-table", real_engine_table())
@@ -1431,7 +1477,10 @@ if __name__ == "__main__":
         "--started-first": lambda names: variant_table(names, STARTED_FIRST),
         "--arrival-order": lambda names: variant_table(names, ARRIVAL_ORDER),
         "--no-admission": lambda names: variant_table(names, NO_ADMISSION),
-        "--tier-only-overflow": lambda names: variant_table(names, TIER_ONLY_OVERFLOW),
+        "--tier-only-overflow": lambda names: variant_table(
+            names, TIER_ONLY_OVERFLOW, RECOMPUTE_OVERFLOW_LAST
+        ),
+        "--recompute-overflow": lambda names: variant_table(names, RECOMPUTE_OVERFLOW),
         "--mru-resume": lambda names: variant_table(names, MRU_RESUME),
         **{f"--{block}": table for block, table in _drain_record_tables().items()},
         "--tier-default-change": tier_default_change_table,

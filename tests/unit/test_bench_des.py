@@ -219,9 +219,10 @@ def test_a_per_call_overhead_lengthens_each_call_of_a_program_by_it() -> None:
 def test_the_admission_controller_runs_in_the_des_and_sets_both_limits() -> None:
     # A closed loop past the knee, long enough for probe rounds: each engine gets its own
     # controller; admission holds to capacity x its factor, pausing starts at or above it.
+    # (The default runs it only on an engine with a host tier; the earlier default on every.)
     sim = Simulation(
         swe(120),
-        POLICIES["thunder-mw"],
+        POLICIES["thunder-mw/recompute-overflow"],
         SMALL,
         Arrivals("closed", 16),
         "thunder-mw",
@@ -247,13 +248,12 @@ def test_the_fixed_rules_ablation_runs_no_controller() -> None:
 
 
 @pytest.mark.parametrize("tier", [0, 24_576])
-def test_without_recompute_overflow_only_a_tiered_engine_runs_the_controller(tier: int) -> None:
-    # `recompute_overflow` off: an engine without a host tier holds at its watermark (no
-    # controller, nothing allowed past it to recompute); one with a tier runs as the default.
+def test_by_default_only_a_tiered_engine_runs_the_controller(tier: int) -> None:
+    # `recompute_overflow` off (the default): an engine without a host tier holds at its
+    # watermark (no controller, nothing allowed past it to recompute); one with a tier runs
+    # the controller.
     cluster = dataclasses.replace(SMALL, engine_options=(("host_kv_tokens", tier),))
-    sim = Simulation(
-        swe(120), POLICIES["thunder-mw/tier-overflow"], cluster, Arrivals("closed", 16), "t"
-    )
+    sim = Simulation(swe(120), POLICIES["thunder-mw"], cluster, Arrivals("closed", 16), "t")
     sim.run()
     admission = next(s for s in sim.core.stages if s.name == "admission")
     points = admission.points  # type: ignore[attr-defined]

@@ -171,8 +171,36 @@ def test_a_run_from_before_an_idle_engine_admitted_is_refused(full: dict[str, An
     now = [{"admission": {"overflow": "hold", "fill_idle_engine": False}}]
     config = {"policies": {"p": then}, "host_tier": {}}
     rules = {"idle_engine": {"p": "hold"}, "tier_reload": {"p": "off"}}
+    rules |= {"recompute_overflow": {"p": "off"}}  # `hold` admits nothing past the limit
     check_config(config, {**config, **rules, "policies": {"p": now}}, ["p"])
     assert recorded_rule(config, "p", "idle_engine") == "hold"
+
+
+def test_a_run_from_before_holding_at_the_limit_without_a_tier_is_refused(
+    full: dict[str, Any],
+) -> None:
+    # `admission: {}` admits nothing past the limit to recompute on an engine without a host
+    # tier since 2026-12-07; a file from before did not record the rule and overflowed: its
+    # thunder-mw runs are not reused (the pipeline, `admission: {}`, reads the same)...
+    assert full["config"]["recompute_overflow"] == {"thunder-mw": "off"}
+    legacy = copy.deepcopy(full)
+    del legacy["config"]["recompute_overflow"]
+    with pytest.raises(ReuseError, match="thunder-mw's recompute overflow resolved to on"):
+        run_scenario(TINY, POLICIES, sweep=False, reuse=legacy, rerun={"session_affinity"})
+    run_scenario(TINY, POLICIES, sweep=False, reuse=legacy, rerun={"thunder-mw"})
+    # ...while a preset that names the earlier rule matches the old runs that did not, and
+    # a `hold` admission (a baseline's) reads `off` either way: nothing past the limit.
+    then = [{"admission": {"overflow": "cost_aware"}}]
+    now = [{"admission": {"overflow": "cost_aware", "recompute_overflow": True}}]
+    config = {"policies": {"p": then}, "host_tier": {}}
+    rules = {"idle_engine": {"p": "hold"}, "tier_reload": {"p": "off"}}
+    check_config(
+        config,
+        {**config, **rules, "recompute_overflow": {"p": "on"}, "policies": {"p": now}},
+        ["p"],
+    )
+    held = {"policies": {"p": [{"admission": {"overflow": "hold"}}]}}
+    assert recorded_rule(held, "p", "recompute_overflow") == "off"
 
 
 def test_a_file_from_before_the_waiting_gauge_read_the_queue(full: dict[str, Any]) -> None:

@@ -108,7 +108,13 @@ def test_the_tables_know_the_default_rules_the_result_files_record() -> None:
     for tiered in (True, False):
         scenario = replace(SCENARIOS["chat-control"], host_tier=tiered)
         recorded = resolved_rules(scenario, ["thunder-mw"])
-        keys = ("resume_placement", "idle_fate", "tier_reload", "pause_victim")
+        keys = (
+            "resume_placement",
+            "idle_fate",
+            "tier_reload",
+            "pause_victim",
+            "recompute_overflow",
+        )
         rules = tuple(recorded[k]["thunder-mw"] for k in keys)
         assert tables.DEFAULT_TIER_RULES[tiered] == rules
         assert rules[3].startswith(PauseParams().victim)

@@ -1,0 +1,36 @@
+"""scripts/benchmark_tables.py's readings of result files that the docs' blocks do not pin."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tables() -> ModuleType:
+    # The script reads result files alone (no thunder_mw import); loaded as the docs test does.
+    spec = importlib.util.spec_from_file_location("tables", ROOT / "scripts/benchmark_tables.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pair(ratio: float) -> dict[str, object]:
+    return {"steps_per_min_ratio": {"ratio": ratio, "ci95": [ratio - 0.1, ratio + 0.1]}}
+
+
+def test_the_real_engine_table_takes_each_regimes_own_client_cap(tables: ModuleType) -> None:
+    # The benchmark picks the client cap per regime (cap 3 in one, cap 2 in the other): the
+    # row is the cap each regime ran, named in its cell, not a row missing where one differs.
+    cheap = {"thunder-mw/direct/cap-3": _pair(1.24), "thunder-mw/direct": _pair(0.94)}
+    dear = {"thunder-mw/direct/cap-2": _pair(1.26)}
+    assert tables._real_pair(cheap, "direct/cap") == (cheap["thunder-mw/direct/cap-3"], "cap 3")
+    assert tables._real_pair(dear, "direct/cap") == (dear["thunder-mw/direct/cap-2"], "cap 2")
+    assert tables._real_pair(dear, "direct") == (None, "")
+    assert tables._real_pair(cheap, "direct") == (cheap["thunder-mw/direct"], "")

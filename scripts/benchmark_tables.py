@@ -358,6 +358,18 @@ def _shared_from(report: Record) -> str:
     )
 
 
+def _reused_from(report: Record) -> str:
+    """Which runs the wall time is of, when the file took the others from the one it
+    replaced (`bench --rerun`)."""
+    reused = report.get("reused") or {}
+    if not reused.get("policies"):
+        return ""
+    rerun = [p for p in report["config"]["policies"] if p not in reused["policies"]]
+    wall = reused.get("wall_s")
+    then = f" (the file they came from: wall {wall} s)" if wall is not None else ""
+    return f" for {', '.join(rerun) or 'nothing'}, the other policies' runs reused{then}"
+
+
 def figure_table(name: str, report: Record) -> str:
     """One scenario: every policy's fixed-batch makespan and long-window steps/min (mean
     [ci95] over seeds) and thunder-mw's ratio over it [ci95] with the verdict."""
@@ -372,6 +384,7 @@ def figure_table(name: str, report: Record) -> str:
         f"{report['seeds']}; the long window held {int(done['min']) if done else '-'}+ completions "
         f"(at least {point['min_window_completions']} asked: "
         f"{'met' if point['window_ok'] else '**not met**'}); wall {report['wall_s']} s"
+        + _reused_from(report)
         + _shared_from(report)
         + ".",
         "",

@@ -39,7 +39,7 @@ def test_the_real_engine_table_takes_each_regimes_own_client_cap(tables: ModuleT
 def test_a_figures_wall_time_says_which_runs_it_is_of(tables: ModuleType) -> None:
     # `bench --rerun thunder-mw` writes the reruns' wall time: the table must not pass it off
     # as the whole scenario's.
-    config = {"policies": {"offload": [], "thunder-mw": []}}
+    config: dict[str, object] = {"policies": {"offload": [], "thunder-mw": []}}
     rerun = {"config": config, "reused": {"policies": ["offload"], "wall_s": 211.5}}
     note = tables._reused_from(rerun)
     assert note.startswith(" for thunder-mw, the other policies' runs reused")

@@ -781,18 +781,16 @@ RECOMPUTE_OVERFLOW = "thunder-mw/recompute-overflow"
 RECOMPUTE_OVERFLOW_LAST = "782156f"
 
 
-def variant_table(
-    names: list[str], variant: str = "thunder-mw/cost-benefit", revision: str | None = None
-) -> str:
+def variant_table(names: list[str], variant: str = "thunder-mw/cost-benefit") -> str:
     """The default pipeline over a variant of it (one rule changed), both figures, from
-    `<name>-variants.json` (the scenarios where it ran), each over the file's seeds; with
-    `revision`, the files as they were then (the default of then, a record)."""
+    `<name>-variants.json` (the scenarios where it ran), each over the file's seeds; under
+    `_as_of`, the files as they were then (a record: the default of then)."""
     lines = [
         "| scenario | set | seeds | fixed batch: the variant's makespan / default's | "
         "long window: default / the variant |",
         "|---|---|---|---|---|",
     ]
-    for name, report in _reports(names, "-variants", revision):
+    for name, report in _reports(names, "-variants"):
         point = _main_point(report)
         ratios = point["ratios"].get(variant) if point else None
         if not ratios:
@@ -800,11 +798,17 @@ def variant_table(
         split = report["config"].get("split", "tuning")
         cells = (
             [_ratio_cell(ratios.get(m)) for m in ("makespan_s", "steps_per_min_steady")]
-            if revision is not None or runs_default(report)
+            if _AS_OF is not None or runs_default(report)
             else ["not yet rerun with the default", ""]
         )
         lines.append(f"| `{name}` | {split} | {len(report['seeds'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def tier_only_overflow_table(names: list[str]) -> str:
+    """The default over `tier-only-overflow` as the variants files had it before the default
+    took its rule (at `RECOMPUTE_OVERFLOW_LAST`: since, the two are the same runs untiered)."""
+    return _as_of(RECOMPUTE_OVERFLOW_LAST, lambda: variant_table(names, TIER_ONLY_OVERFLOW))
 
 
 def recompute_ceiling_table(names: list[str]) -> str:
@@ -1444,33 +1448,31 @@ def _drain_record_tables() -> dict[str, Callable[[list[str]], str]]:
 
 def update_docs() -> None:
     """Rewrites the figures blocks of docs/benchmarks.md and the README's summary table."""
+    every = [*TUNING, *TEST]
     _replace_block(DOCS, "tuning-figures", figure_tables(TUNING))
     _replace_block(DOCS, "test-figures", figure_tables(TEST))
-    _replace_block(DOCS, "controller-targets", controller_table([*TUNING, *TEST]))
-    _replace_block(DOCS, "host-tier", host_tier_table([*TUNING, *TEST]))
-    _replace_block(DOCS, "pause-victim", variant_table([*TUNING, *TEST]))
-    _replace_block(DOCS, "started-first", variant_table([*TUNING, *TEST], STARTED_FIRST))
-    _replace_block(DOCS, "arrival-order", variant_table([*TUNING, *TEST], ARRIVAL_ORDER))
-    _replace_block(DOCS, "no-admission", variant_table([*TUNING, *TEST], NO_ADMISSION))
-    every = [*TUNING, *TEST]
-    tier_only = variant_table(every, TIER_ONLY_OVERFLOW, RECOMPUTE_OVERFLOW_LAST)
-    _replace_block(DOCS, "tier-only-overflow", tier_only)
+    _replace_block(DOCS, "controller-targets", controller_table(every))
+    _replace_block(DOCS, "host-tier", host_tier_table(every))
+    _replace_block(DOCS, "pause-victim", variant_table(every))
+    _replace_block(DOCS, "started-first", variant_table(every, STARTED_FIRST))
+    _replace_block(DOCS, "arrival-order", variant_table(every, ARRIVAL_ORDER))
+    _replace_block(DOCS, "no-admission", variant_table(every, NO_ADMISSION))
+    _replace_block(DOCS, "tier-only-overflow", tier_only_overflow_table(every))
     _replace_block(DOCS, "recompute-overflow", variant_table(every, RECOMPUTE_OVERFLOW))
     _replace_block(DOCS, "recompute-overflow-change", against_table(every, RECOMPUTE_OVERFLOW_LAST))
-    _replace_block(DOCS, "mru-resume", variant_table([*TUNING, *TEST], MRU_RESUME))
-    names = [*TUNING, *TEST]
+    _replace_block(DOCS, "mru-resume", variant_table(every, MRU_RESUME))
     for block, table in _drain_record_tables().items():
-        _replace_block(DOCS, block, table(names))
-    _replace_block(DOCS, "tier-default-change", tier_default_change_table(names))
-    _replace_block(DOCS, "router-resume", router_resume_table([*TUNING, *TEST]))
-    _replace_block(DOCS, "mru-resume-jct", resume_jct_table([*TUNING, *TEST]))
+        _replace_block(DOCS, block, table(every))
+    _replace_block(DOCS, "tier-default-change", tier_default_change_table(every))
+    _replace_block(DOCS, "router-resume", router_resume_table(every))
+    _replace_block(DOCS, "mru-resume-jct", resume_jct_table(every))
     # Records of past changes, made from the files of their time (before 2026-12-07's).
     at = RECOMPUTE_OVERFLOW_LAST
     _replace_block(DOCS, "cost-source", _as_of(at, lambda: cost_source_table(every)))
     _replace_block(DOCS, "default-change", _as_of(at, lambda: against_table(every, DEFAULT_BEFORE)))
     _replace_block(DOCS, "cap-grid", _as_of(at, lambda: cap_grid_table(every)))
-    _replace_block(DOCS, "recompute-ceiling", recompute_ceiling_table([*TUNING, *TEST]))
-    _replace_block(README, "summary-table", summary_table([*TUNING, *TEST]))
+    _replace_block(DOCS, "recompute-ceiling", recompute_ceiling_table(every))
+    _replace_block(README, "summary-table", summary_table(every))
     _replace_block(README, "real-engine-table", real_engine_table())
     _replace_block(DOCS, "real-engine-table", real_engine_table())
     _replace_block(DOCS, "real-engine-agreement", real_agreement_block())
@@ -1490,9 +1492,7 @@ if __name__ == "__main__":
         "--started-first": lambda names: variant_table(names, STARTED_FIRST),
         "--arrival-order": lambda names: variant_table(names, ARRIVAL_ORDER),
         "--no-admission": lambda names: variant_table(names, NO_ADMISSION),
-        "--tier-only-overflow": lambda names: variant_table(
-            names, TIER_ONLY_OVERFLOW, RECOMPUTE_OVERFLOW_LAST
-        ),
+        "--tier-only-overflow": tier_only_overflow_table,
         "--recompute-overflow": lambda names: variant_table(names, RECOMPUTE_OVERFLOW),
         "--mru-resume": lambda names: variant_table(names, MRU_RESUME),
         **{f"--{block}": table for block, table in _drain_record_tables().items()},

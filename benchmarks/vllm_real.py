@@ -9,7 +9,12 @@ steps), the `dear` regime the 8-layer model (tens of decode steps, the order of 
 wave of equal-length agent programs (workloads preset `cpu-overflow`) whose contexts at their
 peaks are ~2.6x the KV cache: all of them are live until near the end and their tool time is
 scaled to the engine's speed, so the overflow holds by construction; the result checks it by
-the engine's preemption and prefix-hit counters.
+the engine's preemption and prefix-hit counters. The tool times follow the engine measured at
+start (`regime_tool_scale`: the wave's tool seconds a fixed multiple of its calls' engine
+seconds alone, on the profile fitted to the engine), so a faster machine runs the same regime,
+not one where the tools set the makespan (on 2026-12-07 an engine 2.3x faster at prefill, with
+the preset's tool times, left plain vLLM's engine idle enough that saving its time moved
+nothing).
 
 Why the old tiny-model scenario stopped overflowing: its programs (a scaled swe-agent wave)
 had tool times fixed in wall seconds and differing lengths; how many of them were inside the
@@ -78,7 +83,7 @@ from thunder_mw.benchmarks.vllm_cpu import (
     start_vllm,
 )
 from thunder_mw.benchmarks.workloads import PRESETS, ProgramSpec, generate, scaled_preset
-from thunder_mw.sim.cost_model import PROFILES, StepCost, get_profile
+from thunder_mw.sim.cost_model import PROFILES, StepCost, get_profile, prefill_positions
 from thunder_mw.sim.ports import free_port
 
 __all__ = [
@@ -102,6 +107,7 @@ __all__ = [
     "RealSystem",
     "Regime",
     "agreement",
+    "alone_seconds",
     "best_cap",
     "direct_capped",
     "disagreements",
@@ -123,6 +129,7 @@ __all__ = [
     "regime_draws",
     "regime_programs",
     "regime_targets",
+    "regime_tool_scale",
     "reset_prefix_cache",
     "resimulate",
     "router_program_config",
@@ -164,7 +171,13 @@ class Regime:
     name: str
     model: str  # served model name; its folder is MODEL_FOLDERS[model]
     profile: str  # sim/cost_model.py profile fitted by benchmarks/fit_cpu_profile.py
-    tool_time_scale: float  # the preset's tool times x this: near a call's time on this model
+    # The wave's tool seconds over the engine seconds its calls take alone on the engine that
+    # serves them (`alone_seconds`, on the profile fitted to it at start): the preset's tool
+    # times are scaled to this at every run, so the regime (how busy the engine is against the
+    # tools) is the same on a faster or slower machine. The median over the runs of
+    # 2026-12-03 to 2026-12-06, when the preset's times were used as they are (x0.1 cheap,
+    # x1 dear) and the targets were set (docs/benchmarks.md "Tools at the engine's speed").
+    tools_per_engine_second: float
     description: str
 
 
@@ -175,14 +188,14 @@ REGIMES: dict[str, Regime] = {
             "cheap",
             "tiny",
             "cpu-tiny",
-            0.1,
+            1.1,
             "tiny model (2 layers, hidden 128): a recompute costs a few decode steps",
         ),
         Regime(
             "dear",
             "dear",
             "cpu-dear",
-            1.0,
+            1.5,
             "8 layers, hidden 512 (27 M parameters): a recompute costs tens of decode steps",
         ),
     )
@@ -282,18 +295,19 @@ def router_program_config(kv_tokens: int, cost: StepCost) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ workload
 def regime_programs(
-    scenario: Scenario, regime: Regime, seed: int, count: int | None = None
+    scenario: Scenario, seed: int, count: int | None = None, tool_scale: float = 1.0
 ) -> list[ProgramSpec]:
-    """The scenario's programs with the regime's tool times: one wave at t=0. The preset is
-    drawn unscaled (so both regimes replay the same tokens), then tool times are scaled (the
-    same draws: the same programs, slower or faster tools)."""
+    """The scenario's programs, one wave at t=0, their tool times the preset's x the
+    scenario's x `tool_scale` (a regime's scale to its engine: `regime_tool_scale`). The
+    preset is drawn unscaled, so every regime and scale replays the same tokens; only the
+    tool times differ (the same programs, slower or faster tools)."""
     preset = PRESETS[scenario.workload]
     if scenario.token_scale != 1.0:
         preset = scaled_preset(scenario.workload, scenario.token_scale, 1.0, None)
     programs = generate(
         preset, count or scenario.concurrency, seed=seed, max_context_tokens=scenario.max_model_len
     )
-    scale = scenario.tool_time_scale * regime.tool_time_scale
+    scale = scenario.tool_time_scale * tool_scale
     return [
         replace(p, calls=tuple(replace(c, tool_s=c.tool_s * scale) for c in p.calls))
         for p in programs
@@ -301,15 +315,51 @@ def regime_programs(
 
 
 def regime_draws(
-    scenario: Scenario, regime: Regime, seeds: list[int], count: int | None = None
+    scenario: Scenario, seeds: list[int], count: int | None = None, tool_scale: float = 1.0
 ) -> dict[int, list[ProgramSpec]]:
     """Each repeat's draw of the wave, once per seed: {seed: programs}."""
-    return {s: regime_programs(scenario, regime, s, count) for s in dict.fromkeys(seeds)}
+    return {s: regime_programs(scenario, s, count, tool_scale) for s in dict.fromkeys(seeds)}
 
 
-def draw_seeds(
-    scenario: Scenario, regime: Regime, seed: int, repeats: int, count: int | None = None
-) -> list[int]:
+def alone_seconds(programs: list[ProgramSpec], cost: StepCost) -> float:
+    """Engine seconds of the programs' calls served one at a time by an engine of profile
+    `cost`, each call's context before its new tokens in the prefix cache: its new tokens'
+    prefill in chunks of MAX_NUM_BATCHED_TOKENS (the first step taking the request in), then
+    one decode step per output token past the first. The least the wave asks of the engine;
+    its tool times are set against it."""
+    total = 0.0
+    for program in programs:
+        for call, prompt in zip(program.calls, program.context_tokens(), strict=True):
+            start, admitted = prompt - call.growth_tokens, 1
+            while start < prompt:
+                chunk = min(MAX_NUM_BATCHED_TOKENS, prompt - start)
+                total += cost.step_seconds(chunk, 0, 0, prefill_positions(start, chunk), admitted)
+                start, admitted = start + chunk, 0
+            total += sum(cost.step_seconds(0, 1, prompt + k) for k in range(call.output_tokens - 1))
+    return total
+
+
+def regime_tool_scale(
+    regime: Regime, draws: dict[int, list[ProgramSpec]], cost: StepCost
+) -> dict[str, float]:
+    """The scale of the preset's tool times that gives the regime its
+    `tools_per_engine_second` on an engine of profile `cost` (the one fitted to it at start),
+    pooled over the draws (one scale for the run, as one machine serves it): what it is, and
+    what it is from."""
+    waves = list(draws.values())
+    engine_s = sum(alone_seconds(programs, cost) for programs in waves)
+    tool_s = sum(c.tool_s for programs in waves for p in programs for c in p.calls)
+    if engine_s <= 0 or tool_s <= 0:
+        raise ValueError(f"no engine time ({engine_s}) or tool time ({tool_s}) to scale by")
+    return {
+        "tools_per_engine_second": regime.tools_per_engine_second,
+        "engine_alone_s": round(engine_s, 4),
+        "preset_tool_s": round(tool_s, 4),
+        "scale": regime.tools_per_engine_second * engine_s / tool_s,
+    }
+
+
+def draw_seeds(scenario: Scenario, seed: int, repeats: int, count: int | None = None) -> list[int]:
     """The seed of each repeat's draw of the wave: the first `repeats` seeds from `seed` whose
     contexts at their peaks overflow the KV cache by construction (OVERFLOW_AT_LEAST x its
     tokens). One draw replayed every repeat measured that draw (across six draws the simulator
@@ -325,7 +375,7 @@ def draw_seeds(
     overflowing = [
         s
         for s in candidates
-        if sum(peak_context(p) for p in regime_programs(scenario, regime, s, count)) >= bar
+        if sum(peak_context(p) for p in regime_programs(scenario, s, count)) >= bar
     ]
     if len(overflowing) >= repeats:
         return overflowing[:repeats]
@@ -704,8 +754,7 @@ def run_regime(
         scenario = replace(scenario, kv_tokens=kv_tokens, max_model_len=max_model_len)
         vocab = _vocab_size(url)
         words = single_token_words(str(_model_folder(url) / "tokenizer.json"))
-        seeds = draw_seeds(scenario, regime, seed, repeats, programs)
-        draws = regime_draws(scenario, regime, seeds, programs)
+        seeds = draw_seeds(scenario, seed, repeats, programs)
         profile, overhead, in_situ = regime.profile, CALL_OVERHEAD_S[regime.profile], None
         if engine is not None:
             # The profile fitted on this engine just before its runs, under the machine's
@@ -716,6 +765,11 @@ def run_regime(
             cost = fit_cpu_profile.profile_of(in_situ)
             profile, overhead = f"{regime.profile}-in-situ", in_situ["per_call_overhead_s"]
             PROFILES[profile] = cost
+        # The tools at this engine's speed (without an in-situ fit: the regime's committed
+        # profile's), so the regime is the same on any machine.
+        tools = regime_tool_scale(regime, regime_draws(scenario, seeds, programs), cost)
+        draws = regime_draws(scenario, seeds, programs, tools["scale"])
+        log(f"{regime.name}: tool times x{tools['scale']:.3f} ({tools})")
         cluster = sim_cluster(regime, kv_blocks, max_model_len, profile, overhead)
         cap, cap_figures = best_cap(list(draws.values()), cluster)
         names = [f"direct/cap-{cap}" if s == "direct/cap" else s for s in systems]
@@ -792,7 +846,9 @@ def run_regime(
             "peak_context_tokens_sum": peak_sum,
             "contexts_over_kv": round(peak_sum / kv_tokens, 2) if kv_tokens else None,
             "prefix_hit_rate_ideal": ideal,
-            "tool_time_scale": scenario.tool_time_scale * regime.tool_time_scale,
+            # Exact (the replay in `resimulate` redraws the run's tool times from it).
+            "tool_time_scale": scenario.tool_time_scale * tools["scale"],
+            "tools_at_engine_speed": tools,
             "tool_s_total": round(statistics.median(each[s]["tool_s_total"] for s in seeds), 2),
             "max_model_len": scenario.max_model_len,
             "repeats": repeats,
@@ -852,7 +908,10 @@ def resimulate(report: dict[str, Any]) -> dict[str, Any]:
         # A file from before a draw per repeat replayed the document's seed every repeat.
         seeds = config.get("draw_seeds") or [report["seed"]] * config["repeats"]
         fitted_scenario = replace(scenario, kv_tokens=config["kv_tokens"], max_model_len=limit)
-        draws = regime_draws(fitted_scenario, regime, seeds, config["programs"])
+        # The tool times the run used (a file from before they followed the engine's speed
+        # recorded the regime's fixed scale here too).
+        tool_scale = config["tool_time_scale"] / scenario.tool_time_scale
+        draws = regime_draws(fitted_scenario, seeds, config["programs"], tool_scale)
         cluster = sim_cluster(
             regime, config["kv_blocks"], limit, profile, fitted["call_overhead_s"]
         )

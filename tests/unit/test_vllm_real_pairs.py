@@ -70,17 +70,14 @@ def test_each_repeat_draws_its_own_wave_and_every_draw_overflows() -> None:
     scenario = SCENARIOS["vllm-cpu-real"]
     assert scenario.kv_tokens is not None
     bar = vllm_real.OVERFLOW_AT_LEAST * scenario.kv_tokens
-    for regime in vllm_real.REGIMES.values():
-        seeds = vllm_real.draw_seeds(scenario, regime, 0, 5)
-        assert len(set(seeds)) == 5 and seeds[0] == 0 and seeds == sorted(seeds)
-        for seed in range(seeds[-1] + 1):
-            peak = sum(
-                vllm_real.peak_context(p) for p in vllm_real.regime_programs(scenario, regime, seed)
-            )
-            # Taken exactly when the draw overflows by construction (seed 1 falls short).
-            assert (seed in seeds) == (peak >= bar), (seed, peak, bar)
+    seeds = vllm_real.draw_seeds(scenario, 0, 5)
+    assert len(set(seeds)) == 5 and seeds[0] == 0 and seeds == sorted(seeds)
+    for seed in range(seeds[-1] + 1):
+        peak = sum(vllm_real.peak_context(p) for p in vllm_real.regime_programs(scenario, seed))
+        # Taken exactly when the draw overflows by construction (seed 1 falls short).
+        assert (seed in seeds) == (peak >= bar), (seed, peak, bar)
     # Too few programs for any draw to overflow (the short form): consecutive seeds.
-    small = vllm_real.draw_seeds(scenario, vllm_real.REGIMES["cheap"], 7, 3, count=1)
+    small = vllm_real.draw_seeds(scenario, 7, 3, count=1)
     assert small == [7, 8, 9]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from thunder_mw.benchmarks.bench_cli import add_bench_arguments, run_bench
 from thunder_mw.benchmarks.scenarios import SCENARIOS
 from thunder_mw.benchmarks.vllm_real import ideal_prefill_tokens
 from thunder_mw.benchmarks.workloads import Call, ProgramSpec, scaled_preset
-from thunder_mw.sim.cost_model import get_profile
+from thunder_mw.sim.cost_model import StepCost, get_profile
 
 SYSTEMS = ["direct", "thunder-mw"]
 REPEATS = 5  # the committed benchmark's repeats: the spread of five runs is what CI judges by
@@ -127,6 +128,30 @@ def test_each_repeat_runs_every_system_on_its_own_draw(report: dict[str, Any]) -
     assert set(regime["simulated_by_draw"]) == {str(s) for s in seeds}
     medians = sorted(d["direct"]["steps_per_min"] for d in regime["simulated_by_draw"].values())
     assert regime["simulated"]["direct"]["steps_per_min"] == round(medians[REPEATS // 2], 4)
+
+
+def test_the_runs_tools_take_the_regimes_multiple_of_this_engines_time(
+    report: dict[str, Any],
+) -> None:
+    # The tool times were set on the profile fitted to this engine before the runs, and the
+    # draws the runs replayed have them: the regime is the same on a faster machine.
+    regime, config = report["regimes"]["cheap"], report["regimes"]["cheap"]["config"]
+    tools = config["tools_at_engine_speed"]
+    goal = vllm_real.REGIMES["cheap"].tools_per_engine_second
+    assert tools["tools_per_engine_second"] == goal
+    fitted = StepCost(**regime["simulated_with"]["coefficients"])
+    scenario = replace(
+        SCENARIOS["vllm-cpu-real"],
+        kv_tokens=config["kv_tokens"],
+        max_model_len=config["max_model_len"],
+    )
+    draws = vllm_real.regime_draws(
+        scenario, config["draw_seeds"], config["programs"], config["tool_time_scale"]
+    )
+    tool_s = sum(c.tool_s for w in draws.values() for p in w for c in p.calls)
+    engine_s = sum(vllm_real.alone_seconds(w, fitted) for w in draws.values())
+    assert tool_s / engine_s == pytest.approx(goal)
+    assert engine_s == pytest.approx(tools["engine_alone_s"], abs=1e-3)
 
 
 def test_both_regimes_replay_the_same_tokens_with_tools_at_their_engines_speed() -> None:
@@ -251,8 +276,6 @@ def test_the_old_wave_overflowed_only_while_the_engine_was_slow() -> None:
     # more calls inside it at once. The simulator on that wave (swe-agent shrunk 8x, 8
     # programs, 23 usable blocks) shows the same: fast, the calls barely meet and the LRU
     # cache keeps most prefixes; 4x slower, they collide and preempt.
-    from dataclasses import replace
-
     from thunder_mw.benchmarks.des import Arrivals, ClusterConfig, simulate
     from thunder_mw.benchmarks.scenarios import POLICIES
     from thunder_mw.benchmarks.workloads import generate

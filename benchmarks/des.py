@@ -293,11 +293,15 @@ class Simulation:
         arrivals: Arrivals = Arrivals(),
         policy: str = "",
         on_action: Callable[[Action], None] | None = None,
+        on_decision: Callable[[str, int, Forward | Hold | Reject], None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.arrivals = arrivals
         self.policy = policy
         self.on_action = on_action
+        # (program id, call index, the core's decision on that call's request), at `now`:
+        # for tools that follow one run's holds (lab/real_holds.py); nothing else reads it.
+        self.on_decision = on_decision
         filler = RuleTokenizer().filler_ids
         # One registry of hash chains: a program moved to another engine is not hashed again.
         chains = ProgramChains[Sequence](
@@ -463,6 +467,9 @@ class Simulation:
         outcome = self.core.handle(RequestArrived(run.ctx, info, self.now))
         self._apply(outcome.actions)
         decision = outcome.decision
+        assert decision is not None, "a request event always gets a decision"
+        if self.on_decision is not None:
+            self.on_decision(spec.program_id, run.call, decision)
         if isinstance(decision, Forward):
             self._dispatch(run, decision.backend, decision.kv_ttl_s)
         elif isinstance(decision, Hold):

@@ -130,6 +130,7 @@ __all__ = [
     "regime_programs",
     "regime_targets",
     "regime_tool_scale",
+    "replay_inputs",
     "reset_prefix_cache",
     "resimulate",
     "router_program_config",
@@ -890,6 +891,31 @@ def simulated_figures(sims: dict[str, dict[str, Any]]) -> dict[str, dict[str, An
     return {name: {k: m.get(k) for k in SIMULATED_KEYS} for name, m in sims.items()}
 
 
+def replay_inputs(
+    report: dict[str, Any], name: str
+) -> tuple[list[int], dict[int, list[ProgramSpec]], ClusterConfig]:
+    """What regime `name` of a real-engine result document recorded of its run, as the
+    simulator replays it: each repeat's draw seed, the draws (their tool times as the run
+    had them) and the simulated engine (its KV blocks, context limit, the profile fitted on
+    the engine and its per-call overhead)."""
+    scenario = SCENARIOS[report["scenario"]]
+    regime, doc = REGIMES[name], report["regimes"][name]
+    config, fitted = doc["config"], doc["simulated_with"]
+    # The coefficients the run recorded (an in-situ fit lives in its document only).
+    profile = f"{fitted['profile']}-recorded"
+    PROFILES[profile] = StepCost(**fitted["coefficients"], source=f"{name}: recorded")
+    limit = config["max_model_len"]
+    # A file from before a draw per repeat replayed the document's seed every repeat.
+    seeds = config.get("draw_seeds") or [report["seed"]] * config["repeats"]
+    fitted_scenario = replace(scenario, kv_tokens=config["kv_tokens"], max_model_len=limit)
+    # The tool times the run used (a file from before they followed the engine's speed
+    # recorded the regime's fixed scale here too).
+    tool_scale = config["tool_time_scale"] / scenario.tool_time_scale
+    draws = regime_draws(fitted_scenario, seeds, config["programs"], tool_scale)
+    cluster = sim_cluster(regime, config["kv_blocks"], limit, profile, fitted["call_overhead_s"])
+    return seeds, draws, cluster
+
+
 def resimulate(report: dict[str, Any]) -> dict[str, Any]:
     """`report` with each regime's `simulated` and `agreement` recomputed by the DES as the
     code stands, from what the regime recorded of its run (each repeat's draw, programs, KV blocks,
@@ -897,24 +923,9 @@ def resimulate(report: dict[str, Any]) -> dict[str, Any]:
     runs and their figures are kept as they are (`paired`, derived from them alone, is
     recomputed). For a change to a stand-in or to the
     simulator, without the engine."""
-    scenario = SCENARIOS[report["scenario"]]
     out = copy.deepcopy(report)
     for name, doc in out["regimes"].items():
-        regime, config, fitted = REGIMES[name], doc["config"], doc["simulated_with"]
-        # The coefficients the run recorded (an in-situ fit lives in its document only).
-        profile = f"{fitted['profile']}-recorded"
-        PROFILES[profile] = StepCost(**fitted["coefficients"], source=f"{name}: recorded")
-        limit = config["max_model_len"]
-        # A file from before a draw per repeat replayed the document's seed every repeat.
-        seeds = config.get("draw_seeds") or [report["seed"]] * config["repeats"]
-        fitted_scenario = replace(scenario, kv_tokens=config["kv_tokens"], max_model_len=limit)
-        # The tool times the run used (a file from before they followed the engine's speed
-        # recorded the regime's fixed scale here too).
-        tool_scale = config["tool_time_scale"] / scenario.tool_time_scale
-        draws = regime_draws(fitted_scenario, seeds, config["programs"], tool_scale)
-        cluster = sim_cluster(
-            regime, config["kv_blocks"], limit, profile, fitted["call_overhead_s"]
-        )
+        seeds, draws, cluster = replay_inputs(report, name)
         by_draw = simulate_draws([system_named(s) for s in doc["runs"]], draws, cluster)
         sims = over_repeats(by_draw, seeds)
         doc["simulated"] = sims

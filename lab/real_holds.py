@@ -68,7 +68,7 @@ def timeline(
 
     def decided(program_id: str, call: int, decision: Forward | Hold | Reject) -> None:
         assert sim is not None
-        program = sim.core.table.get(program_id)
+        program = sim.core.snapshot(program_id)  # the core's frozen read of it
         kind = {Forward: "forward", Hold: "hold"}.get(type(decision), "reject")
         tokens = program.request_tokens if program is not None else 0
         record = CallRecord(program_id, call, round(sim.now, 4), kind, tokens)

@@ -140,13 +140,7 @@ def test_the_runs_tools_take_the_regimes_multiple_of_this_engines_time(
     goal = vllm_real.REGIMES["cheap"].tools_per_engine_second
     assert tools["tools_per_engine_second"] == goal
     fitted = StepCost(**regime["simulated_with"]["coefficients"])
-    scenario = replace(
-        SCENARIOS["vllm-cpu-real"],
-        kv_tokens=config["kv_tokens"],
-        max_model_len=config["max_model_len"],
-    )
-    scale = config["tool_time_scale"] / scenario.tool_time_scale  # as `resimulate` reads it
-    draws = vllm_real.regime_draws(scenario, config["draw_seeds"], config["programs"], scale)
+    _, draws, _ = vllm_real.replay_inputs(report, "cheap")  # as `resimulate` replays them
     tool_s = sum(c.tool_s for w in draws.values() for p in w for c in p.calls)
     engine_s = sum(vllm_real.alone_seconds(w, fitted) for w in draws.values())
     assert tool_s / engine_s == pytest.approx(goal)

@@ -149,7 +149,13 @@ class SchedulerCore(FleetEvents):
         # The prompt's estimate on the program's engine (`touch` below keeps its engine).
         home = known.backend if known is not None else None
         prompt = self.tokens.prompt_tokens(info.prompt_chars, home)
-        too_large = self._too_large(ctx, info, healthy, known, prompt)
+        # A body shorter than the program's last one is a rewritten conversation (compacted,
+        # summarised, reset): an append never shrinks it. Its context is then this prompt,
+        # not the longer one the engine last reported, which must neither refuse it as too
+        # long nor reserve room for it.
+        rewritten = known is not None and info.prompt_chars < known.last_prompt_chars
+        floor = prompt if known is None or rewritten else max(prompt, known.context_tokens)
+        too_large = self._too_large(ctx, info, healthy, known, floor)
         if too_large is not None:
             return too_large, []
         program, created = self.table.touch(ctx, now)
@@ -161,6 +167,8 @@ class SchedulerCore(FleetEvents):
                 program.session_type, program.tool_time_ema_s, gap
             )
         program.last_prompt_chars = info.prompt_chars
+        if rewritten:
+            program.context_tokens = prompt
         program.last_active_at = now
         if info.prefix_key is not None:
             program.prefix_key = info.prefix_key
@@ -179,7 +187,8 @@ class SchedulerCore(FleetEvents):
                 self._move(program, routed)
             program.in_flight += 1
             program.phase = Phase.REASONING
-            self.ledger.reserve(program, max(request_tokens, program.reserved_tokens))
+            kept = 0 if rewritten else program.reserved_tokens
+            self.ledger.reserve(program, max(request_tokens, kept))
             self._reindex(program)
             assert program.backend is not None
             self._changed(program.backend, now)
@@ -383,10 +392,9 @@ class SchedulerCore(FleetEvents):
         """A request past every healthy engine's limit never waits for room (it would wait
         forever, and pause others for it): refused, or sent to an engine unplanned.
         `eligible`: the healthy engines; `known`: its program, if any; `prompt`: the
-        estimate of its prompt's tokens."""
+        estimate of its prompt's tokens, at least its context as the engine last reported
+        unless the conversation was rewritten."""
         home = known.backend if known is not None else None
-        if known is not None:
-            prompt = max(prompt, known.context_tokens)
         estimate = prompt + (info.max_tokens or 0)
         text = info.prompt_text_chars
         if text is None and info.prompt_body is None:

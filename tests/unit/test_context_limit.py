@@ -11,7 +11,13 @@ import pytest
 from test_scheduler_core import _program, ctx, info, make, run_step
 
 from thunder_mw.middleware.request_body import BodyError, decode_object
-from thunder_mw.policies import BackendChanged, HoldExpired, RequestArrived, context_limit
+from thunder_mw.policies import (
+    BackendChanged,
+    CallFinished,
+    HoldExpired,
+    RequestArrived,
+    context_limit,
+)
 from thunder_mw.policies.core import (
     Forward,
     Hold,
@@ -21,7 +27,7 @@ from thunder_mw.policies.core import (
     Resumed,
     SchedulerCore,
 )
-from thunder_mw.policies.program_table import ProgramState
+from thunder_mw.policies.program_table import ProgramState, Usage
 
 
 def engines(core: SchedulerCore, max_model_len: int | None = None) -> SchedulerCore:
@@ -91,6 +97,33 @@ def test_a_known_program_sent_unplanned_goes_home_when_home_serves_as_long_a_mod
     decision = core.handle(RequestArrived(ctx("a"), info(4000), 2)).decision
     assert isinstance(decision, Forward) and not decision.planned and decision.backend == home
     assert _program(core, "a").reserved_tokens == reserved  # its reservation did not grow
+
+
+def test_a_compacted_conversation_is_sized_by_its_new_prompt_not_its_old_context() -> None:
+    """An agent that compacts its history to fit is neither sent unplanned for the length it
+    had nor reserves room for it: its body shrank, so its context is the new prompt."""
+    core = engines(make(capacities=(10_000,)), max_model_len=3_000)
+    run_step(core, "p", 2_900, 0, out=50)  # the engine reports a 2,950-token context
+    assert _program(core, "p").context_tokens == 2_950
+    decision = core.handle(RequestArrived(ctx("p"), info(500, out=100), 5)).decision
+    assert isinstance(decision, Forward) and decision.planned
+    program = _program(core, "p")
+    assert program.context_tokens == 500
+    assert program.reserved_tokens == 600  # its prompt and output, not 2,950 + 100
+    assert core.counters["unplanned_forwards"] == 0
+
+
+def test_a_grown_conversation_still_reserves_the_context_the_engine_reported() -> None:
+    """A body that grew is an append: the engine's count of the context (its prompt and a
+    reply longer than the body shows) stays the floor of what it asks."""
+    core = make(capacities=(10_000,))
+    core.handle(RequestArrived(ctx("p"), info(2_000), 0))
+    core.handle(CallFinished("p", Usage(2_000, 1_500), True, 1))
+    decision = core.handle(RequestArrived(ctx("p"), info(2_100), 5)).decision
+    assert isinstance(decision, Forward)
+    program = _program(core, "p")
+    assert program.context_tokens == 3_500
+    assert program.reserved_tokens == 3_500 + 10  # not the body's 2,100 + 10
 
 
 def test_larger_than_every_kv_cache_by_the_estimate_is_held_alone_then_placed() -> None:

@@ -113,6 +113,16 @@ def test_a_compacted_conversation_is_sized_by_its_new_prompt_not_its_old_context
     assert core.counters["unplanned_forwards"] == 0
 
 
+def test_a_compacted_conversation_is_not_held_for_an_empty_engine_for_its_old_length() -> None:
+    """Past the whole KV cache by its old context and output (2,950 + 100 of 3,000), a
+    compacted call would be held for an engine emptied for it; by what it sends it fits."""
+    core = make(capacities=(3_000,))
+    run_step(core, "p", 2_900, 0, out=50)  # a 2,950-token context
+    decision = core.handle(RequestArrived(ctx("p"), info(500, out=100), 5)).decision
+    assert isinstance(decision, Forward) and decision.planned
+    assert _program(core, "p").reserved_tokens == 600
+
+
 def test_a_grown_conversation_still_reserves_the_context_the_engine_reported() -> None:
     """A body that grew is an append: the engine's count of the context (its prompt and a
     reply longer than the body shows) stays the floor of what it asks."""

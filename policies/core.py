@@ -151,8 +151,8 @@ class SchedulerCore(FleetEvents):
         prompt = self.tokens.prompt_tokens(info.prompt_chars, home)
         # A body shorter than the program's last one is a rewritten conversation (compacted,
         # summarised, reset): an append never shrinks it. Its context is then this prompt,
-        # not the longer one the engine last reported, which must neither refuse it as too
-        # long nor reserve room for it.
+        # not the longer one the engine last reported, which must neither make it too large
+        # to plan (sent unplanned, or held for an empty engine) nor reserve room for it.
         rewritten = known is not None and info.prompt_chars < known.last_prompt_chars
         floor = prompt if known is None or rewritten else max(prompt, known.context_tokens)
         too_large = self._too_large(ctx, info, healthy, known, floor)

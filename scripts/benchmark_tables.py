@@ -1251,7 +1251,9 @@ def real_engine_table(name: str = "vllm-cpu-real") -> str:
     regimes = json.loads((RESULTS / f"{name}.json").read_text())["regimes"]
     order = [r for r in ("cheap", "dear") if r in regimes]
     head = " | ".join(
-        f"{r} ({regimes[r]['decode_steps_per_recompute']:g} decode steps per recompute): "
+        f"{r} ({regimes[r]['decode_steps_per_recompute']:g} decode steps per recompute"
+        # A regime whose engine did not measure what its name says (vllm_real.Regime).
+        f"{', NOT as described' if regimes[r].get('as_described') is False else ''}): "
         "thunder-mw / it"
         for r in order
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
 
@@ -45,3 +46,18 @@ def test_a_figures_wall_time_says_which_runs_it_is_of(tables: ModuleType) -> Non
     assert note.startswith(" for thunder-mw, the other policies' runs reused")
     assert note.endswith("(the file they came from: wall 211.5 s)")
     assert tables._reused_from({"config": config}) == ""
+
+
+def test_a_regime_the_engine_did_not_measure_as_described_is_named_so(
+    tables: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tiny model on a CPU without AVX-512 measured a dear regime's recompute cost: the
+    # table must not present its figures under the cheap regime's name alone.
+    pair = {"steps_per_min_ratio": {"ratio": 1.15, "ci95": [1.05, 1.25], "verdict": "win"}}
+    regime = {"decode_steps_per_recompute": 37.6, "paired": {"thunder-mw/direct": pair}}
+    doc = {"regimes": {"cheap": {**regime, "as_described": False}, "dear": regime}}
+    (tmp_path / "vllm-cpu-real.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    head = tables.real_engine_table().splitlines()[0]
+    assert "cheap (37.6 decode steps per recompute, NOT as described)" in head
+    assert "dear (37.6 decode steps per recompute): " in head

@@ -797,8 +797,8 @@ def run_regime(
             log(
                 f"{regime.name}: WARNING not the regime its description names "
                 f"({regime.steps_per_recompute} decode steps per recompute; this CPU's vector "
-                f"extensions: {', '.join(cpu_vector_extensions()) or 'none found'}): its "
-                "targets were set on the other"
+                f"extensions: {', '.join(cpu_vector_extensions()) or 'none found'}); its "
+                "targets were set on an engine that measured the one described"
             )
         for r in range(repeats):
             order = chosen[r % len(chosen) :] + chosen[: r % len(chosen)]  # rotated
@@ -1274,8 +1274,8 @@ def _document(
         },
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}",
-        # The engine's CPU kernels run several times faster with AVX-512 than with AVX2 alone:
-        # what decides whether a regime comes out as described (Regime.steps_per_recompute).
+        # The engine ran ~7x slower on a CPU without AVX-512 (2026-12-07), and its cheap regime
+        # came out a dear one: read beside each regime's `as_described`.
         "cpu_vector_extensions": cpu_vector_extensions(),
         "two_engines": TWO_ENGINES_NOTE,
     }

@@ -793,7 +793,8 @@ def run_regime(
             repeats=5,
         )
         log(f"{regime.name}: {ratio['decode_steps_per_recompute']} decode steps per recompute")
-        if not as_described(regime, ratio["decode_steps_per_recompute"]):
+        described = as_described(regime, ratio["decode_steps_per_recompute"])
+        if not described:
             log(
                 f"{regime.name}: WARNING not the regime its description names "
                 f"({regime.steps_per_recompute} decode steps per recompute; this CPU's vector "
@@ -855,7 +856,7 @@ def run_regime(
         },
         "decode_steps_per_recompute": ratio["decode_steps_per_recompute"],
         "recompute_measurement": ratio,
-        "as_described": as_described(regime, ratio["decode_steps_per_recompute"]),
+        "as_described": described,
         "config": {
             "programs": len(next(iter(draws.values()))),
             "calls": calls,

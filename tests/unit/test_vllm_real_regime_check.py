@@ -14,7 +14,7 @@ CHEAP, DEAR = vllm_real.REGIMES["cheap"], vllm_real.REGIMES["dear"]
 def test_the_regimes_bands_meet_and_hold_the_measurements_the_targets_were_set_on() -> None:
     assert vllm_real.as_described(CHEAP, 10.9) and not vllm_real.as_described(CHEAP, 37.6)
     assert vllm_real.as_described(DEAR, 38.9) and not vllm_real.as_described(DEAR, 10.9)
-    # No measurement is both, and none between them neither.
+    # The bands meet: no measurement falls in both, none in neither.
     assert CHEAP.steps_per_recompute[1] == DEAR.steps_per_recompute[0]
 
 

@@ -55,6 +55,9 @@ _WATCH_AFTER_S = 0.05
 # An SSE event whose payload is an OpenAI-style error object (a JSON string value cannot
 # contain this unescaped, so generated text never matches it).
 _ENGINE_ERROR_EVENT = b'data: {"error"'
+# The end of the event that ends an OpenAI-style stream (`data: [DONE]`, with or without the
+# space SSE allows).
+_DONE_EVENT_END = b"[DONE]\n\n"
 
 
 # The routes the gateway itself serves, by the one method each takes.
@@ -370,6 +373,11 @@ class Forwarder:
                         # read): these events end the stream, sent with the terminating
                         # chunk in one message, so one write to the client instead of two.
                         last = not pending and response.at_eof()
+                        if not last and ready.endswith(_DONE_EVENT_END):
+                            # The client stops reading at [DONE] and sends its next request
+                            # at once; the engine's end of body may come later (under load,
+                            # seconds later): the call is over now.
+                            call.end(answered=True)
                         await send(
                             {"type": "http.response.body", "body": ready, "more_body": not last}
                         )

@@ -98,6 +98,23 @@ def test_streaming_hides_the_usage_chunk_the_client_did_not_ask_for(engine: Fake
     assert program["completion_tokens"] == engine.chunks and program["prompt_tokens"] > 0
 
 
+def test_a_stream_is_accounted_by_the_time_its_client_has_done(engine: FakeEngine) -> None:
+    # The engine's body ends 2 s after `data: [DONE]`; the client (as OpenAI's does) stops
+    # reading at [DONE] and sends its next request: the call must already be over.
+    engine.eof_delay_s = 2.0
+    with gateway(engine) as gw:
+        with httpx.stream(
+            "POST",
+            f"{gw.url}/v1/chat/completions",
+            json={**CHAT, "stream": True, "program_id": "p"},
+        ) as r:
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    break
+            program = httpx.get(f"{gw.url}/programs/p").json()
+    assert program["completion_tokens"] == engine.chunks and program["phase"] == "acting"
+
+
 def test_streaming_keeps_the_usage_chunk_when_the_client_asked(engine: FakeEngine) -> None:
     body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}, "program_id": "p"}
     with gateway(engine) as gw:

@@ -42,6 +42,9 @@ class FakeEngine:
     # does when its engine core dies under a live API server.
     error_after_chunks: int | None = None
     chunk_delay_s: float = 0.0
+    # Hold the connection open this long after `data: [DONE]` (a loaded engine's last empty
+    # write): a client stops reading at [DONE], before the body's end reaches the gateway.
+    eof_delay_s: float = 0.0
     disconnects: int = 0  # streams whose client went away before the end
     status: int = 200
     report_capacity: bool = True
@@ -241,6 +244,13 @@ class FakeEngine:
                     "more_body": True,
                 }
             )
+        if self.eof_delay_s:
+            await send(
+                {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True}
+            )
+            await asyncio.sleep(self.eof_delay_s)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 

@@ -69,13 +69,12 @@ def last_program(scenario: Scenario, policy: str, cap: int | None, seed: int) ->
         policy, scenario.engines, scenario.programs_per_engine, programs, True, seed, True, cap
     )
     sent: dict[str, float] = {}
-    dispatch = des.Simulation._dispatch
 
     class _Timed(des.Simulation):
         # The first call's dispatch is the program's start (a held first call's included).
         def _dispatch(self, run: Any, label: str, kv_ttl_s: float | None = None) -> None:
             sent.setdefault(run.spec.program_id, self.now)
-            dispatch(self, run, label, kv_ttl_s)
+            super()._dispatch(run, label, kv_ttl_s)
 
     sim = _Timed(*job_inputs(scenario, job))
     result = sim.run()

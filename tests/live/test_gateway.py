@@ -25,6 +25,13 @@ def gateway(*engines: FakeEngine, **config: Any) -> AbstractContextManager[Serve
     return serving(create_app(ThunderConfig(backends=backends, **config)))
 
 
+def stream_chat(gw: ServerThread) -> AbstractContextManager[httpx.Response]:
+    """A streamed chat call of program `p`, read as the test chooses."""
+    return httpx.stream(
+        "POST", f"{gw.url}/v1/chat/completions", json={**CHAT, "stream": True, "program_id": "p"}
+    )
+
+
 def events(text: str) -> list[str]:
     return [e for e in text.split("\n\n") if e]
 
@@ -103,11 +110,7 @@ def test_a_stream_is_accounted_by_the_time_its_client_has_done(engine: FakeEngin
     # reading at [DONE] and sends its next request: the call must already be over.
     engine.eof_delay_s = 2.0
     with gateway(engine) as gw:
-        with httpx.stream(
-            "POST",
-            f"{gw.url}/v1/chat/completions",
-            json={**CHAT, "stream": True, "program_id": "p"},
-        ) as r:
+        with stream_chat(gw) as r:
             for line in r.iter_lines():
                 if line == "data: [DONE]":
                     break
@@ -177,11 +180,7 @@ def test_an_engine_ending_its_stream_with_its_own_error_event_fails_the_call(
 def test_client_disconnect_cancels_the_upstream_request(engine: FakeEngine) -> None:
     engine.chunks, engine.chunk_delay_s = 50, 0.05
     with gateway(engine) as gw:
-        with httpx.stream(
-            "POST",
-            f"{gw.url}/v1/chat/completions",
-            json={**CHAT, "stream": True, "program_id": "p"},
-        ) as r:
+        with stream_chat(gw) as r:
             chunks = r.iter_raw()
             next(chunks)
             assert httpx.get(f"{gw.url}/programs/p").json()["in_flight"] == 1
